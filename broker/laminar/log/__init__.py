@@ -1,0 +1,82 @@
+"""The segmented commit log: record-batch codec, store, sparse index, segments, retention.
+
+Layers, each using only the one below: storage → store / index → segment → segmented log →
+commit log (asyncio, fsync policy, group commit, streaming appends).
+"""
+
+from .batch import (
+    BATCH_HEADER_BYTES,
+    BatchHeader,
+    Record,
+    StoredRecord,
+    decode_batch,
+    decode_batches,
+    encode_batch,
+    parse_header,
+    split_batches,
+    verify_batch,
+)
+from .commit_log import CommitLog
+from .config import FsyncPolicy, LogConfig
+from .errors import (
+    AppendInProgressError,
+    AppendThresholdError,
+    BatchChecksumError,
+    BatchError,
+    BatchFramingError,
+    BatchTooLargeError,
+    CorruptBatchError,
+    IndexOutOfRangeError,
+    LogClosedError,
+    LogConfigError,
+    LogError,
+    NotBatchBoundaryError,
+    SegmentError,
+    SegmentIndexError,
+    StorageError,
+    StoreError,
+)
+from .segment import ReadResult
+from .segmented_log import AppendResult, RecoveryReport, RetentionReport, SegmentedLog
+from .storage import Directory, FileDirectory, MemoryDirectory, Storage
+
+__all__ = [
+    "BATCH_HEADER_BYTES",
+    "AppendInProgressError",
+    "AppendResult",
+    "AppendThresholdError",
+    "BatchChecksumError",
+    "BatchError",
+    "BatchFramingError",
+    "BatchHeader",
+    "BatchTooLargeError",
+    "CommitLog",
+    "CorruptBatchError",
+    "Directory",
+    "FileDirectory",
+    "FsyncPolicy",
+    "IndexOutOfRangeError",
+    "LogClosedError",
+    "LogConfig",
+    "LogConfigError",
+    "LogError",
+    "MemoryDirectory",
+    "NotBatchBoundaryError",
+    "ReadResult",
+    "Record",
+    "RecoveryReport",
+    "RetentionReport",
+    "SegmentError",
+    "SegmentIndexError",
+    "SegmentedLog",
+    "Storage",
+    "StorageError",
+    "StoreError",
+    "StoredRecord",
+    "decode_batch",
+    "decode_batches",
+    "encode_batch",
+    "parse_header",
+    "split_batches",
+    "verify_batch",
+]

@@ -1,0 +1,300 @@
+"""Record-batch codec: the one binary format producers send, the log stores and readers get.
+
+Layout (little-endian; `docs/formats.md` is the full specification):
+
+    header, BATCH_HEADER_BYTES = 72
+      0  4s  magic            b"LMQB"
+      4  u16 version          1
+      6  u16 attributes       0 (reserved: compression and the like)
+      8  u64 base_index       index of the first record, assigned by the log
+     16  u64 term             Raft term, assigned by the leader that appended it
+     24  u32 payload_bytes    length of the records section that follows the header
+     28  u32 record_count     >= 1
+     32  u64 producer_id      0 = not an idempotent producer
+     40  u64 producer_seq     sequence number of the first record
+     48  i64 first_timestamp_ms
+     56  i64 max_timestamp_ms
+     64  u64 checksum         XXH3_64(header[0:64], seed=XXH3_64(payload))
+    payload: record_count records, each
+      i32 timestamp_delta_ms (from first_timestamp_ms), i32 key_bytes (-1 = null),
+      i32 value_bytes (-1 = null), u16 header_count, key, value,
+      then per header: u16 name_bytes, u32 value_bytes, name (UTF-8), value
+
+The checksum is chained through the payload hash so that the log can stamp `base_index` and
+`term` into a verified batch by hashing 64 header bytes again, not the whole payload. The
+broker's work per batch is framing checks plus one hash pass: never per-record work.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import xxhash
+
+from .errors import BatchChecksumError, BatchFramingError, BatchTooLargeError
+
+Buffer = bytes | bytearray | memoryview
+
+BATCH_MAGIC = b"LMQB"
+BATCH_VERSION = 1
+BATCH_HEADER = struct.Struct("<4sHHQQIIQQqqQ")
+BATCH_HEADER_BYTES = BATCH_HEADER.size
+CHECKSUM_OFFSET = 64
+BASE_INDEX_OFFSET = 8
+RECORD_HEADER = struct.Struct("<iiiH")
+RECORD_HEADER_BYTES = RECORD_HEADER.size
+HEADER_FIELD = struct.Struct("<HI")
+STAMP_FIELDS = struct.Struct("<QQ")  # base_index, term at BASE_INDEX_OFFSET
+NULL_LENGTH = -1
+MAX_PAYLOAD_BYTES = 2**32 - 1
+MAX_HEADERS_PER_RECORD = 2**16 - 1
+MAX_TIMESTAMP_DELTA_MS = 2**31 - 1
+U64_MAX = 2**64 - 1
+
+assert BATCH_HEADER_BYTES == 72
+
+
+class BatchHeader(NamedTuple):
+    """The fixed header of a record batch."""
+
+    base_index: int
+    term: int
+    payload_bytes: int
+    record_count: int
+    producer_id: int
+    producer_seq: int
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    checksum: int
+
+    @property
+    def batch_bytes(self) -> int:
+        return BATCH_HEADER_BYTES + self.payload_bytes
+
+    @property
+    def next_index(self) -> int:
+        return self.base_index + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to produce. `timestamp_ms` None means "now" at encoding time."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record read back from the log, with its position in the partition."""
+
+    index: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def payload_hash(payload: Buffer) -> int:
+    """XXH3-64 of a batch's records section: the seed of the header checksum."""
+    return int(xxhash.xxh3_64_intdigest(payload))
+
+
+def header_checksum(header_prefix: Buffer, payload_digest: int) -> int:
+    """The batch checksum from the first 64 header bytes and the payload hash."""
+    return int(xxhash.xxh3_64_intdigest(header_prefix, seed=payload_digest))
+
+
+def encode_batch(
+    records: Sequence[Record],
+    *,
+    producer_id: int = 0,
+    producer_seq: int = 0,
+    now_ms: int | None = None,
+) -> bytes:
+    """Encode records as one batch with base_index 0 and term 0 (the log assigns both).
+
+    This runs on producers; it is the only place that walks records on the write path.
+    """
+    if not records:
+        raise BatchFramingError("a batch needs at least one record")
+    if not 0 <= producer_id <= U64_MAX or not 0 <= producer_seq <= U64_MAX:
+        raise BatchFramingError("producer_id and producer_seq must be unsigned 64-bit")
+    default_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    timestamps = [default_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    first_ms = timestamps[0]
+    parts: list[bytes] = []
+    append = parts.append
+    pack_record = RECORD_HEADER.pack
+    for record, ts in zip(records, timestamps, strict=True):
+        delta = ts - first_ms
+        if not -MAX_TIMESTAMP_DELTA_MS <= delta <= MAX_TIMESTAMP_DELTA_MS:
+            raise BatchFramingError(f"record timestamp {ts} is too far from {first_ms}")
+        key, value, headers = record.key, record.value, record.headers
+        if len(headers) > MAX_HEADERS_PER_RECORD:
+            raise BatchFramingError(f"a record may carry at most {MAX_HEADERS_PER_RECORD} headers")
+        append(
+            pack_record(
+                delta,
+                NULL_LENGTH if key is None else len(key),
+                NULL_LENGTH if value is None else len(value),
+                len(headers),
+            )
+        )
+        if key:
+            append(key)
+        if value:
+            append(value)
+        for name, header_value in headers:
+            name_bytes = name.encode()
+            append(HEADER_FIELD.pack(len(name_bytes), len(header_value)))
+            append(name_bytes)
+            append(header_value)
+    payload = b"".join(parts)
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise BatchTooLargeError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    prefix = BATCH_HEADER.pack(
+        BATCH_MAGIC,
+        BATCH_VERSION,
+        0,
+        0,
+        0,
+        len(payload),
+        len(records),
+        producer_id,
+        producer_seq,
+        first_ms,
+        max(timestamps),
+        0,
+    )[:CHECKSUM_OFFSET]
+    checksum = header_checksum(prefix, payload_hash(payload))
+    return prefix + checksum.to_bytes(8, "little") + payload
+
+
+def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
+    """Parse and frame-check a batch header (no checksum). Raises BatchFramingError."""
+    if len(data) - offset < BATCH_HEADER_BYTES:
+        raise BatchFramingError(
+            f"batch header needs {BATCH_HEADER_BYTES} bytes, got {max(0, len(data) - offset)}"
+        )
+    magic, version, attributes, *fields = BATCH_HEADER.unpack_from(data, offset)
+    if magic != BATCH_MAGIC:
+        raise BatchFramingError(f"bad batch magic {bytes(magic)!r}")
+    if version != BATCH_VERSION:
+        raise BatchFramingError(f"unsupported batch version {version}")
+    if attributes != 0:
+        raise BatchFramingError(f"unsupported batch attributes {attributes:#x}")
+    header = BatchHeader(*fields)
+    if header.record_count < 1:
+        raise BatchFramingError("a batch needs at least one record")
+    if header.payload_bytes < header.record_count * RECORD_HEADER_BYTES:
+        raise BatchFramingError(
+            f"{header.payload_bytes} payload bytes cannot hold {header.record_count} records"
+        )
+    if header.max_timestamp_ms < header.first_timestamp_ms:
+        raise BatchFramingError("max_timestamp_ms is below first_timestamp_ms")
+    return header
+
+
+def verify_batch(data: Buffer, max_batch_bytes: int) -> tuple[BatchHeader, int]:
+    """Check that `data` is exactly one valid batch; return its header and payload hash.
+
+    Raises BatchTooLargeError, BatchFramingError or BatchChecksumError.
+    """
+    header = parse_header(data)
+    if header.batch_bytes > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"batch of {header.batch_bytes} bytes exceeds max_batch_bytes={max_batch_bytes}"
+        )
+    if len(data) != header.batch_bytes:
+        raise BatchFramingError(
+            f"header declares {header.batch_bytes} batch bytes, got {len(data)}"
+        )
+    view = memoryview(data)
+    digest = payload_hash(view[BATCH_HEADER_BYTES:])
+    if header_checksum(view[:CHECKSUM_OFFSET], digest) != header.checksum:
+        raise BatchChecksumError(f"checksum mismatch in batch at index {header.base_index}")
+    return header, digest
+
+
+def stamp_header(header_bytes: Buffer, base_index: int, term: int, digest: int) -> bytes:
+    """Return the 72-byte header with `base_index` and `term` set and the checksum redone."""
+    stamped = bytearray(header_bytes[:BATCH_HEADER_BYTES])
+    STAMP_FIELDS.pack_into(stamped, BASE_INDEX_OFFSET, base_index, term)
+    checksum = header_checksum(memoryview(stamped)[:CHECKSUM_OFFSET], digest)
+    stamped[CHECKSUM_OFFSET:] = checksum.to_bytes(8, "little")
+    return bytes(stamped)
+
+
+def split_batches(data: Buffer) -> Iterator[memoryview]:
+    """Split concatenated whole batches (as `read_range` returns them) into single batches."""
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        header = parse_header(view, offset)
+        end = offset + header.batch_bytes
+        if end > len(view):
+            raise BatchFramingError(f"batch at byte {offset} runs past the end of the buffer")
+        yield view[offset:end]
+        offset = end
+
+
+def decode_batch(batch: Buffer) -> list[StoredRecord]:
+    """Verify one batch and decode its records (consumer side: per-record work is fine here)."""
+    header, _ = verify_batch(batch, max_batch_bytes=BATCH_HEADER_BYTES + MAX_PAYLOAD_BYTES)
+    view = memoryview(batch)
+    records: list[StoredRecord] = []
+    pos = BATCH_HEADER_BYTES
+    end = header.batch_bytes
+    unpack_record = RECORD_HEADER.unpack_from
+    unpack_field = HEADER_FIELD.unpack_from
+    try:
+        for i in range(header.record_count):
+            delta, key_bytes, value_bytes, header_count = unpack_record(view, pos)
+            pos += RECORD_HEADER_BYTES
+            key, pos = _take(view, pos, key_bytes, end)
+            value, pos = _take(view, pos, value_bytes, end)
+            headers = []
+            for _ in range(header_count):
+                name_bytes, field_bytes = unpack_field(view, pos)
+                pos += HEADER_FIELD.size
+                name, pos = _take(view, pos, name_bytes, end)
+                field, pos = _take(view, pos, field_bytes, end)
+                assert name is not None and field is not None
+                headers.append((name.decode(), field))
+            records.append(
+                StoredRecord(
+                    header.base_index + i,
+                    header.first_timestamp_ms + delta,
+                    key,
+                    value,
+                    tuple(headers),
+                )
+            )
+    except (struct.error, UnicodeDecodeError) as e:
+        raise BatchFramingError(f"malformed record in batch {header.base_index}: {e}") from e
+    if pos != end:
+        raise BatchFramingError(
+            f"batch {header.base_index} has {end - pos} bytes after its last record"
+        )
+    return records
+
+
+def decode_batches(data: Buffer) -> Iterable[StoredRecord]:
+    """Decode every record of concatenated whole batches."""
+    for batch in split_batches(data):
+        yield from decode_batch(batch)
+
+
+def _take(view: memoryview, pos: int, length: int, end: int) -> tuple[bytes | None, int]:
+    if length == NULL_LENGTH:
+        return None, pos
+    if length < 0 or pos + length > end:
+        raise BatchFramingError(f"record field of {length} bytes runs past the batch end")
+    return bytes(view[pos : pos + length]), pos + length

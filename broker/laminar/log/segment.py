@@ -1,0 +1,363 @@
+"""A segment: one store file plus its sparse index, holding indexes [base_index, next_index)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .batch import (
+    BATCH_HEADER_BYTES,
+    CHECKSUM_OFFSET,
+    Buffer,
+    header_checksum,
+    parse_header,
+    payload_hash,
+)
+from .errors import (
+    BatchError,
+    CorruptBatchError,
+    SegmentError,
+    SegmentIndexError,
+    StorageError,
+    StoreError,
+)
+from .index import SegmentIndex
+from .storage import Directory, Storage
+from .store import Store
+
+STORE_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+BASE_INDEX_DIGITS = 20
+
+
+def store_name(base_index: int) -> str:
+    return f"{base_index:0{BASE_INDEX_DIGITS}d}{STORE_SUFFIX}"
+
+
+def index_name(base_index: int) -> str:
+    return f"{base_index:0{BASE_INDEX_DIGITS}d}{INDEX_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> tuple[int, str] | None:
+    """(base_index, suffix) for a segment file name, else None."""
+    for suffix in (STORE_SUFFIX, INDEX_SUFFIX):
+        stem = name[: -len(suffix)]
+        if name.endswith(suffix) and len(stem) == BASE_INDEX_DIGITS and stem.isdigit():
+            return int(stem), suffix
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecovery:
+    """What opening a segment had to do."""
+
+    base_index: int
+    index_rebuilt: bool
+    header_repaired: bool  # the store header was damaged and rewritten from the file name
+    cut_bytes: int  # bytes cut from the end of the store (torn or damaged)
+    cut_reason: str | None
+    corrupt_indexes: tuple[int, ...]  # base indexes of framed batches that fail their checksum
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    data: bytes
+    first_index: int  # base index of the first batch in data
+    next_index: int  # index after the last record in data
+    batch_count: int
+
+
+class Segment:
+    """Store + index of one segment. Not thread-safe; the segmented log serialises calls."""
+
+    def __init__(
+        self, directory: Directory, store: Store, index: SegmentIndex, next_index: int
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.index = index
+        self.base_index = store.base_index
+        self.next_index = next_index
+        # True while the .index file on disk matches this segment; cleared before any change.
+        self._index_file_current = False
+        self._index_storage: Storage | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Directory, base_index: int, now_ms: int, *, sync: bool) -> Segment:
+        try:
+            storage = directory.open(store_name(base_index), create=True)
+            store = Store.create(storage, base_index, now_ms)
+            if sync:
+                store.sync()
+        except (StorageError, StoreError) as e:
+            raise SegmentError(f"cannot create segment {base_index}: {e}") from e
+        return cls(directory, store, SegmentIndex(), base_index)
+
+    @classmethod
+    def open(
+        cls,
+        directory: Directory,
+        base_index: int,
+        max_batch_bytes: int,
+        *,
+        sealed_next_index: int | None,
+        now_ms: int,
+    ) -> tuple[Segment, SegmentRecovery]:
+        """Open a segment, trusting its index file only if it matches the store exactly.
+
+        Without a current index the store is scanned (see `Store.scan`): the last segment
+        (`sealed_next_index` None) is cut at its first torn or corrupt batch; a segment
+        followed by another, which must end at `sealed_next_index`, keeps damaged batches
+        and spans as entries that reads refuse.
+        """
+        try:
+            storage = directory.open(store_name(base_index), create=False)
+            store, header_repaired = Store.open(storage, base_index, repair_ms=now_ms)
+        except (StorageError, StoreError) as e:
+            raise SegmentError(f"cannot open segment {base_index}: {e}") from e
+        segment = cls(directory, store, SegmentIndex(), base_index)
+        if index_name(base_index) in directory.names():
+            try:
+                segment._index_storage = directory.open(index_name(base_index), create=False)
+                index, next_index = SegmentIndex.load(
+                    segment._index_storage, base_index, store.size
+                )
+            except (StorageError, SegmentIndexError):
+                pass
+            else:
+                segment.index = index
+                segment._index_file_current = True
+                segment.next_index = next_index
+                return segment, SegmentRecovery(base_index, False, header_repaired, 0, None, ())
+        scan = store.scan(base_index, max_batch_bytes, sealed_next_index=sealed_next_index)
+        cut_bytes = store.size - scan.end_position
+        if cut_bytes:
+            store.truncate(scan.end_position)
+        segment.index = SegmentIndex.from_scan(
+            base_index, scan.positions, scan.base_indexes, scan.terms
+        )
+        segment.next_index = scan.next_index
+        recovery = SegmentRecovery(
+            base_index,
+            True,
+            header_repaired,
+            cut_bytes,
+            scan.stop_reason,
+            tuple(scan.corrupt_indexes),
+        )
+        return segment, recovery
+
+    def close(self) -> None:
+        self.store.close()
+        if self._index_storage is not None:
+            self._index_storage.close()
+
+    def remove_files(self) -> None:
+        """Close and delete this segment's files (the caller syncs the directory)."""
+        self.close()
+        try:
+            self.directory.remove(index_name(self.base_index))
+            self.directory.remove(store_name(self.base_index))
+        except StorageError as e:
+            raise SegmentError(f"cannot remove segment {self.base_index}: {e}") from e
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Bytes in the store file, header included."""
+        return self.store.size
+
+    @property
+    def is_empty(self) -> bool:
+        return self.next_index == self.base_index
+
+    @property
+    def sealed(self) -> bool:
+        return self.store.sealed_ms != 0
+
+    def contains(self, index: int) -> bool:
+        return self.base_index <= index < self.next_index
+
+    def slot_of(self, index: int) -> int:
+        return self.index.slot_of(index - self.base_index)
+
+    def batch_range(self, slot: int) -> tuple[int, int]:
+        """[base, next) indexes of the batch in `slot`."""
+        starts = self.index.starts
+        base = self.base_index + starts[slot]
+        end = self.base_index + starts[slot + 1] if slot + 1 < len(starts) else self.next_index
+        return base, end
+
+    def term_of_slot(self, slot: int) -> int:
+        return self.index.terms[slot]
+
+    def _batch_end(self, slot: int) -> int:
+        positions = self.index.positions
+        return positions[slot + 1] if slot + 1 < len(positions) else self.store.size
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    def _before_change(self) -> None:
+        """The on-disk index stops describing the segment once it changes: void it first."""
+        if self._index_file_current and self._index_storage is not None:
+            try:
+                self._index_storage.truncate(0)
+                self._index_storage.sync()
+            except StorageError as e:
+                raise SegmentError(f"cannot invalidate index of {self.base_index}: {e}") from e
+        self._index_file_current = False
+
+    def append(self, parts: Sequence[Buffer], record_count: int, term: int) -> int:
+        """Append one stamped batch (header + payload parts) whose base index is next_index."""
+        self._before_change()
+        try:
+            position = self.store.append(parts)
+        except StoreError as e:
+            raise SegmentError(f"append to segment {self.base_index} failed: {e}") from e
+        self.index.add(self.next_index - self.base_index, position, term)
+        self.next_index += record_count
+        return position
+
+    def write_at(self, position: int, parts: Sequence[Buffer]) -> None:
+        """Raw write for streaming appends; `commit_streamed` makes it a batch."""
+        self._before_change()
+        try:
+            self.store.write_at(position, parts)
+        except StoreError as e:
+            raise SegmentError(f"write to segment {self.base_index} failed: {e}") from e
+
+    def commit_streamed(self, position: int, record_count: int, term: int) -> None:
+        self.index.add(self.next_index - self.base_index, position, term)
+        self.next_index += record_count
+
+    def cut_store(self, position: int) -> None:
+        """Drop store bytes from `position` on (abort of a streaming append)."""
+        try:
+            self.store.truncate(position)
+        except StoreError as e:
+            raise SegmentError(f"rollback of segment {self.base_index} failed: {e}") from e
+
+    def truncate(self, index: int) -> None:
+        """Remove indexes >= `index`, which must be a batch base in this segment or next_index."""
+        if index == self.next_index:
+            return
+        slot = self.slot_of(index)
+        assert self.batch_range(slot)[0] == index
+        self._before_change()
+        try:
+            self.store.truncate(self.index.positions[slot])
+            if self.sealed:
+                self.store.set_sealed(0)
+        except StoreError as e:
+            raise SegmentError(f"truncate of segment {self.base_index} failed: {e}") from e
+        self.index.truncate(slot)
+        self.next_index = index
+
+    def sync(self) -> None:
+        try:
+            self.store.sync()
+        except StoreError as e:
+            raise SegmentError(f"sync of segment {self.base_index} failed: {e}") from e
+
+    def save_index(self, *, sync: bool) -> bool:
+        """Write the index file for the segment as it is now. True if a new file was created."""
+        if self._index_file_current:
+            return False
+        created = False
+        try:
+            if self._index_storage is None:
+                name = index_name(self.base_index)
+                created = name not in self.directory.names()
+                self._index_storage = self.directory.open(name, create=created)
+            self.index.save(
+                self._index_storage, self.base_index, self.next_index, self.store.size, sync=sync
+            )
+        except (StorageError, SegmentIndexError) as e:
+            raise SegmentError(f"cannot save index of segment {self.base_index}: {e}") from e
+        self._index_file_current = True
+        return created
+
+    def seal(self, now_ms: int, *, sync: bool) -> bool:
+        """Record the seal time, make the store durable and write the index file."""
+        try:
+            self.store.set_sealed(now_ms)
+            if sync:
+                self.store.sync()
+        except StoreError as e:
+            raise SegmentError(f"cannot seal segment {self.base_index}: {e}") from e
+        self._index_file_current = False
+        return self.save_index(sync=sync)
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def read(self, index: int, max_bytes: int, end_index: int) -> ReadResult:
+        """Whole batches from the one holding `index`: at most `max_bytes` (but at least one
+        batch), only batches that end at or before `end_index`, each checksum-verified.
+
+        Raises CorruptBatchError if the first batch is damaged; a damaged later batch ends the
+        read before it.
+        """
+        index_columns = self.index
+        positions, starts = index_columns.positions, index_columns.starts
+        count = len(positions)
+        first = self.slot_of(index)
+        start_position = positions[first]
+        # Batches first..last_slot-1 fit both limits; the first batch is served regardless of
+        # max_bytes so that a reader always makes progress.
+        byte_limit = start_position + max(max_bytes, 0)
+        by_bytes = bisect_right(positions, byte_limit, lo=first + 1) - 1
+        if by_bytes == count - 1 and self.store.size <= byte_limit:
+            by_bytes = count
+        by_bytes = max(by_bytes, first + 1)
+        end_relative = end_index - self.base_index
+        by_index = bisect_right(starts, end_relative, lo=first + 1) - 1
+        if by_index == count - 1 and self.next_index <= end_index:
+            by_index = count
+        last_slot = min(by_bytes, by_index)
+        if last_slot <= first:
+            return ReadResult(b"", self.base_index + starts[first], index, 0)
+        end_position = self._batch_end(last_slot - 1)
+        try:
+            data = self.store.read(start_position, end_position - start_position)
+        except StoreError as e:
+            raise SegmentError(f"read of segment {self.base_index} failed: {e}") from e
+        good = self._verified_prefix(data, first, last_slot)
+        if good == first:
+            raise CorruptBatchError(
+                f"batch {self.base_index + starts[first]} in segment {self.base_index} is "
+                "corrupt (checksum or framing)",
+                index=self.base_index + starts[first],
+                segment_base_index=self.base_index,
+            )
+        if good < last_slot:
+            data = data[: positions[good] - start_position]
+        next_index = self.base_index + starts[good] if good < count else self.next_index
+        return ReadResult(data, self.base_index + starts[first], next_index, good - first)
+
+    def _verified_prefix(self, data: bytes, first: int, last_slot: int) -> int:
+        """The first slot in [first, last_slot) whose batch fails to verify, else last_slot."""
+        positions, starts = self.index.positions, self.index.starts
+        view = memoryview(data)
+        origin = positions[first]
+        for slot in range(first, last_slot):
+            offset = positions[slot] - origin
+            length = self._batch_end(slot) - positions[slot]
+            try:
+                header = parse_header(view, offset)
+            except BatchError:
+                return slot
+            if (
+                header.batch_bytes != length
+                or header.base_index != self.base_index + starts[slot]
+                or header_checksum(
+                    view[offset : offset + CHECKSUM_OFFSET],
+                    payload_hash(view[offset + BATCH_HEADER_BYTES : offset + length]),
+                )
+                != header.checksum
+            ):
+                return slot
+        return last_slot

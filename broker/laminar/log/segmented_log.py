@@ -1,0 +1,554 @@
+"""The segmented log: a partition replica's ordered segments, synchronous and single-threaded.
+
+Appends go to the last (active) segment, which rolls at `segment_bytes`. Reads return whole,
+checksum-verified batches as one byte range. `truncate` cuts at a batch boundary (Raft log
+repair); retention removes whole sealed segments from the front. Durability policy and the
+asyncio front (group commit, streaming appends from a byte stream) live in `commit_log`.
+
+Invariants (checked on open): segments[i + 1].base_index == segments[i].next_index; only the
+last segment takes appends; start_index == segments[0].base_index.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import xxhash
+
+from .batch import (
+    BATCH_HEADER_BYTES,
+    CHECKSUM_OFFSET,
+    BatchHeader,
+    Buffer,
+    header_checksum,
+    parse_header,
+    stamp_header,
+    verify_batch,
+)
+from .config import FsyncPolicy, LogConfig
+from .errors import (
+    AppendInProgressError,
+    AppendThresholdError,
+    BatchChecksumError,
+    BatchFramingError,
+    BatchTooLargeError,
+    IndexOutOfRangeError,
+    LogClosedError,
+    LogError,
+    NotBatchBoundaryError,
+    SegmentError,
+    StorageError,
+)
+from .segment import (
+    ReadResult,
+    Segment,
+    SegmentRecovery,
+    index_name,
+    parse_segment_name,
+    store_name,
+)
+from .storage import Directory
+
+logger = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_index: int
+    record_count: int
+
+    @property
+    def next_index(self) -> int:
+        return self.base_index + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening the log found and cut. Empty `cuts` means nothing was lost."""
+
+    segments: tuple[SegmentRecovery, ...]
+    #: human-readable descriptions of everything cut: torn tails, damaged segments
+    cuts: tuple[str, ...]
+    #: damage repaired without losing records (a rewritten store header)
+    repairs: tuple[str, ...]
+    cut_bytes: int
+
+    @property
+    def corrupt_indexes(self) -> tuple[int, ...]:
+        return tuple(i for s in self.segments for i in s.corrupt_indexes)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    removed_base_indexes: tuple[int, ...]
+    removed_bytes: int
+    start_index: int
+
+
+class SegmentedLog:
+    """The ordered segments of one log directory. Not thread-safe."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        config: LogConfig,
+        clock_ms: Callable[[], int],
+        segments: list[Segment],
+        recovery: RecoveryReport,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.clock_ms = clock_ms
+        self._segments = segments
+        self._bases = [s.base_index for s in segments]
+        self.recovery = recovery
+        self._sync_writes = config.fsync is not FsyncPolicy.NEVER
+        self._stream: StreamAppend | None = None
+        self._closed = False
+
+    # ---- open / close ----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Directory,
+        config: LogConfig | None = None,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        start_index: int = 0,
+    ) -> SegmentedLog:
+        """Open (or create, starting at `start_index`) the log in `directory`, recovering it."""
+        config = config or LogConfig()
+        sync = config.fsync is not FsyncPolicy.NEVER
+        try:
+            names = directory.names()
+        except StorageError as e:
+            raise LogError(f"cannot list the log directory: {e}") from e
+        parsed = [p for p in map(parse_segment_name, names) if p is not None]
+        store_bases = sorted(base for base, suffix in parsed if suffix == ".log")
+        orphans = [base for base, suffix in parsed if suffix == ".index"]
+        for base in set(orphans) - set(store_bases):
+            directory.remove(index_name(base))
+
+        segments: list[Segment] = []
+        recoveries: list[SegmentRecovery] = []
+        cuts: list[str] = []
+        repairs: list[str] = []
+        cut_bytes = 0
+        for position, base in enumerate(store_bases):
+            is_last = position == len(store_bases) - 1
+            if segments and base != segments[-1].next_index:
+                cuts.append(
+                    f"segment {base} does not follow segment {segments[-1].base_index} "
+                    f"(which ends at {segments[-1].next_index})"
+                )
+                cut_bytes += _remove_stores(directory, store_bases[position:])
+                break
+            try:
+                segment, recovery = Segment.open(
+                    directory,
+                    base,
+                    config.batch_limit_bytes,
+                    sealed_next_index=None if is_last else store_bases[position + 1],
+                    now_ms=clock_ms(),
+                )
+            except SegmentError as e:
+                cuts.append(f"segment {base} could not be opened: {e}")
+                cut_bytes += _remove_stores(directory, store_bases[position:])
+                break
+            segments.append(segment)
+            recoveries.append(recovery)
+            if recovery.header_repaired:
+                repairs.append(f"segment {base}: damaged store header rewritten (age reset)")
+            if recovery.cut_bytes:
+                cuts.append(
+                    f"segment {base}: cut {recovery.cut_bytes} bytes after index "
+                    f"{segment.next_index}: {recovery.cut_reason}"
+                )
+                cut_bytes += recovery.cut_bytes
+                if not is_last:
+                    cut_bytes += _remove_stores(directory, store_bases[position + 1 :])
+                    break
+        for segment, recovery in zip(segments, recoveries, strict=True):
+            if recovery.index_rebuilt and segment.sealed:
+                segment.save_index(sync=sync)
+        if not segments:
+            first = store_bases[0] if store_bases else start_index
+            segments.append(Segment.create(directory, first, clock_ms(), sync=sync))
+        elif segments[-1].sealed:
+            last = segments[-1]
+            segments.append(Segment.create(directory, last.next_index, clock_ms(), sync=sync))
+        if sync:
+            # What recovery kept may sit only in the page cache after a process crash.
+            segments[-1].sync()
+            _sync_directory(directory)
+        report = RecoveryReport(tuple(recoveries), tuple(cuts), tuple(repairs), cut_bytes)
+        for problem in cuts + repairs:
+            logger.warning("log recovery: %s", problem)
+        for segment_recovery in recoveries:
+            if segment_recovery.corrupt_indexes:
+                logger.warning(
+                    "log recovery: segment %d has corrupt batches at %s (never served)",
+                    segment_recovery.base_index,
+                    list(segment_recovery.corrupt_indexes),
+                )
+        return cls(directory, config, clock_ms, segments, report)
+
+    def close(self) -> None:
+        """Make everything durable (unless fsync is `never`), write the active segment's
+        index so the next open need not scan it, and release the files."""
+        if self._closed:
+            return
+        if self._stream is not None:
+            self._stream.abort()
+        active = self._active
+        sync = self._sync_writes
+        if sync:
+            active.sync()
+        if active.save_index(sync=sync) and sync:
+            _sync_directory(self.directory)
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    @property
+    def start_index(self) -> int:
+        return self._segments[0].base_index
+
+    @property
+    def next_index(self) -> int:
+        return self._segments[-1].next_index
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_base_indexes(self) -> tuple[int, ...]:
+        return tuple(self._bases)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        if self._stream is not None:
+            raise AppendInProgressError("a streaming append is in progress")
+
+    def _segment_of(self, index: int) -> Segment:
+        return self._segments[bisect_right(self._bases, index) - 1]
+
+    def _check_index(self, index: int) -> None:
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        if not self.start_index <= index < self.next_index:
+            raise IndexOutOfRangeError(index, self.start_index, self.next_index)
+
+    def term_at(self, index: int) -> int:
+        """Raft term of the batch holding `index`."""
+        self._check_index(index)
+        segment = self._segment_of(index)
+        return segment.term_of_slot(segment.slot_of(index))
+
+    def batch_range(self, index: int) -> tuple[int, int]:
+        """[base, next) of the batch holding `index`."""
+        self._check_index(index)
+        segment = self._segment_of(index)
+        return segment.batch_range(segment.slot_of(index))
+
+    @property
+    def last_term(self) -> int:
+        """Term of the last batch, 0 if the log holds none."""
+        if self.next_index == self.start_index:
+            return 0
+        return self.term_at(self.next_index - 1)
+
+    # ---- appends ---------------------------------------------------------------------------
+
+    def append(self, batch: Buffer, *, term: int | None = None) -> AppendResult:
+        """Verify one encoded batch and append it at next_index, stamping `term` if given.
+
+        Raises BatchFramingError, BatchChecksumError or BatchTooLargeError (log unchanged).
+        The bytes are written but durable only after `sync()`.
+        """
+        self._check_writable()
+        header, digest = verify_batch(batch, self.config.batch_limit_bytes)
+        self._maybe_roll()
+        active = self._active
+        base_index = active.next_index
+        stamp_term = header.term if term is None else term
+        stamped = stamp_header(batch, base_index, stamp_term, digest)
+        active.append(
+            (stamped, memoryview(batch)[BATCH_HEADER_BYTES:]), header.record_count, stamp_term
+        )
+        return AppendResult(base_index, header.record_count)
+
+    def begin_stream(
+        self, header_bytes: Buffer, *, append_threshold: int | None = None, term: int | None = None
+    ) -> StreamAppend:
+        """Start appending one batch whose payload arrives in chunks, given its 72-byte header.
+
+        The declared size is checked against `max_batch_bytes` and `append_threshold` before
+        anything is written. Feed the payload with `write`, then `commit` or `abort`.
+        """
+        self._check_writable()
+        header = parse_header(header_bytes)
+        if header.batch_bytes > self.config.batch_limit_bytes:
+            raise BatchTooLargeError(
+                f"batch of {header.batch_bytes} bytes exceeds "
+                f"max_batch_bytes={self.config.batch_limit_bytes}"
+            )
+        if append_threshold is not None and header.batch_bytes > append_threshold:
+            raise AppendThresholdError(
+                f"batch of {header.batch_bytes} bytes exceeds append_threshold={append_threshold}"
+            )
+        self._maybe_roll()
+        self._stream = StreamAppend(self, header, bytes(header_bytes[:BATCH_HEADER_BYTES]), term)
+        return self._stream
+
+    def _maybe_roll(self) -> None:
+        active = self._active
+        if active.is_empty:
+            return
+        if active.size >= self.config.segment_bytes:
+            self._roll()
+            return
+        segment_ms = self.config.segment_ms
+        if segment_ms is not None and self.clock_ms() - active.store.created_ms >= segment_ms:
+            self._roll()
+
+    def _roll(self) -> None:
+        old = self._active
+        now_ms = self.clock_ms()
+        old.seal(now_ms, sync=self._sync_writes)
+        new = Segment.create(self.directory, old.next_index, now_ms, sync=self._sync_writes)
+        self._segments.append(new)
+        self._bases.append(new.base_index)
+        if self._sync_writes:
+            _sync_directory(self.directory)
+
+    def sync(self) -> int:
+        """fdatasync the active segment; returns the next_index that is now durable.
+
+        Segments before the active one were synced when they rolled.
+        """
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        next_index = self.next_index
+        self._active.sync()
+        return next_index
+
+    def sync_target(self) -> tuple[int, Segment]:
+        """(next_index, segment) to sync from another thread: syncing that segment makes
+        everything below next_index durable."""
+        return self.next_index, self._active
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def read_range(
+        self, from_index: int, max_bytes: int, end_index: int | None = None
+    ) -> ReadResult:
+        """Whole verified batches from the one holding `from_index`, up to `max_bytes` (at
+        least one batch) and only batches ending at or before `end_index`, from one segment.
+
+        `from_index == next_index` returns an empty result; beyond it, or below start_index,
+        raises IndexOutOfRangeError. A corrupt first batch raises CorruptBatchError.
+        """
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        if from_index == self.next_index:
+            return ReadResult(b"", from_index, from_index, 0)
+        self._check_index(from_index)
+        limit = self.next_index if end_index is None else min(end_index, self.next_index)
+        return self._segment_of(from_index).read(from_index, max_bytes, limit)
+
+    def read(self, index: int) -> ReadResult:
+        """The one batch holding `index`."""
+        self._check_index(index)
+        return self._segment_of(index).read(index, 0, self.next_index)
+
+    # ---- truncation and retention ----------------------------------------------------------
+
+    def truncate(self, index: int) -> None:
+        """Remove every record at or after `index`, which must start a batch (or be next_index).
+
+        Durable on return unless the fsync policy is `never`.
+        """
+        self._check_writable()
+        if index == self.next_index:
+            return
+        if not self.start_index <= index < self.next_index:
+            raise IndexOutOfRangeError(index, self.start_index, self.next_index)
+        base, end = self.batch_range(index)
+        if base != index:
+            raise NotBatchBoundaryError(index, base, end)
+        keep = bisect_right(self._bases, index) - 1
+        for segment in reversed(self._segments[keep + 1 :]):
+            segment.remove_files()
+        del self._segments[keep + 1 :]
+        del self._bases[keep + 1 :]
+        if self._sync_writes:
+            _sync_directory(self.directory)
+        target = self._segments[keep]
+        target.truncate(index)
+        if self._sync_writes:
+            target.sync()
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Remove whole sealed segments from the front: while the log is larger than
+        `retention_bytes`, and while the oldest was sealed more than `retention_ms` ago.
+
+        An idle active segment older than `segment_ms` is rolled first so age can reach it.
+        The active segment is never removed, so the log keeps at most
+        max(retention_bytes, active segment size) bytes.
+        """
+        self._check_writable()
+        now_ms = self.clock_ms() if now_ms is None else now_ms
+        config = self.config
+        active = self._active
+        if (
+            config.segment_ms is not None
+            and not active.is_empty
+            and now_ms - active.store.created_ms >= config.segment_ms
+        ):
+            self._roll()
+        removed: list[int] = []
+        removed_bytes = 0
+        total = self.size_bytes
+        while len(self._segments) > 1 and self._segments[0].sealed:
+            oldest = self._segments[0]
+            too_big = config.retention_bytes is not None and total > config.retention_bytes
+            too_old = (
+                config.retention_ms is not None
+                and oldest.store.sealed_ms + config.retention_ms <= now_ms
+            )
+            if not (too_big or too_old):
+                break
+            total -= oldest.size
+            removed_bytes += oldest.size
+            removed.append(oldest.base_index)
+            oldest.remove_files()
+            del self._segments[0]
+            del self._bases[0]
+        if removed and self._sync_writes:
+            _sync_directory(self.directory)
+        return RetentionReport(tuple(removed), removed_bytes, self.start_index)
+
+
+class StreamAppend:
+    """One batch being appended from a byte stream, written to the store as chunks arrive.
+
+    A zeroed placeholder stands where the header goes until `commit`, so a crash part way
+    leaves bytes that recovery cuts; `abort` (or any failure) truncates them at once.
+    """
+
+    def __init__(
+        self, log: SegmentedLog, header: BatchHeader, header_bytes: bytes, term: int | None
+    ) -> None:
+        self._log = log
+        self._header = header
+        self._header_bytes = header_bytes
+        self._term = header.term if term is None else term
+        self._segment = log._active
+        self._position = self._segment.size
+        self._received_bytes = 0
+        self._hasher = xxhash.xxh3_64()
+        self._done = False
+        self._segment.write_at(self._position, (bytes(BATCH_HEADER_BYTES),))
+
+    @property
+    def declared_payload_bytes(self) -> int:
+        return self._header.payload_bytes
+
+    def write(self, chunk: Buffer) -> None:
+        """Write the next payload chunk. More bytes than declared aborts the append."""
+        assert not self._done
+        if self._received_bytes + len(chunk) > self._header.payload_bytes:
+            self.abort()
+            raise AppendThresholdError(
+                f"stream sent more than the {self._header.batch_bytes} bytes its batch "
+                "header declares"
+            )
+        try:
+            self._segment.write_at(
+                self._position + BATCH_HEADER_BYTES + self._received_bytes, (chunk,)
+            )
+        except SegmentError:
+            self.abort()
+            raise
+        self._hasher.update(chunk)
+        self._received_bytes += len(chunk)
+
+    def commit(self) -> AppendResult:
+        """Check length and checksum, stamp the header, and make the batch part of the log."""
+        assert not self._done
+        header = self._header
+        if self._received_bytes != header.payload_bytes:
+            self.abort()
+            raise BatchFramingError(
+                f"stream ended after {self._received_bytes} of {header.payload_bytes} payload bytes"
+            )
+        digest = self._hasher.intdigest()
+        if header_checksum(self._header_bytes[:CHECKSUM_OFFSET], digest) != header.checksum:
+            self.abort()
+            raise BatchChecksumError("checksum mismatch in streamed batch")
+        segment = self._segment
+        base_index = segment.next_index
+        stamped = stamp_header(self._header_bytes, base_index, self._term, digest)
+        try:
+            segment.write_at(self._position, (stamped,))
+        except SegmentError:
+            self.abort()
+            raise
+        segment.commit_streamed(self._position, header.record_count, self._term)
+        self._finish()
+        return AppendResult(base_index, header.record_count)
+
+    def abort(self) -> None:
+        """Cut everything this append wrote; the log is as before `begin_stream`."""
+        if self._done:
+            return
+        self._finish()
+        self._segment.cut_store(self._position)
+
+    def _finish(self) -> None:
+        self._done = True
+        self._log._stream = None
+
+
+def _sync_directory(directory: Directory) -> None:
+    try:
+        directory.sync()
+    except StorageError as e:
+        raise LogError(f"directory sync failed: {e}") from e
+
+
+def _remove_stores(directory: Directory, bases: list[int]) -> int:
+    """Remove the files of segments that recovery cut (newest first); return their bytes."""
+    removed = 0
+    for base in reversed(bases):
+        try:
+            storage = directory.open(store_name(base), create=False)
+            removed += storage.size
+            storage.close()
+        except StorageError:
+            pass
+        directory.remove(index_name(base))
+        directory.remove(store_name(base))
+    return removed

@@ -1,0 +1,1 @@
+"""The Laminar Kubernetes operator (kopf handlers arrive with the operator issue)."""

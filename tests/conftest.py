@@ -1,0 +1,35 @@
+"""Shared fixtures: every generic log test runs against the in-memory and the file backend."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from laminar.log import Directory, FileDirectory, MemoryDirectory
+
+ASYNC_TEST_TIMEOUT_S = 120
+
+
+@pytest.fixture(params=["memory", "file"])
+def directory_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Directory]:
+    """Returns a function giving the same log directory each call (so tests can reopen)."""
+    if request.param == "memory":
+        memory = MemoryDirectory()
+        return lambda: memory
+    path = str(tmp_path / "log")
+    return lambda: FileDirectory(path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run `async def` tests in a fresh event loop (no plugin needed)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), timeout=ASYNC_TEST_TIMEOUT_S))
+    return True
