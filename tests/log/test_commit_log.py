@@ -237,6 +237,19 @@ async def test_sync_failure_reaches_the_appender(tmp_path: Path):
     def failing() -> None:
         raise OSError(5, "Input/output error")
 
-    log.log._segments[-1].store.storage.sync = failing  # type: ignore[method-assign]
+    storage = log.log._segments[-1].store.storage
+    working = storage.sync
+    storage.sync = failing  # type: ignore[method-assign]
     with pytest.raises(LogError, match="Input/output error"):
         await log.append(make_batch(1))
+    # The next fdatasync might "succeed" without the pages the failed one lost: refuse
+    # writes instead of acknowledging them as durable.
+    storage.sync = working  # type: ignore[method-assign]
+    with pytest.raises(LogError, match="reopen"):
+        await log.append(make_batch(2))
+    with pytest.raises(LogError, match="reopen"):
+        await log.sync()
+    await log.close()
+    reopened = SegmentedLog.open(directory, SMALL)
+    assert [i for i, _ in read_records(reopened)] == [0, 1, 2]  # what reached the disk
+    reopened.close()

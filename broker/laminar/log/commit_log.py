@@ -43,6 +43,10 @@ class CommitLog:
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._sync_task: asyncio.Task[None] | None = None
         self._interval_task: asyncio.Task[None] | None = None
+        # After a failed fdatasync the kernel may have dropped the dirty pages and a later
+        # fdatasync can succeed without them, so nothing written since can be trusted as
+        # durable: the log refuses writes until reopened (recovery then checks the disk).
+        self._failed: LogError | None = None
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._interval_task = asyncio.get_running_loop().create_task(self._interval_syncs())
 
@@ -81,8 +85,13 @@ class CommitLog:
 
     # ---- writes ----------------------------------------------------------------------------
 
+    def _check_healthy(self) -> None:
+        if self._failed is not None:
+            raise LogError(f"an earlier fdatasync failed ({self._failed}); reopen the log")
+
     async def append(self, batch: bytes | memoryview, *, term: int | None = None) -> AppendResult:
         """Append one encoded batch; under `always`, return once it is durable."""
+        self._check_healthy()
         async with self._write_lock:
             result = self.log.append(batch, term=term)
         await self._wait_durable(result.next_index)
@@ -102,6 +111,7 @@ class CommitLog:
         raises is cut and rolled back: nothing partial is left behind. Other writes to this
         log wait while the stream is being written.
         """
+        self._check_healthy()
         async with self._write_lock:
             iterator = aiter(chunks)
             head = bytearray()
@@ -149,6 +159,7 @@ class CommitLog:
 
     async def sync(self) -> int:
         """Make everything appended so far durable, whatever the policy; return durable_index."""
+        self._check_healthy()
         target = self.log.next_index
         if self._durable_index < target:
             future = asyncio.get_running_loop().create_future()
@@ -207,6 +218,7 @@ class CommitLog:
                         future.set_result(None)
         except Exception as e:
             error = e if isinstance(e, LogError) else LogError(f"fdatasync failed: {e}")
+            self._failed = error
             while self._waiters:
                 _, future = self._waiters.popleft()
                 if not future.done():

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import xxhash
+
 from .batch import (
+    BATCH_HEADER,
     BATCH_HEADER_BYTES,
+    BATCH_MAGIC,
+    BATCH_VERSION,
     CHECKSUM_OFFSET,
     Buffer,
-    header_checksum,
-    parse_header,
-    payload_hash,
 )
 from .errors import (
-    BatchError,
     CorruptBatchError,
     SegmentError,
     SegmentIndexError,
@@ -57,7 +59,7 @@ class SegmentRecovery:
     header_repaired: bool  # the store header was damaged and rewritten from the file name
     cut_bytes: int  # bytes cut from the end of the store (torn or damaged)
     cut_reason: str | None
-    corrupt_indexes: tuple[int, ...]  # base indexes of framed batches that fail their checksum
+    corrupt_indexes: tuple[int, ...]  # first indexes of damaged batches or spans, never served
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,10 @@ class Segment:
                     segment._index_storage, base_index, store.size
                 )
             except (StorageError, SegmentIndexError):
-                pass
+                # Not this store's index: empty it so that it can never match again.
+                if segment._index_storage is not None:
+                    with contextlib.suppress(StorageError):
+                        segment._index_storage.truncate(0)
             else:
                 segment.index = index
                 segment._index_file_current = True
@@ -178,9 +183,6 @@ class Segment:
     @property
     def sealed(self) -> bool:
         return self.store.sealed_ms != 0
-
-    def contains(self, index: int) -> bool:
-        return self.base_index <= index < self.next_index
 
     def slot_of(self, index: int) -> int:
         return self.index.slot_of(index - self.base_index)
@@ -339,25 +341,34 @@ class Segment:
         return ReadResult(data, self.base_index + starts[first], next_index, good - first)
 
     def _verified_prefix(self, data: bytes, first: int, last_slot: int) -> int:
-        """The first slot in [first, last_slot) whose batch fails to verify, else last_slot."""
+        """The first slot in [first, last_slot) whose batch fails to verify, else last_slot.
+
+        Per batch: one header unpack and the two hashes of the checksum; this loop bounds read
+        throughput for small batches, so it stays lean.
+        """
         positions, starts = self.index.positions, self.index.starts
         view = memoryview(data)
         origin = positions[first]
+        base_index = self.base_index
+        unpack = BATCH_HEADER.unpack_from
+        digest = xxhash.xxh3_64_intdigest
         for slot in range(first, last_slot):
             offset = positions[slot] - origin
-            length = self._batch_end(slot) - positions[slot]
-            try:
-                header = parse_header(view, offset)
-            except BatchError:
+            end = self._batch_end(slot) - origin
+            if end - offset < BATCH_HEADER_BYTES:
                 return slot
+            magic, version, attributes, base, _, payload_bytes, *_, checksum = unpack(view, offset)
             if (
-                header.batch_bytes != length
-                or header.base_index != self.base_index + starts[slot]
-                or header_checksum(
+                magic != BATCH_MAGIC
+                or version != BATCH_VERSION
+                or attributes
+                or base != base_index + starts[slot]
+                or BATCH_HEADER_BYTES + payload_bytes != end - offset
+                or digest(
                     view[offset : offset + CHECKSUM_OFFSET],
-                    payload_hash(view[offset + BATCH_HEADER_BYTES : offset + length]),
+                    seed=digest(view[offset + BATCH_HEADER_BYTES : end]),
                 )
-                != header.checksum
+                != checksum
             ):
                 return slot
         return last_slot

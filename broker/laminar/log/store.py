@@ -178,11 +178,10 @@ class Store:
                 )
                 position += header.batch_bytes
                 continue
-            reason = (
-                found
-                if isinstance(found, str)
-                else (f"checksum mismatch in batch {result.next_index}")
-            )
+            if isinstance(found, str):
+                reason = found
+            else:
+                reason = f"checksum mismatch in batch {result.next_index}"
             if sealed_next_index is None:
                 result.stop_reason = reason
                 break
