@@ -444,3 +444,17 @@ def test_stream_cut_by_a_crash_is_removed_on_recovery(directory_factory):
     reopened = SegmentedLog.open(directory_factory(), SMALL)
     assert read_records(reopened) == expected
     assert reopened.recovery.cut_bytes == len(batch)
+
+
+def test_reset_starts_an_empty_log_at_any_index(directory_factory):
+    log = SegmentedLog.open(directory_factory(), SMALL)
+    fill(log, 40)
+    log.reset(5000)
+    assert (log.start_index, log.next_index, log.segment_base_indexes) == (5000, 5000, (5000,))
+    assert log.append(make_batch(1)).base_index == 5000
+    log.close()
+    reopened = SegmentedLog.open(directory_factory(), SMALL)
+    assert (reopened.start_index, reopened.next_index) == (5000, 5003)
+    assert [name for name in directory_factory().names() if name.endswith(".log")] == [
+        store_name(5000)
+    ]

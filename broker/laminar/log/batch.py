@@ -5,7 +5,7 @@ Layout (little-endian; `docs/formats.md` is the full specification):
     header, BATCH_HEADER_BYTES = 72
       0  4s  magic            b"LMQB"
       4  u16 version          1
-      6  u16 attributes       0 (reserved: compression and the like)
+      6  u16 attributes       bit 0: control batch (Raft no-op / configuration); others 0
       8  u64 base_index       index of the first record, assigned by the log
      16  u64 term             Raft term, assigned by the leader that appended it
      24  u32 payload_bytes    length of the records section that follows the header
@@ -49,6 +49,8 @@ RECORD_HEADER = struct.Struct("<iiiH")
 RECORD_HEADER_BYTES = RECORD_HEADER.size
 HEADER_FIELD = struct.Struct("<HI")
 STAMP_FIELDS = struct.Struct("<QQ")  # base_index, term at BASE_INDEX_OFFSET
+CONTROL_ATTRIBUTE = 0x1  # a Raft control batch (no-op, configuration change): not user data
+KNOWN_ATTRIBUTES = CONTROL_ATTRIBUTE
 NULL_LENGTH = -1
 MAX_PAYLOAD_BYTES = 2**32 - 1
 MAX_HEADERS_PER_RECORD = 2**16 - 1
@@ -70,6 +72,11 @@ class BatchHeader(NamedTuple):
     first_timestamp_ms: int
     max_timestamp_ms: int
     checksum: int
+    attributes: int = 0
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_ATTRIBUTE)
 
     @property
     def batch_bytes(self) -> int:
@@ -117,10 +124,12 @@ def encode_batch(
     producer_id: int = 0,
     producer_seq: int = 0,
     now_ms: int | None = None,
+    control: bool = False,
 ) -> bytes:
     """Encode records as one batch with base_index 0 and term 0 (the log assigns both).
 
     This runs on producers; it is the only place that walks records on the write path.
+    `control` marks a Raft control batch (consumers of user data skip those).
     """
     if not records:
         raise BatchFramingError("a batch needs at least one record")
@@ -162,7 +171,7 @@ def encode_batch(
     prefix = BATCH_HEADER.pack(
         BATCH_MAGIC,
         BATCH_VERSION,
-        0,
+        CONTROL_ATTRIBUTE if control else 0,
         0,
         0,
         len(payload),
@@ -188,9 +197,9 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
         raise BatchFramingError(f"bad batch magic {bytes(magic)!r}")
     if version != BATCH_VERSION:
         raise BatchFramingError(f"unsupported batch version {version}")
-    if attributes != 0:
+    if attributes & ~KNOWN_ATTRIBUTES:
         raise BatchFramingError(f"unsupported batch attributes {attributes:#x}")
-    header = BatchHeader(*fields)
+    header = BatchHeader(*fields, attributes)
     if header.record_count < 1:
         raise BatchFramingError("a batch needs at least one record")
     if header.payload_bytes < header.record_count * RECORD_HEADER_BYTES:

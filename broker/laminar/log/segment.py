@@ -15,6 +15,7 @@ from .batch import (
     BATCH_MAGIC,
     BATCH_VERSION,
     CHECKSUM_OFFSET,
+    KNOWN_ATTRIBUTES,
     Buffer,
 )
 from .errors import (
@@ -361,7 +362,7 @@ class Segment:
             if (
                 magic != BATCH_MAGIC
                 or version != BATCH_VERSION
-                or attributes
+                or attributes & ~KNOWN_ATTRIBUTES
                 or base != base_index + starts[slot]
                 or BATCH_HEADER_BYTES + payload_bytes != end - offset
                 or digest(

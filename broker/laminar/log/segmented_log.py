@@ -410,6 +410,38 @@ class SegmentedLog:
         if self._sync_writes:
             target.sync()
 
+    def remove_through(self, index: int) -> RetentionReport:
+        """Remove whole sealed segments whose records all lie at or below `index` (Raft log
+        compaction after a snapshot point); the active segment stays."""
+        self._check_writable()
+        removed: list[int] = []
+        removed_bytes = 0
+        while len(self._segments) > 1 and self._segments[0].next_index - 1 <= index:
+            oldest = self._segments.pop(0)
+            del self._bases[0]
+            removed.append(oldest.base_index)
+            removed_bytes += oldest.size
+            oldest.remove_files()
+        if removed and self._sync_writes:
+            _sync_directory(self.directory)
+        return RetentionReport(tuple(removed), removed_bytes, self.start_index)
+
+    def reset(self, start_index: int) -> None:
+        """Drop every segment and start empty at `start_index` (a replica installing a
+        snapshot: "your log starts at X"). Durable on return unless fsync is `never`."""
+        self._check_writable()
+        if start_index < 0:
+            raise IndexOutOfRangeError(start_index, self.start_index, self.next_index)
+        for segment in reversed(self._segments):
+            segment.remove_files()
+        if self._sync_writes:
+            _sync_directory(self.directory)
+        fresh = Segment.create(self.directory, start_index, self.clock_ms(), sync=self._sync_writes)
+        self._segments = [fresh]
+        self._bases = [start_index]
+        if self._sync_writes:
+            _sync_directory(self.directory)
+
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Remove whole sealed segments from the front: while the log is larger than
         `retention_bytes`, and while the oldest was sealed more than `retention_ms` ago.

@@ -40,6 +40,7 @@ class Directory(Protocol):
     def names(self) -> list[str]: ...
     def open(self, name: str, *, create: bool) -> Storage: ...
     def remove(self, name: str) -> None: ...
+    def rename(self, old: str, new: str) -> None: ...
     def sync(self) -> None: ...
 
 
@@ -131,6 +132,13 @@ class FileDirectory:
             pass
         except OSError as e:
             raise StorageError(f"cannot remove {name} in {self.path}: {e}") from e
+
+    def rename(self, old: str, new: str) -> None:
+        """Atomically replace `new` with `old` (durable after `sync()`)."""
+        try:
+            os.replace(os.path.join(self.path, old), os.path.join(self.path, new))
+        except OSError as e:
+            raise StorageError(f"cannot rename {old} to {new} in {self.path}: {e}") from e
 
     def sync(self) -> None:
         try:
@@ -231,6 +239,13 @@ class MemoryDirectory:
 
     def remove(self, name: str) -> None:
         self.files.pop(name, None)
+
+    def rename(self, old: str, new: str) -> None:
+        if old not in self.files:
+            raise StorageError(f"{old} does not exist")
+        storage = self.files.pop(old)
+        storage.name = new
+        self.files[new] = storage
 
     def sync(self) -> None:
         self._durable_files = dict(self.files)

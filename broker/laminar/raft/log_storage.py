@@ -1,0 +1,175 @@
+"""Raft storage over the partition's segmented log: the Raft log *is* the partition log.
+
+Each Raft entry is one stored batch (its term is the batch's term). Hard state (term, vote,
+commit, configuration) and the snapshot point (the index/term/configuration just before the
+log's first index) live in `raft.state`, replaced atomically: write a temporary file, fsync
+it, rename it over the old one, fsync the directory.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..log.batch import decode_batch, parse_header, split_batches
+from ..log.errors import IndexOutOfRangeError, StorageError
+from ..log.segmented_log import SegmentedLog
+from ..log.storage import Directory
+from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
+from .storage import StorageUnavailable
+
+STATE_FILE = "raft.state"
+STATE_TEMP_FILE = "raft.state.tmp"
+
+
+def entry_kind(batch: bytes | memoryview) -> EntryKind:
+    if not parse_header(batch).is_control:
+        return EntryKind.NORMAL
+    (record,) = decode_batch(batch)
+    return EntryKind.CONF if record.key == b"conf" else EntryKind.NOOP
+
+
+class LogStorage:
+    """RaftStorage reads for the core; `append` / `set_hard_state` / `apply_snapshot` /
+    `sync` for the runtime draining a Ready."""
+
+    def __init__(self, directory: Directory, log: SegmentedLog, *, conf: ConfState) -> None:
+        """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group."""
+        self.directory = directory
+        self.log = log
+        if STATE_FILE in directory.names():
+            self.hard_state, self.snap = self._load()
+        else:
+            self.hard_state = HardState(conf=conf)
+            self.snap = Snapshot(log.start_index - 1, 0, conf)
+
+    # ---- the state file --------------------------------------------------------------------
+
+    def _load(self) -> tuple[HardState, Snapshot]:
+        storage = self.directory.open(STATE_FILE, create=False)
+        try:
+            document = json.loads(storage.read(0, storage.size))
+        finally:
+            storage.close()
+        hs, snap = document["hard_state"], document["snapshot"]
+        hard_state = HardState(
+            hs["term"],
+            hs["vote"],
+            hs["commit"],
+            ConfState(tuple(hs["voters"]), tuple(hs["learners"])),
+        )
+        snapshot = Snapshot(
+            snap["index"],
+            snap["term"],
+            ConfState(tuple(snap["voters"]), tuple(snap["learners"])),
+        )
+        return hard_state, snapshot
+
+    def _save(self, *, sync: bool = True) -> None:
+        hs, snap = self.hard_state, self.snap
+        document = {
+            "hard_state": {
+                "term": hs.term,
+                "vote": hs.vote,
+                "commit": hs.commit,
+                "voters": list(hs.conf.voters),
+                "learners": list(hs.conf.learners),
+            },
+            "snapshot": {
+                "index": snap.index,
+                "term": snap.term,
+                "voters": list(snap.conf.voters),
+                "learners": list(snap.conf.learners),
+            },
+        }
+        data = json.dumps(document, sort_keys=True).encode()
+        self.directory.remove(STATE_TEMP_FILE)
+        temp = self.directory.open(STATE_TEMP_FILE, create=True)
+        try:
+            temp.write(0, (data,))
+            if sync:
+                temp.sync()
+        finally:
+            temp.close()
+        self.directory.rename(STATE_TEMP_FILE, STATE_FILE)
+        if sync:
+            self.directory.sync()
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def initial_state(self) -> tuple[HardState, Snapshot]:
+        return self.hard_state, self.snap
+
+    def first_index(self) -> int:
+        return self.snap.index + 1
+
+    def last_index(self) -> int:
+        return self.log.next_index - 1
+
+    def term(self, index: int) -> int:
+        if index == self.snap.index:
+            return self.snap.term
+        try:
+            return self.log.term_at(index)
+        except IndexOutOfRangeError as e:
+            raise StorageUnavailable(str(e)) from e
+
+    def entries(self, lo: int, max_bytes: int) -> list[Entry]:
+        try:
+            result = self.log.read_range(lo, max_bytes)
+        except IndexOutOfRangeError as e:
+            raise StorageUnavailable(str(e)) from e
+        out = []
+        for batch in split_batches(result.data):
+            header = parse_header(batch)
+            data = bytes(batch)
+            out.append(
+                Entry(header.base_index, header.record_count, header.term, data, entry_kind(data))
+            )
+        return out
+
+    def batch_start(self, index: int) -> int:
+        if index == self.snap.index:
+            return index
+        try:
+            return self.log.batch_range(index)[0]
+        except IndexOutOfRangeError as e:
+            raise StorageUnavailable(str(e)) from e
+
+    def snapshot(self) -> Snapshot:
+        return self.snap
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    def append(self, entries: list[Entry]) -> None:
+        """Write entries (not yet durable: call `sync`), replacing any overlapping suffix."""
+        if not entries:
+            return
+        first = entries[0].index
+        if first <= self.last_index():
+            self.log.truncate(first)
+        for entry in entries:
+            result = self.log.append(entry.data, term=entry.term)
+            if result.base_index != entry.index:
+                raise StorageError(f"entry {entry.index} landed at {result.base_index}")
+
+    def sync(self) -> None:
+        self.log.sync()
+
+    def set_hard_state(self, hard_state: HardState) -> None:
+        self.hard_state = hard_state
+        self._save()
+
+    def apply_snapshot(self, snapshot: Snapshot) -> None:
+        """Install a snapshot point: the log restarts empty right after it."""
+        self.snap = Snapshot(snapshot.index, snapshot.term, snapshot.conf)
+        self.log.reset(snapshot.index + 1)
+        self._save()
+
+    def compact(self, through_index: int) -> None:
+        """Retention: record the snapshot point at `through_index` (which must end a stored
+        batch) before the segments holding it may be removed."""
+        _, end = self.log.batch_range(through_index)
+        if end - 1 != through_index:
+            raise StorageUnavailable(f"{through_index} does not end a batch")
+        self.snap = Snapshot(through_index, self.log.term_at(through_index), self.hard_state.conf)
+        self._save()

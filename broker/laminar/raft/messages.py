@@ -1,0 +1,127 @@
+"""Raft values: entries, snapshots, configuration changes and the one flat message type.
+
+Indexes are the partition's record indexes: an entry is a whole batch covering
+[index, index + count), and its term is the term stored in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class EntryKind(IntEnum):
+    NORMAL = 0  # user records
+    NOOP = 1  # appended by a new leader to commit entries of earlier terms
+    CONF = 2  # a single-server configuration change
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int  # base index: the first record index the batch covers
+    count: int  # records in the batch (>= 1)
+    term: int
+    data: bytes  # the encoded batch (the log stamps index and term when persisting it)
+    kind: EntryKind = EntryKind.NORMAL
+
+    @property
+    def last_index(self) -> int:
+        return self.index + self.count - 1
+
+
+class ConfChangeKind(IntEnum):
+    ADD_LEARNER = 1
+    PROMOTE = 2  # learner -> voter, once it has caught up
+    REMOVE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    kind: ConfChangeKind
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfState:
+    voters: tuple[str, ...]  # sorted
+    learners: tuple[str, ...] = ()  # sorted
+
+    def apply(self, change: ConfChange) -> ConfState:
+        voters, learners = set(self.voters), set(self.learners)
+        if change.kind is ConfChangeKind.ADD_LEARNER:
+            if change.node not in voters:
+                learners.add(change.node)
+        elif change.kind is ConfChangeKind.PROMOTE:
+            if change.node in learners:
+                learners.discard(change.node)
+                voters.add(change.node)
+        else:
+            voters.discard(change.node)
+            learners.discard(change.node)
+        return ConfState(tuple(sorted(voters)), tuple(sorted(learners)))
+
+    def members(self) -> tuple[str, ...]:
+        return tuple(sorted((*self.voters, *self.learners)))
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be durable before a message that depends on it is sent."""
+
+    term: int = 0
+    vote: str | None = None
+    commit: int = -1
+    conf: ConfState = ConfState(())
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """State up to and including `index` (of `term`); the log continues at index + 1."""
+
+    index: int
+    term: int
+    conf: ConfState
+    data: bytes = b""
+
+
+class MessageType(IntEnum):
+    PRE_VOTE = 1
+    PRE_VOTE_RESP = 2
+    VOTE = 3
+    VOTE_RESP = 4
+    APPEND = 5
+    APPEND_RESP = 6
+    HEARTBEAT = 7
+    HEARTBEAT_RESP = 8
+    SNAPSHOT = 9
+    TIMEOUT_NOW = 10
+    READ_INDEX = 11  # follower -> leader: confirm leadership for a read
+    READ_INDEX_RESP = 12
+    HEARTBEATS = 13  # node level: the heartbeats of many groups to one node, coalesced
+    HEARTBEATS_RESP = 14
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One Raft message. Fields a type does not use keep their defaults.
+
+    APPEND: `index`/`log_term` are the entry before `entries`; APPEND_RESP: `index` is the
+    last index matched, or on reject the probed index, with `reject_hint` the follower's
+    hint of where to retry and `log_term` the term there.
+    """
+
+    type: MessageType
+    group: str
+    src: str
+    dst: str
+    term: int
+    log_term: int = 0
+    index: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = -1
+    reject: bool = False
+    reject_hint: int = 0
+    context: bytes = b""
+    snapshot: Snapshot | None = None
+    #: HEARTBEATS / HEARTBEATS_RESP: the per-group messages folded into this one
+    batch: tuple[Message, ...] = field(default=())

@@ -1,0 +1,742 @@
+"""One Raft group on one node, as a pure state machine (after etcd-io/raft).
+
+Inputs: `tick()`, `step(message)`, `propose(data, count)`, `propose_conf_change(change)`,
+`transfer_leadership(to)`, `read_index(context)`. Output: `ready()` returns what to persist
+(entries, hard state, snapshot), then messages to send and what became committed; the caller
+persists, sends, and calls `advance(ready)`. No sockets, clocks or threads; randomness comes
+from the `random.Random` the caller passes in, so a seeded simulation replays exactly.
+
+Safety-relevant choices: a leader counts its own log towards a commit only once persisted
+(`advance`); configuration changes take effect when committed, one at a time, and only after
+the leader has committed an entry of its own term.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ..log.batch import Record, encode_batch
+from .config import RaftConfig
+from .messages import (
+    ConfChange,
+    ConfChangeKind,
+    Entry,
+    EntryKind,
+    HardState,
+    Message,
+    MessageType,
+    Snapshot,
+)
+from .progress import Progress, ProgressState
+from .raft_log import RaftLog
+from .storage import RaftStorage
+
+MT = MessageType
+CAMPAIGN_TRANSFER = b"transfer"
+
+
+class Role(IntEnum):
+    FOLLOWER = 0
+    PRE_CANDIDATE = 1
+    CANDIDATE = 2
+    LEADER = 3
+
+
+class ProposalDropped(Exception):
+    """Not leader, a leadership transfer is under way, or a configuration change is pending."""
+
+
+@dataclass(slots=True)
+class Ready:
+    hard_state: HardState | None = None  # persist if not None
+    entries: list[Entry] = field(default_factory=list)  # persist (truncating any overlap)
+    snapshot: Snapshot | None = None  # install before the entries
+    messages: list[Message] = field(default_factory=list)  # send after persisting
+    #: (first, last) indexes newly committed, to apply after persisting
+    committed: tuple[int, int] | None = None
+    #: (context, index) of reads confirmed safe once `index` is applied
+    read_states: list[tuple[bytes, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.hard_state
+            or self.entries
+            or self.snapshot
+            or self.messages
+            or self.committed
+            or self.read_states
+        )
+
+
+def encode_control(kind: EntryKind, change: ConfChange | None = None) -> bytes:
+    """A control batch: one record whose key names the kind (value: the change, if any)."""
+    if kind is EntryKind.NOOP:
+        record = Record(key=b"noop", value=None, timestamp_ms=0)
+    else:
+        assert change is not None
+        record = Record(
+            key=b"conf", value=f"{change.kind.value} {change.node}".encode(), timestamp_ms=0
+        )
+    return encode_batch([record], now_ms=0, control=True)
+
+
+def decode_conf_change(value: bytes) -> ConfChange:
+    kind, node = value.decode().split(" ", 1)
+    return ConfChange(ConfChangeKind(int(kind)), node)
+
+
+class Raft:
+    def __init__(
+        self,
+        group: str,
+        node_id: str,
+        storage: RaftStorage,
+        config: RaftConfig,
+        rng: random.Random,
+        *,
+        pending_confs: dict[int, ConfChange] | None = None,
+    ) -> None:
+        """`pending_confs`: configuration entries in the log after the last commit (the
+        caller finds them when reopening storage; `scan_pending_confs` helps)."""
+        hard_state, snapshot = storage.initial_state()
+        self.group = group
+        self.id = node_id
+        self.config = config
+        self.rng = rng
+        self.log = RaftLog(storage, max(hard_state.commit, snapshot.index))
+        self.term = hard_state.term
+        self.vote = hard_state.vote
+        self.conf = hard_state.conf
+        self.pending_confs: dict[int, ConfChange] = dict(pending_confs or {})
+        self.role = Role.FOLLOWER
+        self.lead: str | None = None
+        self.progress: dict[str, Progress] = {}
+        self.votes: dict[str, bool] = {}
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_ticks = config.election_ticks
+        self.transferee: str | None = None
+        self.transfer_elapsed = 0
+        self.pending_conf_index = -1
+        self.pending_reads: list[tuple[bytes, int, set[str], str]] = []  # ctx, index, acks, from
+        self.read_states: list[tuple[bytes, int]] = []
+        self.msgs: list[Message] = []
+        self._prev_hard = hard_state
+        self._applied_commit = self.log.committed
+        self._apply_committed_confs()
+        self._reset_randomized_timeout()
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    @property
+    def is_voter(self) -> bool:
+        return self.id in self.conf.voters
+
+    def _quorum(self) -> int:
+        return len(self.conf.voters) // 2 + 1
+
+    def _send(self, message: Message) -> None:
+        self.msgs.append(message)
+
+    def _msg(self, type_: MessageType, to: str, **fields: object) -> Message:
+        fields.setdefault("term", self.term)
+        return Message(type_, self.group, self.id, to, **fields)  # type: ignore[arg-type]
+
+    def _reset_randomized_timeout(self) -> None:
+        ticks = self.config.election_ticks
+        self.randomized_election_ticks = ticks + self.rng.randrange(ticks)
+
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.lead = None
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self._reset_randomized_timeout()
+        self.votes = {}
+        self.transferee = None
+        self.pending_reads = []
+        last = self.log.last_index()
+        self.progress = {}
+        for node in self.conf.members():
+            progress = Progress(last + 1, is_learner=node in self.conf.learners)
+            if node == self.id:
+                progress.match = self.log.offset - 1  # what this node has persisted
+            self.progress[node] = progress
+
+    # ---- role changes ----------------------------------------------------------------------
+
+    def become_follower(self, term: int, lead: str | None) -> None:
+        self._reset(term)
+        self.role = Role.FOLLOWER
+        self.lead = lead
+
+    def _become_pre_candidate(self) -> None:
+        # A pre-candidate neither raises its term nor votes: a failed pre-vote changes nothing.
+        self.role = Role.PRE_CANDIDATE
+        self.votes = {}
+        self.lead = None
+
+    def _become_candidate(self) -> None:
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+
+    def _become_leader(self) -> None:
+        self._reset(self.term)
+        self.role = Role.LEADER
+        self.lead = self.id
+        for node, progress in self.progress.items():
+            progress.recent_active = node == self.id
+        # Uncommitted configuration changes in our log count as pending.
+        self.pending_conf_index = max(self.pending_confs, default=-1)
+        # A no-op of our term lets entries of earlier terms commit (§5.4.2).
+        self._append_entries([(encode_control(EntryKind.NOOP), 1, EntryKind.NOOP)])
+
+    # ---- inputs ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if self.role is Role.LEADER:
+            self._tick_leader()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_election_ticks:
+            self.election_elapsed = 0
+            if self._promotable():
+                self._hup(transfer=False)
+
+    def _tick_leader(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.config.election_ticks:
+            self.election_elapsed = 0
+            if self.config.check_quorum and not self._check_quorum_active():
+                self.become_follower(self.term, None)
+                return
+            if self.transferee is not None:
+                self.transferee = None  # the transfer did not finish within an election timeout
+        if self.heartbeat_elapsed >= self.config.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            self._broadcast_heartbeat(b"")
+            for node, progress in self.progress.items():
+                if progress.state is ProgressState.SNAPSHOT:
+                    progress.snapshot_ticks += 1
+                    if progress.snapshot_ticks >= self.config.election_ticks:
+                        progress.become_probe()  # the snapshot was lost: start over
+                        self._send_append(node)
+
+    def _check_quorum_active(self) -> bool:
+        active = 0
+        for node in self.conf.voters:
+            progress = self.progress.get(node)
+            if node == self.id or (progress is not None and progress.recent_active):
+                active += 1
+        for node, progress in self.progress.items():
+            if node != self.id:
+                progress.recent_active = False
+        return active >= self._quorum()
+
+    def _promotable(self) -> bool:
+        return self.is_voter and self.log.unstable_snapshot is None
+
+    def _hup(self, *, transfer: bool) -> None:
+        if self.role is Role.LEADER:
+            return
+        if self.config.pre_vote and not transfer:
+            self._campaign(MT.PRE_VOTE)
+        else:
+            self._campaign(MT.VOTE, transfer=transfer)
+
+    def _campaign(self, kind: MessageType, *, transfer: bool = False) -> None:
+        if kind is MT.PRE_VOTE:
+            self._become_pre_candidate()
+            term = self.term + 1
+            response = MT.PRE_VOTE_RESP
+        else:
+            self._become_candidate()
+            term = self.term
+            response = MT.VOTE_RESP
+        if self._poll(self.id, response, granted=True) >= self._quorum():
+            self._won(kind)
+            return
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        context = CAMPAIGN_TRANSFER if transfer else b""
+        for node in self.conf.voters:
+            if node != self.id:
+                self._send(
+                    self._msg(
+                        kind, node, term=term, index=last_index, log_term=last_term, context=context
+                    )
+                )
+
+    def _poll(self, node: str, kind: MessageType, *, granted: bool) -> int:
+        self.votes.setdefault(node, granted)
+        return sum(1 for v in self.votes.values() if v)
+
+    def _won(self, kind: MessageType) -> None:
+        if kind is MT.PRE_VOTE:
+            self._campaign(MT.VOTE)
+        else:
+            self._become_leader()
+
+    def step(self, m: Message) -> None:
+        if m.term > self.term:
+            if m.type in (MT.VOTE, MT.PRE_VOTE):
+                in_lease = (
+                    self.config.check_quorum
+                    and self.lead is not None
+                    and self.election_elapsed < self.config.election_ticks
+                )
+                if in_lease and m.context != CAMPAIGN_TRANSFER:
+                    return  # vote stickiness: a leader is heard; ignore the disruption
+            if m.type is MT.PRE_VOTE:
+                pass  # a pre-vote never changes our term
+            elif m.type is MT.PRE_VOTE_RESP and not m.reject:
+                pass  # granted pre-votes carry the future term; ours stays until we campaign
+            elif m.type in (MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT):
+                self.become_follower(m.term, m.src)
+            else:
+                self.become_follower(m.term, None)
+        elif m.term < self.term:
+            if m.type in (MT.APPEND, MT.HEARTBEAT) and (
+                self.config.check_quorum or self.config.pre_vote
+            ):
+                # A stale leader, perhaps cut off while we moved on: tell it our term.
+                self._send(self._msg(MT.APPEND_RESP, m.src))
+            elif m.type is MT.PRE_VOTE:
+                self._send(self._msg(MT.PRE_VOTE_RESP, m.src, reject=True))
+            return
+
+        if m.type in (MT.VOTE, MT.PRE_VOTE):
+            self._handle_vote_request(m)
+            return
+        if self.role is Role.LEADER:
+            self._step_leader(m)
+        elif self.role in (Role.CANDIDATE, Role.PRE_CANDIDATE):
+            self._step_candidate(m)
+        else:
+            self._step_follower(m)
+
+    def _handle_vote_request(self, m: Message) -> None:
+        can_vote = (
+            self.vote == m.src
+            or (self.vote is None and self.lead is None)
+            or (m.type is MT.PRE_VOTE and m.term > self.term)
+        )
+        response = MT.VOTE_RESP if m.type is MT.VOTE else MT.PRE_VOTE_RESP
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # Granted responses carry the request's term (for pre-votes, the future term).
+            self._send(self._msg(response, m.src, term=m.term))
+            if m.type is MT.VOTE:
+                self.election_elapsed = 0
+                self.vote = m.src
+        else:
+            self._send(self._msg(response, m.src, reject=True))
+
+    def _step_candidate(self, m: Message) -> None:
+        expected = MT.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MT.VOTE_RESP
+        if m.type in (MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT):
+            # A leader of our term exists (§5.2): follow it.
+            self.become_follower(m.term, m.src)
+            self._step_follower(m)
+        elif m.type is expected:
+            granted = self._poll(m.src, m.type, granted=not m.reject)
+            rejected = len(self.votes) - granted
+            if granted >= self._quorum():
+                self._won(MT.PRE_VOTE if self.role is Role.PRE_CANDIDATE else MT.VOTE)
+            elif rejected >= self._quorum():
+                self.become_follower(self.term, None)
+
+    def _step_follower(self, m: Message) -> None:
+        if m.type is MT.APPEND:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_append(m)
+        elif m.type is MT.HEARTBEAT:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._commit_to(min(m.commit, self.log.last_index()))
+            self._send(self._msg(MT.HEARTBEAT_RESP, m.src, context=m.context))
+        elif m.type is MT.SNAPSHOT:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_snapshot(m)
+        elif m.type is MT.TIMEOUT_NOW:
+            if self._promotable():
+                self._hup(transfer=True)
+        elif m.type is MT.READ_INDEX_RESP:
+            self.read_states.append((m.context, m.index))
+
+    def _handle_append(self, m: Message) -> None:
+        log = self.log
+        if m.index < log.committed:
+            self._send(self._msg(MT.APPEND_RESP, m.src, index=log.committed))
+            return
+        if not log.match_term(m.index, m.log_term):
+            hint = log.conflict_hint(m.index, m.log_term)
+            hint_term = log.term(hint) or 0
+            self._send(
+                self._msg(
+                    MT.APPEND_RESP,
+                    m.src,
+                    index=m.index,
+                    reject=True,
+                    reject_hint=hint,
+                    log_term=hint_term,
+                )
+            )
+            return
+        last_new = m.entries[-1].last_index if m.entries else m.index
+        position = log.find_conflict(m.entries)
+        if position is not None:
+            first_new = m.entries[position].index
+            assert first_new > log.committed, "an append conflicts with a committed entry"
+            for index in [i for i in self.pending_confs if i >= first_new]:
+                del self.pending_confs[index]
+            log.append(m.entries[position:])
+            self._note_confs(m.entries[position:])
+        self._commit_to(min(m.commit, last_new))
+        self._send(self._msg(MT.APPEND_RESP, m.src, index=last_new))
+
+    def _handle_snapshot(self, m: Message) -> None:
+        snapshot = m.snapshot
+        assert snapshot is not None
+        if snapshot.index <= self.log.committed:
+            self._send(self._msg(MT.APPEND_RESP, m.src, index=self.log.committed))
+            return
+        if self.log.match_term(snapshot.index, snapshot.term):
+            # We hold the snapshot's last entry, so its whole prefix (log matching): keep the
+            # log, entries after it included, which we may already have acknowledged (§7).
+            self._commit_to(snapshot.index)
+            self._send(self._msg(MT.APPEND_RESP, m.src, index=self.log.committed))
+            return
+        self.log.restore(snapshot)
+        self.conf = snapshot.conf
+        self.pending_confs = {}
+        self._applied_commit = snapshot.index
+        self._reset_progress_after_conf()
+        self._send(self._msg(MT.APPEND_RESP, m.src, index=snapshot.index))
+
+    # ---- leader ----------------------------------------------------------------------------
+
+    def _step_leader(self, m: Message) -> None:
+        progress = self.progress.get(m.src)
+        if m.type is MT.READ_INDEX:
+            self._start_read(m.context, m.src)
+            return
+        if progress is None:
+            return
+        if m.type is MT.APPEND_RESP:
+            progress.recent_active = True
+            if m.reject:
+                hint = m.reject_hint
+                if m.log_term > 0:
+                    hint = self.log.conflict_hint(hint, m.log_term)
+                # Retry from the start of our entry holding the hint: always a boundary.
+                first = self.log.first_index()
+                hint_next = self.log.batch_start(hint) if hint >= first else first
+                if progress.maybe_decrease_to(m.index, hint_next):
+                    if progress.state is ProgressState.REPLICATE:
+                        progress.become_probe()
+                    self._send_append(m.src)
+                return
+            if progress.maybe_update(m.index):
+                if progress.state is ProgressState.PROBE:
+                    progress.become_replicate()
+                elif (
+                    progress.state is ProgressState.SNAPSHOT
+                    and progress.match >= progress.pending_snapshot
+                ):
+                    progress.become_probe()
+                    progress.become_replicate()
+                if self._maybe_commit():
+                    self._broadcast_append()
+                elif progress.match < self.log.last_index():
+                    self._send_append(m.src)
+                if m.src == self.transferee and progress.match == self.log.last_index():
+                    self._send(self._msg(MT.TIMEOUT_NOW, m.src))
+            elif progress.state is ProgressState.REPLICATE:
+                # the window moved: keep the pipeline full
+                self._send_append(m.src, send_if_empty=False)
+        elif m.type is MT.HEARTBEAT_RESP:
+            progress.recent_active = True
+            progress.probe_sent = False
+            if (
+                progress.state is ProgressState.REPLICATE
+                and len(progress.inflight) >= self.config.max_inflight_appends
+            ):
+                progress.inflight.popleft()  # an append may be lost: let one more through
+            if progress.match < self.log.last_index():
+                self._send_append(m.src)
+            if m.context:
+                self._ack_read(m.context, m.src)
+
+    def _append_entries(self, items: list[tuple[bytes, int, EntryKind]]) -> int:
+        """Append (data, count, kind) entries to our log; returns the first new index."""
+        first = self.log.last_index() + 1
+        index = first
+        entries = []
+        for data, count, kind in items:
+            entries.append(Entry(index, count, self.term, data, kind))
+            index += count
+        self.log.append(entries)
+        self._note_confs(entries)
+        return first
+
+    def _note_confs(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+        for entry in entries:
+            if entry.kind is EntryKind.CONF:
+                self.pending_confs[entry.index] = _conf_of(entry)
+
+    def propose(self, data: bytes, count: int) -> int:
+        """Propose one batch of `count` records; returns its base index (leader only)."""
+        if self.role is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader: {self.lead})")
+        if self.transferee is not None:
+            raise ProposalDropped(f"leadership is moving to {self.transferee}")
+        index = self._append_entries([(data, count, EntryKind.NORMAL)])
+        self._broadcast_append()
+        return index
+
+    def propose_conf_change(self, change: ConfChange) -> int:
+        if self.role is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader: {self.lead})")
+        if self.transferee is not None:
+            raise ProposalDropped(f"leadership is moving to {self.transferee}")
+        if self.pending_conf_index > self.log.committed:
+            raise ProposalDropped("a configuration change is already pending")
+        if self.log.term(self.log.committed) != self.term:
+            raise ProposalDropped("the leader has not yet committed an entry of its term")
+        if change.kind is ConfChangeKind.PROMOTE:
+            progress = self.progress.get(change.node)
+            if change.node not in self.conf.learners or progress is None:
+                raise ProposalDropped(f"{change.node} is not a learner")
+            if progress.match < self.log.last_index() - self.config.promote_lag_indexes:
+                raise ProposalDropped(f"learner {change.node} has not caught up")
+        if change.kind is ConfChangeKind.REMOVE and change.node not in self.conf.members():
+            raise ProposalDropped(f"{change.node} is not a member")
+        if change.kind is ConfChangeKind.REMOVE and self.conf.voters == (change.node,):
+            raise ProposalDropped("cannot remove the last voter")
+        index = self._append_entries([(encode_control(EntryKind.CONF, change), 1, EntryKind.CONF)])
+        self.pending_conf_index = index
+        self._broadcast_append()
+        return index
+
+    def transfer_leadership(self, to: str) -> None:
+        if self.role is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader: {self.lead})")
+        if to == self.id or to not in self.conf.voters:
+            raise ProposalDropped(f"{to} is not another voter")
+        self.transferee = to
+        self.election_elapsed = 0
+        if self.progress[to].match == self.log.last_index():
+            self._send(self._msg(MT.TIMEOUT_NOW, to))
+        else:
+            self._send_append(to)
+
+    def read_index(self, context: bytes) -> None:
+        """Ask for a linearizable read point; it arrives in Ready.read_states as
+        (context, index): serve the read once `index` is applied."""
+        if self.role is Role.LEADER:
+            self._start_read(context, self.id)
+        elif self.lead is not None:
+            self._send(self._msg(MT.READ_INDEX, self.lead, context=context))
+        else:
+            raise ProposalDropped("no leader known")
+
+    def _start_read(self, context: bytes, requester: str) -> None:
+        if self.log.term(self.log.committed) != self.term:
+            return  # not yet sure of the commit index: the requester retries
+        if self._quorum() == 1:
+            self._read_ready(context, self.log.committed, requester)
+            return
+        self.pending_reads.append((context, self.log.committed, {self.id}, requester))
+        self._broadcast_heartbeat(context)
+
+    def _ack_read(self, context: bytes, node: str) -> None:
+        done = []
+        for position, (ctx, index, acks, requester) in enumerate(self.pending_reads):
+            if node in self.conf.voters:
+                acks.add(node)
+            if len(acks) >= self._quorum():
+                done.append(position)
+                self._read_ready(ctx, index, requester)
+            if ctx == context:
+                break
+        for position in reversed(done):
+            del self.pending_reads[position]
+
+    def _read_ready(self, context: bytes, index: int, requester: str) -> None:
+        if requester == self.id:
+            self.read_states.append((context, index))
+        else:
+            self._send(self._msg(MT.READ_INDEX_RESP, requester, index=index, context=context))
+
+    def _maybe_commit(self) -> bool:
+        matches = sorted((self.progress[n].match for n in self.conf.voters), reverse=True)
+        quorum_index = matches[self._quorum() - 1]
+        # Only entries of the current term commit by counting replicas (§5.4.2).
+        if quorum_index > self.log.committed and self.log.term(quorum_index) == self.term:
+            return self._commit_to(quorum_index)
+        return False
+
+    def _commit_to(self, index: int) -> bool:
+        if not self.log.commit_to(index):
+            return False
+        self._apply_committed_confs()
+        return True
+
+    def _apply_committed_confs(self) -> None:
+        changed = False
+        for index in sorted(i for i in self.pending_confs if i <= self.log.committed):
+            self.conf = self.conf.apply(self.pending_confs.pop(index))
+            changed = True
+        if changed:
+            self._reset_progress_after_conf()
+
+    def _reset_progress_after_conf(self) -> None:
+        last = self.log.last_index()
+        for node in self.conf.members():
+            if node not in self.progress:
+                self.progress[node] = Progress(last + 1)
+            self.progress[node].is_learner = node in self.conf.learners
+        for node in [n for n in self.progress if n not in self.conf.members()]:
+            del self.progress[node]
+        if self.role is Role.LEADER and self.id not in self.conf.voters:
+            self.become_follower(self.term, None)  # removed (or demoted): step down
+        elif self.role is Role.LEADER:
+            if self.transferee is not None and self.transferee not in self.conf.voters:
+                self.transferee = None
+            if self._maybe_commit():
+                self._broadcast_append()
+
+    def _broadcast_append(self) -> None:
+        for node in self.progress:
+            if node != self.id:
+                self._send_append(node)
+
+    def _broadcast_heartbeat(self, context: bytes) -> None:
+        for node, progress in self.progress.items():
+            if node != self.id:
+                commit = min(progress.match, self.log.committed)
+                self._send(self._msg(MT.HEARTBEAT, node, commit=commit, context=context))
+
+    def _send_append(self, to: str, *, send_if_empty: bool = True) -> None:
+        """Send `to` the entries from its next index. An empty append still carries the
+        commit index and, if an earlier append was lost, draws the rejection that makes
+        us resend; only a pipeline refill (`send_if_empty=False`) skips it."""
+        progress = self.progress[to]
+        if progress.is_paused(self.config.max_inflight_appends):
+            return
+        log = self.log
+        prev_index = progress.next - 1
+        prev_term = log.term(prev_index)
+        if prev_term is None or progress.next < log.first_index():
+            self._send_snapshot(to, progress)
+            return
+        if progress.next > log.last_index():
+            entries: list[Entry] = []
+        else:
+            entries = log.entries(progress.next, self.config.max_append_bytes)
+        if not entries and not send_if_empty:
+            return
+        self._send(
+            self._msg(
+                MT.APPEND,
+                to,
+                index=prev_index,
+                log_term=prev_term,
+                entries=tuple(entries),
+                commit=log.committed,
+            )
+        )
+        progress.sent(entries[-1].last_index if entries else prev_index)
+
+    def _send_snapshot(self, to: str, progress: Progress) -> None:
+        if not progress.recent_active:
+            return  # do not ship a snapshot to a node that may be down
+        snapshot = self.log.storage.snapshot()
+        self._send(self._msg(MT.SNAPSHOT, to, snapshot=snapshot))
+        progress.become_snapshot(snapshot.index)
+
+    # ---- output ----------------------------------------------------------------------------
+
+    def hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed, self.conf)
+
+    def has_ready(self) -> bool:
+        return bool(
+            self.msgs
+            or self.log.unstable
+            or self.log.unstable_snapshot
+            or self.hard_state() != self._prev_hard
+            or self.log.committed > self._applied_commit
+            or self.read_states
+        )
+
+    def ready(self) -> Ready:
+        hard_state = self.hard_state()
+        ready = Ready(
+            hard_state=hard_state if hard_state != self._prev_hard else None,
+            entries=list(self.log.unstable),
+            snapshot=self.log.unstable_snapshot,
+            messages=self.msgs,
+            read_states=self.read_states,
+        )
+        if self.log.committed > self._applied_commit:
+            ready.committed = (self._applied_commit + 1, self.log.committed)
+        self.msgs = []
+        self.read_states = []
+        return ready
+
+    def advance(self, ready: Ready) -> None:
+        """The caller persisted `ready` (and sent its messages)."""
+        if ready.hard_state is not None:
+            self._prev_hard = ready.hard_state
+        if ready.snapshot is not None:
+            self.log.snapshot_persisted(ready.snapshot)
+        if ready.committed is not None:
+            self._applied_commit = max(self._applied_commit, ready.committed[1])
+        if ready.entries:
+            last = ready.entries[-1]
+            self.log.stable_to(last.last_index, last.term)
+        self._persisted_changed()
+
+    def _persisted_changed(self) -> None:
+        """A leader counts its own log only once persisted; that may commit entries."""
+        if self.role is Role.LEADER:
+            own = self.progress.get(self.id)
+            persisted = own is not None and own.maybe_update(self.log.offset - 1)
+            if persisted and self._maybe_commit():
+                self._broadcast_append()
+
+
+def _conf_of(entry: Entry) -> ConfChange:
+    from ..log.batch import decode_batch
+
+    (record,) = decode_batch(entry.data)
+    assert record.value is not None
+    return decode_conf_change(record.value)
+
+
+def scan_pending_confs(storage: RaftStorage, after: int) -> dict[int, ConfChange]:
+    """Configuration entries stored after index `after` (the last commit): needed to reopen."""
+    from ..log.batch import decode_batch, parse_header
+
+    found: dict[int, ConfChange] = {}
+    index = max(after + 1, storage.first_index())
+    while index <= storage.last_index():
+        entries = storage.entries(index, 1 << 20)
+        for entry in entries:
+            if parse_header(entry.data).is_control:
+                (record,) = decode_batch(entry.data)
+                if record.key == b"conf" and record.value is not None:
+                    found[entry.index] = decode_conf_change(record.value)
+        index = entries[-1].last_index + 1
+    return found

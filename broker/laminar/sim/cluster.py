@@ -1,0 +1,455 @@
+"""A seeded, deterministic simulation of a multi-Raft cluster under faults.
+
+N nodes run the real `laminar.raft` core over the real segmented log on `MemoryDirectory`
+storage, so a crash loses exactly what was not fsynced (optionally leaving a torn tail). A
+virtual clock drives ticks and message delivery; the network drops, duplicates, delays
+(reordering) and partitions; nodes crash (also in the middle of persisting a Ready) and
+restart; leaders change membership; replicas compact their logs, so laggards need snapshots.
+After every step the invariants are checked: election safety, log matching, leader
+completeness, state-machine safety, and that no entry acknowledged to a client is lost.
+
+Everything random comes from one `random.Random(seed)`; iteration is over sorted keys; no
+wall clock is read. A failing seed replays exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import xxhash
+
+from ..log.batch import BATCH_HEADER_BYTES, Record, encode_batch
+from ..log.config import LogConfig
+from ..log.segmented_log import SegmentedLog
+from ..log.storage import MemoryDirectory
+from ..raft.config import RaftConfig
+from ..raft.log_storage import LogStorage
+from ..raft.messages import (
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Message,
+    MessageType,
+)
+from ..raft.multi import MultiRaft
+from ..raft.raft import ProposalDropped, Raft, Ready, Role, scan_pending_confs
+
+TICK_MS = 10
+LOG_CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
+TRACE_LINES = 60
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int = 5
+    #: voters of each group, as node numbers; the default mixes RF 3 and RF 5 groups
+    groups: tuple[tuple[int, ...], ...] = ((0, 1, 2, 3, 4), (0, 1, 2), (2, 3, 4))
+    ticks: int = 300
+    #: after the faulty phase: heal, restart everyone, and run quietly this long
+    settle_ticks: int = 150
+    drop_rate: float = 0.05
+    duplicate_rate: float = 0.02
+    max_delay_ms: int = 40
+    partition_rate: float = 0.01  # per tick: start a partition (lasts 5-50 ticks)
+    crash_rate: float = 0.01  # per tick: crash a node (down 5-40 ticks)
+    crash_in_persist_rate: float = 0.003  # per Ready: crash after writing, before fsync
+    propose_rate: float = 0.5  # per group per tick
+    conf_change_rate: float = 0.01  # per group per tick
+    compact_rate: float = 0.005  # per node per group per tick
+    raft: RaftConfig = field(
+        default_factory=lambda: RaftConfig(
+            election_ticks=10, heartbeat_ticks=2, max_append_bytes=4096
+        )
+    )
+
+
+@dataclass
+class SimNode:
+    id: str
+    number: int
+    directories: dict[str, MemoryDirectory] = field(default_factory=dict)
+    storages: dict[str, LogStorage] = field(default_factory=dict)
+    multi: MultiRaft | None = None
+    down_until_ms: int = -1
+
+
+class Simulation:
+    def __init__(self, seed: int, config: SimConfig | None = None) -> None:
+        self.seed = seed
+        self.config = config or SimConfig()
+        self.rng = random.Random(seed)
+        self.now_ms = 0
+        self.trace: deque[str] = deque(maxlen=TRACE_LINES)
+        self.nodes = {f"n{i}": SimNode(f"n{i}", i) for i in range(self.config.nodes)}
+        self.group_names = [f"g{i}" for i in range(len(self.config.groups))]
+        self.in_flight: list[tuple[int, int, Message]] = []
+        self.message_seq = 0
+        self.partition: tuple[frozenset[str], int] | None = None  # (one side, until_ms)
+        # invariants
+        self.leaders: dict[tuple[str, int], str] = {}
+        self.entries_seen: dict[tuple[str, int, int], tuple[int, tuple[int, int]]] = {}
+        self.committed: dict[str, dict[int, tuple[int, int]]] = {g: {} for g in self.group_names}
+        self.acked: dict[str, dict[int, tuple[int, int]]] = {g: {} for g in self.group_names}
+        self.proposals: dict[str, dict[int, tuple[int, int, str]]] = {
+            g: {} for g in self.group_names
+        }
+        self.leader_terms: dict[tuple[str, str], int] = {}
+        self.next_tag = 0
+        self.faulty = True
+        self.stats = {"acked": 0, "elections": 0, "crashes": 0, "snapshots": 0, "confs": 0}
+        for node in self.nodes.values():
+            self._start(node, fresh=True)
+
+    # ---- nodes -----------------------------------------------------------------------------
+
+    def _start(self, node: SimNode, *, fresh: bool) -> None:
+        node.multi = MultiRaft(node.id)
+        for group, voters in zip(self.group_names, self.config.groups, strict=True):
+            if fresh:
+                node.directories[group] = MemoryDirectory()
+            directory = node.directories[group]
+            conf = ConfState(tuple(sorted(f"n{v}" for v in voters)))
+            log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
+            storage = LogStorage(directory, log, conf=conf)
+            node.storages[group] = storage
+            hard_state, _ = storage.initial_state()
+            raft = Raft(
+                group,
+                node.id,
+                storage,
+                self.config.raft,
+                random.Random(self.rng.getrandbits(64)),
+                pending_confs=scan_pending_confs(storage, hard_state.commit),
+            )
+            node.multi.add(raft)
+
+    def _crash(self, node: SimNode, *, torn: bool) -> None:
+        self._log(f"crash {node.id}{' (torn)' if torn else ''}")
+        self.stats["crashes"] += 1
+        for group in self.group_names:
+            directory = node.directories[group]
+            directory.crash(self.rng if torn else None)
+        node.multi = None
+        node.storages = {}
+        node.down_until_ms = self.now_ms + TICK_MS * self.rng.randint(5, 40)
+
+    def _alive(self) -> list[SimNode]:
+        return [n for _, n in sorted(self.nodes.items()) if n.multi is not None]
+
+    # ---- network ---------------------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        if self.rng.random() < self.config.drop_rate:
+            return
+        copies = 2 if self.rng.random() < self.config.duplicate_rate else 1
+        for _ in range(copies):
+            deliver_at = self.now_ms + self.rng.randint(0, self.config.max_delay_ms)
+            self.message_seq += 1
+            heapq.heappush(self.in_flight, (deliver_at, self.message_seq, message))
+
+    def _connected(self, a: str, b: str) -> bool:
+        if self.partition is None:
+            return True
+        side, _ = self.partition
+        return (a in side) == (b in side)
+
+    def _deliver_due(self) -> None:
+        while self.in_flight and self.in_flight[0][0] <= self.now_ms:
+            _, _, message = heapq.heappop(self.in_flight)
+            node = self.nodes[message.dst]
+            if node.multi is None or not self._connected(message.src, message.dst):
+                continue
+            self._log(_describe(message))
+            node.multi.step(message)
+            self._process(node)
+
+    # ---- the runtime: persist, send, advance -----------------------------------------------
+
+    def _process(self, node: SimNode) -> None:
+        while node.multi is not None:
+            readies, messages = node.multi.ready()
+            if not readies and not messages:
+                return
+            for group, ready in readies.items():
+                storage = node.storages[group]
+                if ready.snapshot is not None:
+                    storage.apply_snapshot(ready.snapshot)
+                    self.stats["snapshots"] += 1
+                    self._log(f"{node.id} {group} installs snapshot at {ready.snapshot.index}")
+                if ready.entries:
+                    storage.append(ready.entries)
+                    if self.faulty and self.rng.random() < self.config.crash_in_persist_rate:
+                        self._crash(node, torn=True)  # written, never fsynced: lost
+                        return
+                    storage.sync()
+                    self._check_entries(node, group, ready)
+                if ready.hard_state is not None:
+                    storage.set_hard_state(ready.hard_state)
+            for message in messages:
+                self._send(message)
+            for group, ready in readies.items():
+                for item in ready.messages:
+                    self._send(item)
+                if ready.committed is not None:
+                    self._check_commit(node, group, ready.committed)
+            node.multi.advance(readies)
+
+    # ---- the client ------------------------------------------------------------------------
+
+    def _leader_of(self, group: str) -> tuple[SimNode, Raft] | None:
+        for node in self._alive():
+            assert node.multi is not None
+            raft = node.multi.groups[group]
+            if raft.role is Role.LEADER:
+                return node, raft
+        return None
+
+    def _propose(self, group: str) -> None:
+        found = self._leader_of(group)
+        if found is None:
+            return
+        node, raft = found
+        tag = self.next_tag
+        self.next_tag += 1
+        count = self.rng.randint(1, 3)
+        batch = encode_batch(
+            [Record(value=f"{group}:{tag}:{i}".encode()) for i in range(count)], now_ms=tag
+        )
+        try:
+            index = raft.propose(batch, count)
+        except ProposalDropped:
+            return
+        self.proposals[group][index] = (raft.term, _hash(batch), node.id)
+        self._process(node)
+
+    def _change_membership(self, group: str) -> None:
+        found = self._leader_of(group)
+        if found is None:
+            return
+        node, raft = found
+        conf = raft.conf
+        outsiders = [n for n in sorted(self.nodes) if n not in conf.members()]
+        if conf.learners:
+            change = ConfChange(ConfChangeKind.PROMOTE, conf.learners[0])
+        elif len(conf.voters) > 3:
+            change = ConfChange(ConfChangeKind.REMOVE, self.rng.choice(conf.voters))
+        elif outsiders:
+            change = ConfChange(ConfChangeKind.ADD_LEARNER, self.rng.choice(outsiders))
+        else:
+            return
+        try:
+            raft.propose_conf_change(change)
+        except ProposalDropped:
+            return
+        self.stats["confs"] += 1
+        self._log(f"{node.id} {group} proposes {change.kind.name} {change.node}")
+        self._process(node)
+
+    def _compact(self, node: SimNode, group: str) -> None:
+        assert node.multi is not None
+        storage = node.storages[group]
+        commit = node.multi.groups[group].log.committed
+        if commit <= storage.first_index() or commit > storage.last_index():
+            return
+        storage.compact(commit)
+        storage.log.remove_through(commit)
+        self._log(f"{node.id} {group} compacts through {commit}")
+
+    # ---- invariants ------------------------------------------------------------------------
+
+    def _fail(self, message: str) -> None:
+        raise InvariantViolation(message)
+
+    def _check_entries(self, node: SimNode, group: str, ready: Ready) -> None:
+        """Log matching: an (index, term) names one entry with one predecessor, everywhere."""
+        storage = node.storages[group]
+        first = ready.entries[0]
+        previous = (first.index - 1, storage.term(first.index - 1))
+        for entry in ready.entries:
+            key = (group, entry.index, entry.term)
+            value = (_hash(entry.data), previous)
+            seen = self.entries_seen.setdefault(key, value)
+            if seen != value:
+                self._fail(
+                    f"log matching: {node.id} holds {group} entry {entry.index} of term "
+                    f"{entry.term} unlike another node's"
+                )
+            previous = (entry.last_index, entry.term)
+
+    def _check_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
+        """State-machine safety: every node commits the same entry at every index."""
+        storage = node.storages[group]
+        lo, hi = committed
+        lo = max(lo, storage.first_index())
+        index = lo
+        while index <= hi:
+            entries = storage.entries(storage.batch_start(index), 1 << 20)
+            for entry in entries:
+                if entry.index > hi:
+                    break
+                value = (entry.term, _hash(entry.data))
+                known = self.committed[group].setdefault(entry.index, value)
+                if known != value:
+                    self._fail(
+                        f"state-machine safety: {node.id} committed {group}@{entry.index} "
+                        f"term {entry.term}, others term {known[0]}"
+                    )
+                proposal = self.proposals[group].get(entry.index)
+                acked = self.acked[group]
+                if proposal is not None and proposal[:2] == value and entry.index not in acked:
+                    acked[entry.index] = value
+                    self.stats["acked"] += 1
+            index = entries[-1].last_index + 1
+
+    def _check_leaders(self) -> None:
+        """Election safety (one leader per term) and leader completeness."""
+        for node in self._alive():
+            assert node.multi is not None
+            for group in self.group_names:
+                raft = node.multi.groups[group]
+                if raft.role is not Role.LEADER:
+                    continue
+                holder = self.leaders.setdefault((group, raft.term), node.id)
+                if holder != node.id:
+                    self._fail(
+                        f"election safety: {holder} and {node.id} lead {group} in term {raft.term}"
+                    )
+                if self.leader_terms.get((group, node.id)) == raft.term:
+                    continue
+                self.leader_terms[(group, node.id)] = raft.term
+                self.stats["elections"] += 1
+                self._log(f"{node.id} leads {group} in term {raft.term}")
+                first = raft.log.first_index()
+                for index, (term, _) in sorted(self.committed[group].items()):
+                    if index >= first and raft.log.term(index) != term:
+                        self._fail(
+                            f"leader completeness: {node.id} leads {group} in term "
+                            f"{raft.term} without committed entry {index} (term {term})"
+                        )
+
+    def _check_acked_everywhere(self) -> None:
+        """After settling: each group has a leader, and every acknowledged entry is committed
+        on every member of the leader's configuration (a removed node never learns that it
+        was removed, so its own view does not count)."""
+        for group in self.group_names:
+            found = self._leader_of(group)
+            if found is None:
+                self._fail(f"no leader for {group} after settling")
+                return
+            members = found[1].conf.members()
+            for node_id in members:
+                node = self.nodes[node_id]
+                assert node.multi is not None
+                raft = node.multi.groups[group]
+                for index, (term, _) in sorted(self.acked[group].items()):
+                    if index < raft.log.first_index():
+                        continue
+                    if index > raft.log.committed or raft.log.term(index) != term:
+                        self._fail(
+                            f"acknowledged entry lost: {group}@{index} (term {term}) is not "
+                            f"committed on {node.id} (commit {raft.log.committed})"
+                        )
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    def _log(self, line: str) -> None:
+        self.trace.append(f"t={self.now_ms:>6} {line}")
+
+    def _faults(self) -> None:
+        config, rng = self.config, self.rng
+        for node in sorted(self.nodes.values(), key=lambda n: n.id):
+            if node.multi is None and self.now_ms >= node.down_until_ms:
+                self._log(f"restart {node.id}")
+                self._start(node, fresh=False)
+        if self.partition is not None and self.now_ms >= self.partition[1]:
+            self._log("heal partition")
+            self.partition = None
+        if self.partition is None and rng.random() < config.partition_rate:
+            side = frozenset(rng.sample(sorted(self.nodes), rng.randint(1, len(self.nodes) // 2)))
+            self.partition = (side, self.now_ms + TICK_MS * rng.randint(5, 50))
+            self._log(f"partition {sorted(side)} from the rest")
+        alive = self._alive()
+        if len(alive) > 1 and rng.random() < config.crash_rate:
+            self._crash(rng.choice(alive), torn=rng.random() < 0.5)
+
+    def _tick(self, *, faulty: bool) -> None:
+        self.now_ms += TICK_MS
+        self.faulty = faulty
+        if faulty:
+            self._faults()
+        for node in self._alive():
+            assert node.multi is not None
+            node.multi.tick()
+            self._process(node)
+        self._deliver_due()
+        if faulty:  # the settle phase is quiet, so that every commit can reach everyone
+            for group in self.group_names:
+                if self.rng.random() < self.config.propose_rate:
+                    self._propose(group)
+                if self.rng.random() < self.config.conf_change_rate:
+                    self._change_membership(group)
+        if faulty:
+            for node in self._alive():
+                for group in self.group_names:
+                    if self.rng.random() < self.config.compact_rate:
+                        self._compact(node, group)
+        self._check_leaders()
+
+    def run(self) -> dict[str, int]:
+        try:
+            for _ in range(self.config.ticks):
+                self._tick(faulty=True)
+            self.partition = None
+            self._log("heal everything and settle")
+            for node in sorted(self.nodes.values(), key=lambda n: n.id):
+                if node.multi is None:
+                    self._start(node, fresh=False)
+            for _ in range(self.config.settle_ticks):
+                self._tick(faulty=False)
+            self._check_acked_everywhere()
+        except InvariantViolation as e:
+            raise InvariantViolation(self.report(str(e))) from None
+        except Exception as e:
+            raise InvariantViolation(self.report(f"{type(e).__name__}: {e}")) from e
+        return dict(self.stats)
+
+    def report(self, problem: str) -> str:
+        lines = [f"seed {self.seed} failed at t={self.now_ms} ms: {problem}", "last events:"]
+        lines += [f"  {line}" for line in self.trace]
+        lines.append(f"replay: python -m laminar.sim --seed {self.seed}")
+        return "\n".join(lines)
+
+
+def _hash(data: bytes) -> int:
+    """An entry's identity: its records, not the index and term the log stamps into it."""
+    return int(xxhash.xxh3_64_intdigest(memoryview(data)[BATCH_HEADER_BYTES:]))
+
+
+def _describe(message: Message) -> str:
+    kind = message.type.name
+    text = f"{message.src}->{message.dst} {kind}"
+    if message.type in (MessageType.HEARTBEATS, MessageType.HEARTBEATS_RESP):
+        return f"{text} x{len(message.batch)}"
+    text += f" {message.group} t{message.term}"
+    if message.type is MessageType.APPEND:
+        text += (
+            f" prev={message.index}/{message.log_term} n={len(message.entries)} c={message.commit}"
+        )
+    elif message.type is MessageType.APPEND_RESP:
+        text += f" idx={message.index}"
+        if message.reject:
+            text += f" REJECT hint={message.reject_hint}"
+    elif message.reject:
+        text += " reject"
+    return text
+
+
+def run_seed(seed: int, config: SimConfig | None = None) -> dict[str, int]:
+    return Simulation(seed, config).run()
