@@ -199,7 +199,7 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
         raise BatchFramingError(f"unsupported batch version {version}")
     if attributes & ~KNOWN_ATTRIBUTES:
         raise BatchFramingError(f"unsupported batch attributes {attributes:#x}")
-    header = BatchHeader(*fields, attributes)
+    header = BatchHeader._make((*fields, attributes))
     if header.record_count < 1:
         raise BatchFramingError("a batch needs at least one record")
     if header.payload_bytes < header.record_count * RECORD_HEADER_BYTES:

@@ -671,13 +671,17 @@ class Raft:
         return HardState(self.term, self.vote, self.log.committed, self.conf)
 
     def has_ready(self) -> bool:
+        prev = self._prev_hard
         return bool(
             self.msgs
             or self.log.unstable
             or self.log.unstable_snapshot
-            or self.hard_state() != self._prev_hard
             or self.log.committed > self._applied_commit
             or self.read_states
+            or self.term != prev.term
+            or self.vote != prev.vote
+            or self.log.committed != prev.commit
+            or self.conf != prev.conf
         )
 
     def ready(self) -> Ready:

@@ -46,7 +46,7 @@ class MemoryRaftStorage:
         return self.log[-1].last_index if self.log else self.snap.index
 
     def _slot(self, index: int) -> int:
-        slot = bisect_right([e.index for e in self.log], index) - 1
+        slot = bisect_right(self.log, index, key=_entry_index) - 1
         if slot < 0 or index > self.log[slot].last_index:
             raise StorageUnavailable(
                 f"index {index} is not in [{self.first_index()}, {self.last_index()}]"
@@ -104,3 +104,7 @@ class MemoryRaftStorage:
         assert entry.last_index == index
         self.snap = Snapshot(index, entry.term, self.hard_state.conf)
         del self.log[: slot + 1]
+
+
+def _entry_index(entry: Entry) -> int:
+    return entry.index

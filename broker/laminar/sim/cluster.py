@@ -86,7 +86,7 @@ class Simulation:
         self.config = config or SimConfig()
         self.rng = random.Random(seed)
         self.now_ms = 0
-        self.trace: deque[str] = deque(maxlen=TRACE_LINES)
+        self.trace: deque[tuple[int, str | Message]] = deque(maxlen=TRACE_LINES)
         self.nodes = {f"n{i}": SimNode(f"n{i}", i) for i in range(self.config.nodes)}
         self.group_names = [f"g{i}" for i in range(len(self.config.groups))]
         self.in_flight: list[tuple[int, int, Message]] = []
@@ -166,7 +166,7 @@ class Simulation:
             node = self.nodes[message.dst]
             if node.multi is None or not self._connected(message.src, message.dst):
                 continue
-            self._log(_describe(message))
+            self.trace.append((self.now_ms, message))  # formatted only if a check fails
             node.multi.step(message)
             self._process(node)
 
@@ -360,7 +360,7 @@ class Simulation:
     # ---- the run ---------------------------------------------------------------------------
 
     def _log(self, line: str) -> None:
-        self.trace.append(f"t={self.now_ms:>6} {line}")
+        self.trace.append((self.now_ms, line))
 
     def _faults(self) -> None:
         config, rng = self.config, self.rng
@@ -422,7 +422,9 @@ class Simulation:
 
     def report(self, problem: str) -> str:
         lines = [f"seed {self.seed} failed at t={self.now_ms} ms: {problem}", "last events:"]
-        lines += [f"  {line}" for line in self.trace]
+        for at_ms, event in self.trace:
+            text = event if isinstance(event, str) else _describe(event)
+            lines.append(f"  t={at_ms:>6} {text}")
         lines.append(f"replay: python -m laminar.sim --seed {self.seed}")
         return "\n".join(lines)
 

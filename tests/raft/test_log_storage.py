@@ -1,0 +1,127 @@
+"""Raft storage over the segmented log: entries are batches, hard state survives crashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from laminar.log import LogConfig, MemoryDirectory, Record, SegmentedLog, encode_batch
+from laminar.raft import (
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    Snapshot,
+    StorageUnavailable,
+    scan_pending_confs,
+)
+from laminar.raft.log_storage import LogStorage, entry_kind
+from laminar.raft.raft import encode_control
+
+CONF = ConfState(("a", "b", "c"))
+CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
+
+
+def batch(tag: int, count: int) -> Entry:
+    data = encode_batch([Record(value=f"{tag}.{i}".encode()) for i in range(count)], now_ms=0)
+    return Entry(0, count, 0, data)
+
+
+def entries_from(first: int, specs: list[tuple[int, int]]) -> list[Entry]:
+    """Entries (count, term) laid out from index `first`."""
+    out, index = [], first
+    for tag, (count, term) in enumerate(specs):
+        template = batch(tag, count)
+        out.append(Entry(index, count, term, template.data))
+        index += count
+    return out
+
+
+def open_storage(directory: MemoryDirectory) -> LogStorage:
+    return LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=CONF)
+
+
+def test_fresh_storage_bootstraps_the_group() -> None:
+    storage = open_storage(MemoryDirectory())
+    hard_state, snapshot = storage.initial_state()
+    assert hard_state == HardState(conf=CONF)
+    assert (snapshot.index, snapshot.term) == (-1, 0)
+    assert (storage.first_index(), storage.last_index(), storage.term(-1)) == (0, -1, 0)
+    with pytest.raises(StorageUnavailable):
+        storage.term(0)
+
+
+def test_entries_are_batches_with_their_terms_and_kinds() -> None:
+    storage = open_storage(MemoryDirectory())
+    storage.append(entries_from(0, [(3, 1), (1, 1), (2, 2)]))
+    assert storage.last_index() == 5
+    assert [storage.term(i) for i in range(6)] == [1, 1, 1, 1, 2, 2]
+    assert storage.batch_start(2) == 0 and storage.batch_start(5) == 4
+    read = storage.entries(3, 1 << 20)
+    assert [(e.index, e.count, e.term, e.kind) for e in read] == [
+        (3, 1, 1, EntryKind.NORMAL),
+        (4, 2, 2, EntryKind.NORMAL),
+    ]
+    # a conflicting append from a new leader replaces the suffix
+    storage.append(entries_from(3, [(2, 3)]))
+    assert (storage.last_index(), storage.term(4)) == (4, 3)
+    noop = encode_control(EntryKind.NOOP)
+    conf = encode_control(EntryKind.CONF, ConfChange(ConfChangeKind.ADD_LEARNER, "d"))
+    assert (entry_kind(noop), entry_kind(conf), entry_kind(batch(1, 1).data)) == (
+        EntryKind.NOOP,
+        EntryKind.CONF,
+        EntryKind.NORMAL,
+    )
+
+
+def test_hard_state_and_synced_entries_survive_a_power_cut() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(2, 1), (2, 1)]))
+    storage.sync()
+    storage.set_hard_state(HardState(2, "b", 1, CONF))
+    storage.append(entries_from(4, [(1, 2)]))  # written, never synced
+    directory.crash()
+    reopened = open_storage(directory)
+    assert reopened.initial_state()[0] == HardState(2, "b", 1, CONF)
+    assert reopened.last_index() == 3
+
+
+def test_snapshot_install_and_compaction_persist_the_snapshot_point() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(2, 1)] * 40))
+    storage.sync()
+    storage.set_hard_state(HardState(1, None, 59, CONF))
+    storage.compact(59)
+    storage.log.remove_through(59)
+    assert storage.first_index() == 60 and storage.term(59) == 1
+    assert storage.snapshot().index == 59
+    with pytest.raises(StorageUnavailable):
+        storage.compact(60)  # not the end of a batch
+    storage.apply_snapshot(Snapshot(99, 4, ConfState(("a", "b"))))
+    assert (storage.first_index(), storage.last_index(), storage.term(99)) == (100, 99, 4)
+    directory.crash()
+    reopened = open_storage(directory)
+    assert reopened.snapshot() == Snapshot(99, 4, ConfState(("a", "b")))
+    assert (reopened.first_index(), reopened.last_index()) == (100, 99)
+
+
+def test_pending_configuration_changes_are_found_after_the_commit() -> None:
+    storage = open_storage(MemoryDirectory())
+    add = ConfChange(ConfChangeKind.ADD_LEARNER, "d")
+    promote = ConfChange(ConfChangeKind.PROMOTE, "d")
+    data = [
+        batch(0, 2).data,
+        encode_control(EntryKind.CONF, add),
+        batch(1, 1).data,
+        encode_control(EntryKind.CONF, promote),
+    ]
+    index, entries = 0, []
+    for item, count in zip(data, (2, 1, 1, 1), strict=True):
+        entries.append(Entry(index, count, 1, item))
+        index += count
+    storage.append(entries)
+    assert scan_pending_confs(storage, -1) == {2: add, 4: promote}
+    assert scan_pending_confs(storage, 2) == {4: promote}
