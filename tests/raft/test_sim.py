@@ -67,3 +67,20 @@ def test_cli_replays_one_seed() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "seed 3: ok" in result.stdout
+
+
+def test_replay_does_not_depend_on_string_hashing() -> None:
+    """Set and dict iteration must not leak into the schedule: the same seed under two
+    PYTHONHASHSEED values gives the same run."""
+    outputs = []
+    for hash_seed in ("1", "2"):
+        result = subprocess.run(
+            [sys.executable, "-m", "laminar.sim", "--seed", "5"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.splitlines()[0])
+    assert outputs[0] == outputs[1]

@@ -167,7 +167,8 @@ class LogStorage:
 
     def compact(self, through_index: int) -> None:
         """Retention: record the snapshot point at `through_index` (which must end a stored
-        batch) before the segments holding it may be removed."""
+        batch) before the segments holding it may be removed. The snapshot records the
+        configuration as of the last commit: compact at the commit index for it to be exact."""
         _, end = self.log.batch_range(through_index)
         if end - 1 != through_index:
             raise StorageUnavailable(f"{through_index} does not end a batch")

@@ -6,6 +6,10 @@ Inputs: `tick()`, `step(message)`, `propose(data, count)`, `propose_conf_change(
 persists, sends, and calls `advance(ready)`. No sockets, clocks or threads; randomness comes
 from the `random.Random` the caller passes in, so a seeded simulation replays exactly.
 
+A group is bootstrapped by giving every initial member's storage the same initial voters;
+a node added later starts with the group's current configuration as its bootstrap (the
+initial configuration is not in the log) and then follows the leader's log.
+
 Safety-relevant choices: a leader counts its own log towards a commit only once persisted
 (`advance`); configuration changes take effect when committed, one at a time, and only after
 the leader has committed an entry of its own term.
@@ -276,7 +280,8 @@ class Raft:
                 )
 
     def _poll(self, node: str, kind: MessageType, *, granted: bool) -> int:
-        self.votes.setdefault(node, granted)
+        if node in self.conf.voters:  # learners and strangers have no vote
+            self.votes.setdefault(node, granted)
         return sum(1 for v in self.votes.values() if v)
 
     def _won(self, kind: MessageType) -> None:
@@ -284,6 +289,7 @@ class Raft:
             self._campaign(MT.VOTE)
         else:
             self._become_leader()
+            self._broadcast_append()  # announce ourselves with the no-op at once
 
     def step(self, m: Message) -> None:
         if m.term > self.term:
@@ -540,10 +546,21 @@ class Raft:
         else:
             self._send_append(to)
 
+    def campaign(self) -> None:
+        """Start an election now (with a pre-vote first if configured), as a timeout would."""
+        if self._promotable():
+            self._hup(transfer=False)
+
     def read_index(self, context: bytes) -> None:
         """Ask for a linearizable read point; it arrives in Ready.read_states as
-        (context, index): serve the read once `index` is applied."""
+        (context, index): serve the read once `index` is applied. `context` must be unique
+        among reads in flight and not empty. A forwarded request may be lost like any
+        message: the caller retries after a timeout."""
+        if not context:
+            raise ValueError("read_index needs a non-empty context")
         if self.role is Role.LEADER:
+            if self.log.term(self.log.committed) != self.term:
+                raise ProposalDropped("the leader has not yet committed an entry of its term")
             self._start_read(context, self.id)
         elif self.lead is not None:
             self._send(self._msg(MT.READ_INDEX, self.lead, context=context))
@@ -560,17 +577,19 @@ class Raft:
         self._broadcast_heartbeat(context)
 
     def _ack_read(self, context: bytes, node: str) -> None:
-        done = []
-        for position, (ctx, index, acks, requester) in enumerate(self.pending_reads):
-            if node in self.conf.voters:
-                acks.add(node)
-            if len(acks) >= self._quorum():
-                done.append(position)
-                self._read_ready(ctx, index, requester)
-            if ctx == context:
-                break
-        for position in reversed(done):
-            del self.pending_reads[position]
+        """A heartbeat round sent for `context` reached `node`: that confirms our leadership
+        at the time of that read and of every read queued before it, never of later ones."""
+        contexts = [ctx for ctx, _, _, _ in self.pending_reads]
+        if context not in contexts or node not in self.conf.voters:
+            return  # a late response for a read already served, or from a non-voter
+        upto = contexts.index(context)
+        _, _, acks, _ = self.pending_reads[upto]
+        acks.add(node)
+        if len(acks) < self._quorum():
+            return
+        served, self.pending_reads = self.pending_reads[: upto + 1], self.pending_reads[upto + 1 :]
+        for ctx, index, _, requester in served:
+            self._read_ready(ctx, index, requester)
 
     def _read_ready(self, context: bytes, index: int, requester: str) -> None:
         if requester == self.id:
@@ -617,6 +636,8 @@ class Raft:
                 self._broadcast_append()
 
     def _broadcast_append(self) -> None:
+        if self.role is not Role.LEADER:
+            return  # e.g. a leader that just committed its own removal
         for node in self.progress:
             if node != self.id:
                 self._send_append(node)

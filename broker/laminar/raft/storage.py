@@ -92,13 +92,14 @@ class MemoryRaftStorage:
         self.hard_state = hard_state
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
+        """The log restarts empty after the snapshot (entries after it may conflict)."""
         self.snap = snapshot
-        self.log = [e for e in self.log if e.index > snapshot.index]
-        if self.log and self.log[0].index != snapshot.index + 1:
-            self.log = []
+        self.log = []
 
     def compact(self, index: int) -> None:
-        """Drop entries up to the entry ending at `index` (retention); `index` must end one."""
+        """Drop entries up to the entry ending at `index` (retention); `index` must end one.
+        The snapshot records the configuration as of the last commit: compact at the commit
+        index for it to be exact."""
         slot = self._slot(index)
         entry = self.log[slot]
         assert entry.last_index == index
