@@ -261,12 +261,10 @@ class Raft:
         if kind is MT.PRE_VOTE:
             self._become_pre_candidate()
             term = self.term + 1
-            response = MT.PRE_VOTE_RESP
         else:
             self._become_candidate()
             term = self.term
-            response = MT.VOTE_RESP
-        if self._poll(self.id, response, granted=True) >= self._quorum():
+        if self._poll(self.id, granted=True) >= self._quorum():
             self._won(kind)
             return
         last_index, last_term = self.log.last_index(), self.log.last_term()
@@ -279,7 +277,7 @@ class Raft:
                     )
                 )
 
-    def _poll(self, node: str, kind: MessageType, *, granted: bool) -> int:
+    def _poll(self, node: str, *, granted: bool) -> int:
         if node in self.conf.voters:  # learners and strangers have no vote
             self.votes.setdefault(node, granted)
         return sum(1 for v in self.votes.values() if v)
@@ -352,7 +350,7 @@ class Raft:
             self.become_follower(m.term, m.src)
             self._step_follower(m)
         elif m.type is expected:
-            granted = self._poll(m.src, m.type, granted=not m.reject)
+            granted = self._poll(m.src, granted=not m.reject)
             rejected = len(self.votes) - granted
             if granted >= self._quorum():
                 self._won(MT.PRE_VOTE if self.role is Role.PRE_CANDIDATE else MT.VOTE)
