@@ -1,0 +1,262 @@
+"""The cluster metadata state machine: topics, their configuration, node weights and drains.
+
+It is the state of the `__cluster` Raft group: every command is one committed entry, applied
+in log order on every node. `apply` is deterministic and all-or-nothing: a command that is
+invalid against the current state (a topic that exists, fewer partitions than before) returns
+an error and changes nothing, so replicas never diverge. Snapshots are canonical JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..log.config import LogConfig
+
+TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+MAX_PARTITIONS = 10_000
+MAX_REPLICATION_FACTOR = 7
+MAX_WEIGHT = 1_000_000
+#: topic configuration keys: the log's knobs, validated by building a LogConfig
+TOPIC_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
+SNAPSHOT_VERSION = 1
+
+
+class MetadataError(ValueError):
+    """A command that cannot apply. `code`: invalid, exists or not_found."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopic:
+    """Grow the partition count and/or replace configuration keys (None: unchanged)."""
+
+    name: str
+    partitions: int | None = None
+    config: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetWeight:
+    node: str
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetDraining:
+    node: str
+    draining: bool
+
+
+Command = CreateTopic | AlterTopic | DeleteTopic | SetWeight | SetDraining
+_KINDS: dict[str, type[Any]] = {
+    "create_topic": CreateTopic,
+    "alter_topic": AlterTopic,
+    "delete_topic": DeleteTopic,
+    "set_weight": SetWeight,
+    "set_draining": SetDraining,
+}
+_NAMES = {kind: name for name, kind in _KINDS.items()}
+
+
+def _check_topic_name(name: object) -> str:
+    if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
+        raise MetadataError(
+            "invalid", f"topic name {name!r} must match {TOPIC_NAME.pattern} (at most 200 chars)"
+        )
+    return name
+
+
+def _check_node(node: object) -> str:
+    if not isinstance(node, str) or not NODE_ID.fullmatch(node):
+        raise MetadataError("invalid", f"node id {node!r} must match {NODE_ID.pattern}")
+    return node
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise MetadataError("invalid", f"{name}={value!r} must be an integer in [{low}, {high}]")
+    return value
+
+
+def _check_config(config: object) -> dict[str, Any]:
+    if not isinstance(config, Mapping):
+        raise MetadataError("invalid", "config must be an object")
+    unknown = sorted(set(config) - TOPIC_CONFIG_KEYS)
+    if unknown:
+        raise MetadataError(
+            "invalid", f"unknown config keys {unknown}; known: {sorted(TOPIC_CONFIG_KEYS)}"
+        )
+    try:
+        LogConfig(**config)
+    except (TypeError, ValueError) as e:
+        raise MetadataError("invalid", f"invalid config: {e}") from e
+    return dict(sorted(config.items()))
+
+
+def validate(command: Command) -> None:
+    """Checks that need no state (the API runs them before proposing). MetadataError."""
+    if isinstance(command, CreateTopic):
+        _check_topic_name(command.name)
+        _check_int("partitions", command.partitions, 1, MAX_PARTITIONS)
+        _check_int("replication_factor", command.replication_factor, 1, MAX_REPLICATION_FACTOR)
+        _check_config(command.config)
+    elif isinstance(command, AlterTopic):
+        _check_topic_name(command.name)
+        if command.partitions is not None:
+            _check_int("partitions", command.partitions, 1, MAX_PARTITIONS)
+        if command.config is not None:
+            _check_config(command.config)
+    elif isinstance(command, DeleteTopic):
+        _check_topic_name(command.name)
+    elif isinstance(command, SetWeight):
+        _check_node(command.node)
+        _check_int("weight", command.weight, 0, MAX_WEIGHT)
+    else:
+        _check_node(command.node)
+        if not isinstance(command.draining, bool):
+            raise MetadataError("invalid", "draining must be true or false")
+
+
+def encode_command(command: Command) -> bytes:
+    body = {f.name: getattr(command, f.name) for f in fields(command)}
+    return json.dumps({"op": _NAMES[type(command)], **body}, sort_keys=True).encode()
+
+
+def decode_command(data: bytes) -> Command:
+    """Parse and validate a command; MetadataError("invalid") for anything malformed."""
+    try:
+        document = json.loads(data)
+        kind = _KINDS[document.pop("op")]
+        command: Command = kind(**document)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MetadataError("invalid", f"malformed metadata command: {e}") from e
+    validate(command)
+    return command
+
+
+class ClusterState:
+    """Topics, weights and drains as of `applied_index` of the `__cluster` group."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, Topic] = {}
+        self.weights: dict[str, int] = {}  # nodes without an entry weigh 1
+        self.draining: set[str] = set()
+        self.applied_index = -1
+
+    def weight(self, node: str) -> int:
+        return self.weights.get(node, 1)
+
+    def apply(self, index: int, command: Command) -> MetadataError | None:
+        """Apply the command committed at `index`; an error leaves the state unchanged."""
+        if index <= self.applied_index:
+            raise ValueError(f"index {index} was already applied (at {self.applied_index})")
+        self.applied_index = index
+        try:
+            validate(command)
+            self._apply(command)
+        except MetadataError as e:
+            return e
+        return None
+
+    def _apply(self, command: Command) -> None:
+        if isinstance(command, CreateTopic):
+            if command.name in self.topics:
+                raise MetadataError("exists", f"topic {command.name} exists")
+            self.topics[command.name] = Topic(
+                command.name,
+                command.partitions,
+                command.replication_factor,
+                _check_config(command.config),
+            )
+        elif isinstance(command, AlterTopic):
+            topic = self._topic(command.name)
+            partitions = topic.partitions if command.partitions is None else command.partitions
+            if partitions < topic.partitions:
+                raise MetadataError(
+                    "invalid",
+                    f"topic {topic.name} has {topic.partitions} partitions; they can only grow",
+                )
+            config = dict(topic.config)
+            config.update(command.config or {})
+            self.topics[topic.name] = Topic(
+                topic.name, partitions, topic.replication_factor, _check_config(config)
+            )
+        elif isinstance(command, DeleteTopic):
+            self._topic(command.name)
+            del self.topics[command.name]
+        elif isinstance(command, SetWeight):
+            self.weights[command.node] = command.weight
+        elif command.draining:
+            self.draining.add(command.node)
+        else:
+            self.draining.discard(command.node)
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise MetadataError("not_found", f"topic {name} does not exist")
+        return topic
+
+    def snapshot(self) -> bytes:
+        document = {
+            "version": SNAPSHOT_VERSION,
+            "applied_index": self.applied_index,
+            "topics": [
+                {
+                    "name": t.name,
+                    "partitions": t.partitions,
+                    "replication_factor": t.replication_factor,
+                    "config": dict(t.config),
+                }
+                for _, t in sorted(self.topics.items())
+            ],
+            "weights": dict(sorted(self.weights.items())),
+            "draining": sorted(self.draining),
+        }
+        return json.dumps(document, sort_keys=True).encode()
+
+    @classmethod
+    def restore(cls, data: bytes) -> ClusterState:
+        document = json.loads(data)
+        if document.get("version") != SNAPSHOT_VERSION:
+            raise MetadataError(
+                "invalid", f"unsupported snapshot version {document.get('version')}"
+            )
+        state = cls()
+        state.applied_index = document["applied_index"]
+        for topic in document["topics"]:
+            state.topics[topic["name"]] = Topic(
+                topic["name"], topic["partitions"], topic["replication_factor"], topic["config"]
+            )
+        state.weights = dict(document["weights"])
+        state.draining = set(document["draining"])
+        return state

@@ -1,0 +1,1 @@
+"""Partition replicas: a Raft group plus its log, and how its membership follows placement."""

@@ -1,0 +1,72 @@
+"""Weighted rendezvous hashing: which nodes host a partition, which worker owns it.
+
+For partition key P and node N of weight w: `score = -w / ln(h)`, where h is xxh64(P ‖ N)
+mapped strictly into (0, 1). The `replicas` highest-scoring eligible (alive, not draining)
+nodes host P. Each node's share of first places is proportional to its weight; adding a node
+moves only the partitions it now wins, and removing one moves only the partitions it held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+SEPARATOR = b"\x00"  # cannot occur in topic names or node ids
+UNIT_BITS = 53  # the top 53 bits of the hash: exact in a float, so h < 1 strictly
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    id: str
+    weight: int = 1
+    alive: bool = True
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"weight {self.weight} of {self.id} is negative")
+
+    @property
+    def eligible(self) -> bool:
+        return self.alive and not self.draining and self.weight > 0
+
+
+def unit_hash(key: str, node: str) -> float:
+    """xxh64(key ‖ node) mapped strictly into (0, 1)."""
+    digest = xxhash.xxh64_intdigest(key.encode() + SEPARATOR + node.encode())
+    return ((digest >> (64 - UNIT_BITS)) + 0.5) / (1 << UNIT_BITS)
+
+
+def score(key: str, node: str, weight: int) -> float:
+    if weight < 0:
+        raise ValueError(f"weight {weight} of {node} is negative")
+    return -weight / math.log(unit_hash(key, node))
+
+
+def rank(key: str, candidates: Iterable[Candidate]) -> list[str]:
+    """Eligible candidates by descending score (ties broken by id, so the order is total)."""
+    scored = [(score(key, c.id, c.weight), c.id) for c in candidates if c.eligible]
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return [node for _, node in scored]
+
+
+def place(key: str, candidates: Iterable[Candidate], replicas: int) -> list[str]:
+    """The `replicas` nodes that should host `key`, best first (fewer if too few are
+    eligible)."""
+    if replicas < 1:
+        raise ValueError(f"replicas={replicas} must be at least 1")
+    return rank(key, candidates)[:replicas]
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def owner(key: str, workers: Sequence[str]) -> str:
+    """The worker (e.g. one process per core) that owns `key`, all workers weighing alike."""
+    if not workers:
+        raise ValueError("no workers")
+    return place(key, (Candidate(w) for w in workers), 1)[0]

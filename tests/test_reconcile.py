@@ -1,0 +1,92 @@
+"""Reconciliation moves a Raft configuration to its placement target one safe step at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from laminar.partition.reconcile import Step, StepKind, next_step
+from laminar.raft import ConfState
+
+
+def converge(
+    voters: Sequence[str],
+    target: Sequence[str],
+    *,
+    leader: str,
+    alive: set[str] | None = None,
+) -> list[Step]:
+    """Apply steps (learners catch up at once) until none is left; check the invariants."""
+    conf = ConfState(tuple(sorted(voters)))
+    alive = set(voters) | set(target) if alive is None else alive
+    rf = len(target)
+    steps: list[Step] = []
+    for _ in range(50):
+        step = next_step(conf, target, leader=leader, caught_up=set(conf.members()), alive=alive)
+        if step is None:
+            assert set(conf.voters) == set(target) and not conf.learners
+            return steps
+        steps.append(step)
+        if step.kind is StepKind.TRANSFER_LEADERSHIP:
+            leader = step.node
+            continue
+        conf = conf.apply(step.conf_change())
+        live_voters = set(conf.voters) & alive
+        # never below the target while replacing live replicas
+        assert len(live_voters) >= min(rf, len(set(voters) & alive)), (step, conf)
+    raise AssertionError("did not converge")
+
+
+def test_matching_configuration_needs_nothing() -> None:
+    assert converge(["a", "b", "c"], ["b", "c", "a"], leader="a") == []
+
+
+def test_replacing_a_replica_adds_catches_up_promotes_then_removes() -> None:
+    steps = converge(["a", "b", "c"], ["a", "b", "d"], leader="a")
+    assert steps == [
+        Step(StepKind.ADD_LEARNER, "d"),
+        Step(StepKind.PROMOTE, "d"),
+        Step(StepKind.REMOVE, "c"),
+    ]
+
+
+def test_a_learner_that_has_not_caught_up_is_not_promoted() -> None:
+    conf = ConfState(("a", "b", "c"), ("d",))
+    step = next_step(
+        conf, ["a", "b", "d"], leader="a", caught_up={"a", "b"}, alive={"a", "b", "c", "d"}
+    )
+    assert step is None  # wait: nothing may go before d votes
+
+
+def test_a_dead_replica_goes_first() -> None:
+    steps = converge(["a", "b", "c"], ["a", "b", "d"], leader="a", alive={"a", "b", "d"})
+    assert steps[0] == Step(StepKind.REMOVE, "c")
+    assert steps[1:] == [Step(StepKind.ADD_LEARNER, "d"), Step(StepKind.PROMOTE, "d")]
+
+
+def test_a_leader_outside_the_target_hands_over_before_leaving() -> None:
+    steps = converge(["a", "b", "c"], ["b", "c", "d"], leader="a")
+    assert steps == [
+        Step(StepKind.ADD_LEARNER, "d"),
+        Step(StepKind.PROMOTE, "d"),
+        Step(StepKind.TRANSFER_LEADERSHIP, "b"),
+        Step(StepKind.REMOVE, "a"),
+    ]
+
+
+def test_growing_and_shrinking_the_replication_factor() -> None:
+    assert [s.kind for s in converge(["a"], ["a", "b", "c"], leader="a")] == [
+        StepKind.ADD_LEARNER,
+        StepKind.PROMOTE,
+        StepKind.ADD_LEARNER,
+        StepKind.PROMOTE,
+    ]
+    assert converge(["a", "b", "c"], ["a"], leader="a") == [
+        Step(StepKind.REMOVE, "b"),
+        Step(StepKind.REMOVE, "c"),
+    ]
+
+
+def test_a_stray_learner_is_removed() -> None:
+    conf = ConfState(("a", "b", "c"), ("x",))
+    step = next_step(conf, ["a", "b", "c"], leader="a", caught_up=set(), alive={"a", "b", "c"})
+    assert step == Step(StepKind.REMOVE, "x")
