@@ -17,6 +17,15 @@ from laminar.metadata import (
     validate,
 )
 
+NODES = ("n1", "n2", "n3", "n4", "n5", "n6", "n7")
+
+
+def create(
+    name: str, partitions: int, rf: int, config: dict[str, object] | None = None
+) -> CreateTopic:
+    """A CreateTopic whose assignment puts every partition on the first `rf` nodes."""
+    return CreateTopic(name, partitions, rf, config or {}, (NODES[:rf],) * max(partitions, 0))
+
 
 def applied(*commands: object) -> ClusterState:
     state = ClusterState()
@@ -27,12 +36,15 @@ def applied(*commands: object) -> ClusterState:
 
 def test_topics_are_created_altered_and_deleted() -> None:
     state = applied(
-        CreateTopic("orders", 6, 3, {"retention_ms": 60_000}),
-        AlterTopic("orders", partitions=8, config={"segment_bytes": 1 << 20}),
+        create("orders", 6, 3, {"retention_ms": 60_000}),
+        AlterTopic(
+            "orders", partitions=8, config={"segment_bytes": 1 << 20}, assignment=(NODES[:3],) * 2
+        ),
     )
     topic = state.topics["orders"]
     assert (topic.partitions, topic.replication_factor) == (8, 3)
     assert topic.config == {"retention_ms": 60_000, "segment_bytes": 1 << 20}
+    assert len(topic.assignment) == 8 and topic.assignment[7] == ("n1", "n2", "n3")
     assert state.apply(2, DeleteTopic("orders")) is None
     assert state.topics == {}
 
@@ -42,21 +54,25 @@ def test_topics_are_created_altered_and_deleted() -> None:
 )
 def test_invalid_topic_names_are_refused(name: str) -> None:
     with pytest.raises(MetadataError) as info:
-        validate(CreateTopic(name, 1, 1))
+        validate(create(name, 1, 1))
     assert info.value.code == "invalid"
 
 
 @pytest.mark.parametrize(
     ("command", "code"),
     [
-        (CreateTopic("t", 0, 1), "invalid"),
-        (CreateTopic("t", 1, 0), "invalid"),
-        (CreateTopic("t", 1, 8), "invalid"),
-        (CreateTopic("t", 10_001, 1), "invalid"),
-        (CreateTopic("t", 1, 1, {"colour": "red"}), "invalid"),
-        (CreateTopic("t", 1, 1, {"fsync": "sometimes"}), "invalid"),
-        (CreateTopic("t", 1, 1, {"retention_bytes": -1}), "invalid"),
-        (CreateTopic("t", True, 1), "invalid"),  # type: ignore[arg-type]
+        (create("t", 0, 1), "invalid"),
+        (create("t", 1, 0), "invalid"),
+        (create("t", 1, 8), "invalid"),
+        (create("t", 10_001, 1), "invalid"),
+        (create("t", 1, 1, {"colour": "red"}), "invalid"),
+        (create("t", 1, 1, {"fsync": "sometimes"}), "invalid"),
+        (create("t", 1, 1, {"retention_bytes": -1}), "invalid"),
+        (create("t", True, 1), "invalid"),  # type: ignore[arg-type]
+        (CreateTopic("t", 2, 1, {}, (("n1",),)), "invalid"),  # one partition unassigned
+        (CreateTopic("t", 1, 2, {}, (("n1", "n1"),)), "invalid"),
+        (CreateTopic("t", 1, 1, {}, (("n1", "n2"),)), "invalid"),  # more voters than RF
+        (CreateTopic("t", 1, 1, {}, (("bad id",),)), "invalid"),
         (SetWeight("n1", -1), "invalid"),
         (SetWeight("bad id", 1), "invalid"),
     ],
@@ -68,13 +84,14 @@ def test_invalid_commands_are_refused(command: object, code: str) -> None:
 
 
 def test_commands_invalid_against_the_state_change_nothing() -> None:
-    state = applied(CreateTopic("orders", 6, 3))
+    state = applied(create("orders", 6, 3))
     before = state.snapshot()
     for index, (command, code) in enumerate(
         [
-            (CreateTopic("orders", 1, 1), "exists"),
+            (create("orders", 1, 1), "exists"),
             (AlterTopic("orders", partitions=5), "invalid"),
             (AlterTopic("missing", partitions=9), "not_found"),
+            (AlterTopic("orders", partitions=9), "invalid"),  # new partitions unassigned
             (DeleteTopic("missing"), "not_found"),
             (AlterTopic("orders", config={"segment_bytes": 1}), "invalid"),
         ],
@@ -99,8 +116,8 @@ def test_weights_and_drains() -> None:
 
 def test_snapshot_round_trip_is_canonical() -> None:
     state = applied(
-        CreateTopic("b", 2, 1, {"fsync": "never"}),
-        CreateTopic("a", 1, 3),
+        create("b", 2, 1, {"fsync": "never"}),
+        create("a", 1, 3),
         SetWeight("n2", 3),
         SetDraining("n1", True),
     )
@@ -113,8 +130,8 @@ def test_snapshot_round_trip_is_canonical() -> None:
 
 def test_command_codec_round_trip_and_rejections() -> None:
     for command in (
-        CreateTopic("t", 3, 2, {"retention_ms": 5}),
-        AlterTopic("t", partitions=4),
+        create("t", 3, 2, {"retention_ms": 5}),
+        AlterTopic("t", partitions=4, assignment=(("n1", "n2"),)),
         DeleteTopic("t"),
         SetWeight("n1", 2),
         SetDraining("n1", True),

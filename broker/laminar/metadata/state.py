@@ -34,29 +34,40 @@ class MetadataError(ValueError):
         self.code = code
 
 
+Assignment = tuple[tuple[str, ...], ...]  # per partition: its initial voters
+
+
 @dataclass(frozen=True, slots=True)
 class Topic:
     name: str
     partitions: int
     replication_factor: int
     config: Mapping[str, Any] = field(default_factory=dict)
+    #: each partition's initial voters: every node bootstraps the partition's Raft group
+    #: with these, so all agree; later moves are Raft configuration changes in the group
+    assignment: Assignment = ()
 
 
 @dataclass(frozen=True, slots=True)
 class CreateTopic:
+    """Create a topic; the proposer fills `assignment` from placement as it sees it."""
+
     name: str
     partitions: int
     replication_factor: int
     config: Mapping[str, Any] = field(default_factory=dict)
+    assignment: Assignment = ()
 
 
 @dataclass(frozen=True, slots=True)
 class AlterTopic:
-    """Grow the partition count and/or replace configuration keys (None: unchanged)."""
+    """Grow the partition count (with initial voters for the new partitions in
+    `assignment`) and/or replace configuration keys (None: unchanged)."""
 
     name: str
     partitions: int | None = None
     config: Mapping[str, Any] | None = None
+    assignment: Assignment = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +133,20 @@ def _check_config(config: object) -> dict[str, Any]:
     return dict(sorted(config.items()))
 
 
+def _check_assignment(assignment: object, partitions: int, replication_factor: int) -> None:
+    if not isinstance(assignment, tuple) or len(assignment) != partitions:
+        raise MetadataError("invalid", f"assignment must list voters for {partitions} partitions")
+    for voters in assignment:
+        if not isinstance(voters, tuple) or not 1 <= len(voters) <= replication_factor:
+            raise MetadataError(
+                "invalid", f"each partition needs 1 to {replication_factor} initial voters"
+            )
+        if len(set(voters)) != len(voters):
+            raise MetadataError("invalid", f"repeated voter in {list(voters)}")
+        for node in voters:
+            _check_node(node)
+
+
 def validate(command: Command) -> None:
     """Checks that need no state (the API runs them before proposing). MetadataError."""
     if isinstance(command, CreateTopic):
@@ -129,6 +154,7 @@ def validate(command: Command) -> None:
         _check_int("partitions", command.partitions, 1, MAX_PARTITIONS)
         _check_int("replication_factor", command.replication_factor, 1, MAX_REPLICATION_FACTOR)
         _check_config(command.config)
+        _check_assignment(command.assignment, command.partitions, command.replication_factor)
     elif isinstance(command, AlterTopic):
         _check_topic_name(command.name)
         if command.partitions is not None:
@@ -151,11 +177,20 @@ def encode_command(command: Command) -> bytes:
     return json.dumps({"op": _NAMES[type(command)], **body}, sort_keys=True).encode()
 
 
+def _tuples(assignment: object) -> object:
+    """JSON lists back to the tuples commands carry."""
+    if isinstance(assignment, list):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in assignment)
+    return assignment
+
+
 def decode_command(data: bytes) -> Command:
     """Parse and validate a command; MetadataError("invalid") for anything malformed."""
     try:
         document = json.loads(data)
         kind = _KINDS[document.pop("op")]
+        if "assignment" in document:
+            document["assignment"] = _tuples(document["assignment"])
         command: Command = kind(**document)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MetadataError("invalid", f"malformed metadata command: {e}") from e
@@ -196,6 +231,7 @@ class ClusterState:
                 command.partitions,
                 command.replication_factor,
                 _check_config(command.config),
+                command.assignment,
             )
         elif isinstance(command, AlterTopic):
             topic = self._topic(command.name)
@@ -205,10 +241,17 @@ class ClusterState:
                     "invalid",
                     f"topic {topic.name} has {topic.partitions} partitions; they can only grow",
                 )
+            _check_assignment(
+                command.assignment, partitions - topic.partitions, topic.replication_factor
+            )
             config = dict(topic.config)
             config.update(command.config or {})
             self.topics[topic.name] = Topic(
-                topic.name, partitions, topic.replication_factor, _check_config(config)
+                topic.name,
+                partitions,
+                topic.replication_factor,
+                _check_config(config),
+                topic.assignment + command.assignment,
             )
         elif isinstance(command, DeleteTopic):
             self._topic(command.name)
@@ -236,6 +279,7 @@ class ClusterState:
                     "partitions": t.partitions,
                     "replication_factor": t.replication_factor,
                     "config": dict(t.config),
+                    "assignment": [list(voters) for voters in t.assignment],
                 }
                 for _, t in sorted(self.topics.items())
             ],
@@ -255,7 +299,11 @@ class ClusterState:
         state.applied_index = document["applied_index"]
         for topic in document["topics"]:
             state.topics[topic["name"]] = Topic(
-                topic["name"], topic["partitions"], topic["replication_factor"], topic["config"]
+                topic["name"],
+                topic["partitions"],
+                topic["replication_factor"],
+                topic["config"],
+                tuple(tuple(voters) for voters in topic["assignment"]),
             )
         state.weights = dict(document["weights"])
         state.draining = set(document["draining"])

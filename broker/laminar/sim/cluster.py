@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import xxhash
@@ -78,9 +78,13 @@ class SimNode:
     storages: dict[str, LogStorage] = field(default_factory=dict)
     multi: MultiRaft | None = None
     down_until_ms: int = -1
+    #: each hosted group's bootstrap configuration (reused when the node restarts)
+    bootstrap: dict[str, ConfState] = field(default_factory=dict)
 
 
 class Simulation:
+    replay_command = "python -m laminar.sim"
+
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         self.seed = seed
         self.config = config or SimConfig()
@@ -95,46 +99,54 @@ class Simulation:
         # invariants
         self.leaders: dict[tuple[str, int], str] = {}
         self.entries_seen: dict[tuple[str, int, int], tuple[int, tuple[int, int]]] = {}
-        self.committed: dict[str, dict[int, tuple[int, int]]] = {g: {} for g in self.group_names}
-        self.acked: dict[str, dict[int, tuple[int, int]]] = {g: {} for g in self.group_names}
-        self.proposals: dict[str, dict[int, tuple[int, int, str]]] = {
-            g: {} for g in self.group_names
-        }
+        self.committed: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
+        self.acked: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
+        self.proposals: dict[str, dict[int, tuple[int, int, str]]] = defaultdict(dict)
         self.leader_terms: dict[tuple[str, str], int] = {}
         self.next_tag = 0
         self.faulty = True
         self.stats = {"acked": 0, "elections": 0, "crashes": 0, "snapshots": 0, "confs": 0}
-        for node in self.nodes.values():
-            self._start(node, fresh=True)
+        for node in self._initial_nodes():
+            for group, voters in zip(self.group_names, self.config.groups, strict=True):
+                node.bootstrap[group] = ConfState(tuple(sorted(f"n{v}" for v in voters)))
+            self._start(node)
+
+    def _initial_nodes(self) -> list[SimNode]:
+        return list(self.nodes.values())
 
     # ---- nodes -----------------------------------------------------------------------------
 
-    def _start(self, node: SimNode, *, fresh: bool) -> None:
+    def _start(self, node: SimNode) -> None:
+        """Start (or restart, reopening its storage) a node with the groups it hosts."""
         node.multi = MultiRaft(node.id)
-        for group, voters in zip(self.group_names, self.config.groups, strict=True):
-            if fresh:
-                node.directories[group] = MemoryDirectory()
-            directory = node.directories[group]
-            conf = ConfState(tuple(sorted(f"n{v}" for v in voters)))
-            log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
-            storage = LogStorage(directory, log, conf=conf)
-            node.storages[group] = storage
-            hard_state, _ = storage.initial_state()
-            raft = Raft(
-                group,
-                node.id,
-                storage,
-                self.config.raft,
-                random.Random(self.rng.getrandbits(64)),
-                pending_confs=scan_pending_confs(storage, hard_state.commit),
-            )
-            node.multi.add(raft)
+        for group, conf in sorted(node.bootstrap.items()):
+            self._host(node, group, conf)
+
+    def _host(self, node: SimNode, group: str, conf: ConfState) -> None:
+        """Run `group` on a live node, bootstrapped with `conf` if its storage is new."""
+        assert node.multi is not None
+        node.bootstrap.setdefault(group, conf)
+        if group not in node.directories:
+            node.directories[group] = MemoryDirectory()
+        directory = node.directories[group]
+        log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
+        storage = LogStorage(directory, log, conf=conf)
+        node.storages[group] = storage
+        hard_state, _ = storage.initial_state()
+        raft = Raft(
+            group,
+            node.id,
+            storage,
+            self.config.raft,
+            random.Random(self.rng.getrandbits(64)),
+            pending_confs=scan_pending_confs(storage, hard_state.commit),
+        )
+        node.multi.add(raft)
 
     def _crash(self, node: SimNode, *, torn: bool) -> None:
         self._log(f"crash {node.id}{' (torn)' if torn else ''}")
         self.stats["crashes"] += 1
-        for group in self.group_names:
-            directory = node.directories[group]
+        for _, directory in sorted(node.directories.items()):
             directory.crash(self.rng if torn else None)
         node.multi = None
         node.storages = {}
@@ -166,6 +178,7 @@ class Simulation:
             node = self.nodes[message.dst]
             if node.multi is None or not self._connected(message.src, message.dst):
                 continue
+            self._before_deliver(node, message)
             self.trace.append((self.now_ms, message))  # formatted only if a check fails
             node.multi.step(message)
             self._process(node)
@@ -203,6 +216,7 @@ class Simulation:
                     self._send(item)
                 if ready.committed is not None:
                     self._check_commit(node, group, ready.committed)
+                    self._on_commit(node, group, ready.committed)
             node.multi.advance(readies)
 
     # ---- the client ------------------------------------------------------------------------
@@ -210,8 +224,8 @@ class Simulation:
     def _leader_of(self, group: str) -> tuple[SimNode, Raft] | None:
         for node in self._alive():
             assert node.multi is not None
-            raft = node.multi.groups[group]
-            if raft.role is Role.LEADER:
+            raft = node.multi.groups.get(group)
+            if raft is not None and raft.role is Role.LEADER:
                 return node, raft
         return None
 
@@ -255,6 +269,17 @@ class Simulation:
         self.stats["confs"] += 1
         self._log(f"{node.id} {group} proposes {change.kind.name} {change.node}")
         self._process(node)
+
+    # ---- hooks for scenarios built on this simulation --------------------------------------
+
+    def _before_deliver(self, node: SimNode, message: Message) -> None:
+        """Called before a message reaches a live node (e.g. to create a group on demand)."""
+
+    def _on_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
+        """Called after a node persisted a Ready that committed [first, last] of `group`."""
+
+    def _control(self, node: SimNode) -> None:
+        """Called for every live node once a tick, after message delivery."""
 
     def _compact(self, node: SimNode, group: str) -> None:
         assert node.multi is not None
@@ -317,8 +342,7 @@ class Simulation:
         just processed input (so a leadership however brief is seen)."""
         if node.multi is None:
             return
-        for group in self.group_names:
-            raft = node.multi.groups[group]
+        for group, raft in sorted(node.multi.groups.items()):
             if raft.role is not Role.LEADER:
                 continue
             holder = self.leaders.setdefault((group, raft.term), node.id)
@@ -351,8 +375,10 @@ class Simulation:
             members = found[1].conf.members()
             for node_id in members:
                 node = self.nodes[node_id]
-                assert node.multi is not None
-                raft = node.multi.groups[group]
+                raft = node.multi.groups.get(group) if node.multi is not None else None
+                if raft is None:
+                    self._fail(f"{node_id} is a member of {group} but is down or lacks it")
+                    return
                 for index, (term, _) in sorted(self.acked[group].items()):
                     if index < raft.log.first_index():
                         continue
@@ -370,9 +396,9 @@ class Simulation:
     def _faults(self) -> None:
         config, rng = self.config, self.rng
         for node in sorted(self.nodes.values(), key=lambda n: n.id):
-            if node.multi is None and self.now_ms >= node.down_until_ms:
+            if node.multi is None and 0 <= node.down_until_ms <= self.now_ms:
                 self._log(f"restart {node.id}")
-                self._start(node, fresh=False)
+                self._start(node)
         if self.partition is not None and self.now_ms >= self.partition[1]:
             self._log("heal partition")
             self.partition = None
@@ -394,6 +420,8 @@ class Simulation:
             node.multi.tick()
             self._process(node)
         self._deliver_due()
+        for node in self._alive():
+            self._control(node)
         if faulty:  # the settle phase is quiet, so that every commit can reach everyone
             for group in self.group_names:
                 if self.rng.random() < self.config.propose_rate:
@@ -413,8 +441,8 @@ class Simulation:
             self.partition = None
             self._log("heal everything and settle")
             for node in sorted(self.nodes.values(), key=lambda n: n.id):
-                if node.multi is None:
-                    self._start(node, fresh=False)
+                if node.multi is None and node.down_until_ms >= 0:
+                    self._start(node)
             for _ in range(self.config.settle_ticks):
                 self._tick(faulty=False)
             self._check_acked_everywhere()
@@ -432,7 +460,7 @@ class Simulation:
         for at_ms, event in self.trace:
             text = event if isinstance(event, str) else _describe(event)
             lines.append(f"  t={at_ms:>6} {text}")
-        lines.append(f"replay: python -m laminar.sim --seed {self.seed}")
+        lines.append(f"replay: {self.replay_command} --seed {self.seed}")
         return "\n".join(lines)
 
 
