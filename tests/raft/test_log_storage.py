@@ -125,3 +125,19 @@ def test_pending_configuration_changes_are_found_after_the_commit() -> None:
     storage.append(entries)
     assert scan_pending_confs(storage, -1) == {2: add, 4: promote}
     assert scan_pending_confs(storage, 2) == {4: promote}
+
+
+def test_snapshot_data_survives_restarts_and_installs() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(1, 1)] * 10))
+    storage.sync()
+    storage.compact(5, b"state machine as of 5")
+    directory.crash()
+    assert open_storage(directory).snapshot().data == b"state machine as of 5"
+    follower_directory = MemoryDirectory()
+    follower = open_storage(follower_directory)
+    follower.apply_snapshot(Snapshot(5, 1, CONF, b"state machine as of 5"))
+    follower_directory.crash()
+    reopened = open_storage(follower_directory)
+    assert reopened.snapshot() == Snapshot(5, 1, CONF, b"state machine as of 5")

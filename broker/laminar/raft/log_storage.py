@@ -2,13 +2,15 @@
 
 Each Raft entry is one stored batch (its term is the batch's term). Hard state (term, vote,
 commit, configuration) and the snapshot point (the index/term/configuration just before the
-log's first index) live in `raft.state`, replaced atomically: write a temporary file, fsync
-it, rename it over the old one, fsync the directory.
+log's first index) live in `raft.state`, and the state machine's snapshot data (if any) in
+`raft.snapshot`; both are replaced atomically: write a temporary file, fsync it, rename it
+over the old one, fsync the directory.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ..log.batch import decode_batch, parse_header, split_batches
 from ..log.errors import IndexOutOfRangeError, StorageError
@@ -18,7 +20,8 @@ from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
 from .storage import StorageUnavailable
 
 STATE_FILE = "raft.state"
-STATE_TEMP_FILE = "raft.state.tmp"
+SNAPSHOT_FILE = "raft.snapshot"  # the state machine's snapshot data, if it has any
+TEMP_SUFFIX = ".tmp"
 
 
 def entry_kind(batch: bytes | memoryview) -> EntryKind:
@@ -38,18 +41,38 @@ class LogStorage:
         self.log = log
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
+            if SNAPSHOT_FILE in directory.names():
+                self.snap = replace(self.snap, data=self._read(SNAPSHOT_FILE))
         else:
             self.hard_state = HardState(conf=conf)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
 
     # ---- the state file --------------------------------------------------------------------
 
-    def _load(self) -> tuple[HardState, Snapshot]:
-        storage = self.directory.open(STATE_FILE, create=False)
+    def _read(self, name: str) -> bytes:
+        storage = self.directory.open(name, create=False)
         try:
-            document = json.loads(storage.read(0, storage.size))
+            return storage.read(0, storage.size)
         finally:
             storage.close()
+
+    def _replace(self, name: str, data: bytes, *, sync: bool = True) -> None:
+        """Atomically replace file `name` with `data`."""
+        temp_name = name + TEMP_SUFFIX
+        self.directory.remove(temp_name)
+        temp = self.directory.open(temp_name, create=True)
+        try:
+            temp.write(0, (data,))
+            if sync:
+                temp.sync()
+        finally:
+            temp.close()
+        self.directory.rename(temp_name, name)
+        if sync:
+            self.directory.sync()
+
+    def _load(self) -> tuple[HardState, Snapshot]:
+        document = json.loads(self._read(STATE_FILE))
         hs, snap = document["hard_state"], document["snapshot"]
         hard_state = HardState(
             hs["term"],
@@ -81,18 +104,7 @@ class LogStorage:
                 "learners": list(snap.conf.learners),
             },
         }
-        data = json.dumps(document, sort_keys=True).encode()
-        self.directory.remove(STATE_TEMP_FILE)
-        temp = self.directory.open(STATE_TEMP_FILE, create=True)
-        try:
-            temp.write(0, (data,))
-            if sync:
-                temp.sync()
-        finally:
-            temp.close()
-        self.directory.rename(STATE_TEMP_FILE, STATE_FILE)
-        if sync:
-            self.directory.sync()
+        self._replace(STATE_FILE, json.dumps(document, sort_keys=True).encode(), sync=sync)
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -160,17 +172,23 @@ class LogStorage:
         self._save()
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
-        """Install a snapshot point: the log restarts empty right after it."""
-        self.snap = Snapshot(snapshot.index, snapshot.term, snapshot.conf)
+        """Install a snapshot (its data too): the log restarts empty right after it."""
+        self._replace(SNAPSHOT_FILE, snapshot.data)
+        self.snap = snapshot
         self.log.reset(snapshot.index + 1)
         self._save()
 
-    def compact(self, through_index: int) -> None:
+    def compact(self, through_index: int, data: bytes = b"") -> None:
         """Retention: record the snapshot point at `through_index` (which must end a stored
         batch) before the segments holding it may be removed. The snapshot records the
-        configuration as of the last commit: compact at the commit index for it to be exact."""
+        configuration as of the last commit: compact at the commit index for it to be exact.
+        `data` is the state machine's snapshot as of `through_index` (sent to replicas that
+        need entries from before the log's new start)."""
         _, end = self.log.batch_range(through_index)
         if end - 1 != through_index:
             raise StorageUnavailable(f"{through_index} does not end a batch")
-        self.snap = Snapshot(through_index, self.log.term_at(through_index), self.hard_state.conf)
+        self._replace(SNAPSHOT_FILE, data)
+        self.snap = Snapshot(
+            through_index, self.log.term_at(through_index), self.hard_state.conf, data
+        )
         self._save()

@@ -200,6 +200,7 @@ class Simulation:
                     storage.apply_snapshot(ready.snapshot)
                     self.stats["snapshots"] += 1
                     self._log(f"{node.id} {group} installs snapshot at {ready.snapshot.index}")
+                    self._on_snapshot(node, group)
                 if ready.entries:
                     storage.append(ready.entries)
                     if self.faulty and self.rng.random() < self.config.crash_in_persist_rate:
@@ -277,6 +278,9 @@ class Simulation:
 
     def _on_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
         """Called after a node persisted a Ready that committed [first, last] of `group`."""
+
+    def _on_snapshot(self, node: SimNode, group: str) -> None:
+        """Called after a node installed a snapshot of `group` (its storage holds it)."""
 
     def _control(self, node: SimNode) -> None:
         """Called for every live node once a tick, after message delivery."""

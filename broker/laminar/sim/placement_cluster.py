@@ -87,12 +87,16 @@ class PlacementSimulation(Simulation):
             self.joined.append(node.id)
             node.bootstrap[METADATA] = self.initial_metadata
         super()._start(node)
-        # The metadata state machine is rebuilt from the committed log after a restart.
-        self.states[node.id] = ClusterState()
+        # The metadata state machine is rebuilt from its snapshot and the committed log.
+        self._restore_metadata(node)
         storage = node.storages[METADATA]
         commit = storage.initial_state()[0].commit
         if commit >= storage.first_index():
             self._apply_metadata(node, (storage.first_index(), commit))
+
+    def _restore_metadata(self, node: SimNode) -> None:
+        data = node.storages[METADATA].snapshot().data
+        self.states[node.id] = ClusterState.restore(data) if data else ClusterState()
 
     def _candidates(self, state: ClusterState) -> list[Candidate]:
         return [
@@ -111,6 +115,26 @@ class PlacementSimulation(Simulation):
         if group == METADATA:
             self._apply_metadata(node, committed)
 
+    def _on_snapshot(self, node: SimNode, group: str) -> None:
+        if group == METADATA:
+            self._restore_metadata(node)
+            self.stats["metadata_snapshots"] = self.stats.get("metadata_snapshots", 0) + 1
+            self._host_assigned(node)
+
+    def _compact_metadata(self) -> None:
+        """Every node compacts its metadata log, snapshotting the state machine: nodes that
+        join later must learn the topics from a snapshot."""
+        for node in self._alive():
+            assert node.multi is not None
+            storage = node.storages[METADATA]
+            commit = node.multi.groups[METADATA].log.committed
+            state = self.states[node.id]
+            if commit < storage.first_index() or commit > storage.last_index():
+                continue
+            storage.compact(commit, state.snapshot())
+            storage.log.remove_through(commit)
+            self._log(f"{node.id} compacts {METADATA} through {commit}")
+
     def _apply_metadata(self, node: SimNode, committed: tuple[int, int]) -> None:
         storage = node.storages[METADATA]
         state = self.states[node.id]
@@ -125,7 +149,11 @@ class PlacementSimulation(Simulation):
                     assert record.value is not None
                     state.apply(entry.index, decode_command(record.value))
             index = entries[-1].last_index + 1
-        topic = state.topics.get(TOPIC)
+        self._host_assigned(node)
+
+    def _host_assigned(self, node: SimNode) -> None:
+        """Host the partitions whose initial voters include this node."""
+        topic = self.states[node.id].topics.get(TOPIC)
         if topic is None:
             return
         if not self.group_names:
@@ -241,6 +269,7 @@ class PlacementSimulation(Simulation):
         self.ticks += 1
         script = {
             30: lambda: self.admin.append(CreateTopic(TOPIC, self.partitions, REPLICATION_FACTOR)),
+            100: self._compact_metadata,
             150: self._join_two_nodes,
             300: lambda: self.admin.append(SetDraining("n1", True)),
             450: lambda: self.admin.append(SetWeight("n2", 3)),
@@ -293,6 +322,8 @@ class PlacementSimulation(Simulation):
             target = set(place(group, candidates, REPLICATION_FACTOR))
             if set(conf.voters) != target or conf.learners:
                 self._fail(f"{group}: voters {conf.voters} learners {conf.learners} != {target}")
+        if self.stats.get("metadata_snapshots", 0) < 2:
+            self._fail("the joining nodes did not learn the metadata from a snapshot")
         self.stats["converged_partitions"] = self.partitions
 
 
