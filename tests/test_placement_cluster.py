@@ -23,6 +23,8 @@ def test_partitions_follow_placement_through_joins_drains_weights_and_a_crash(se
     assert stats["converged_partitions"] == PARTITIONS
     assert stats["crashes"] == 1 and stats["acked"] > 1000
     assert stats["confs"] > 2 * PARTITIONS  # every move is a sequence of single steps
+    assert stats["transfers"] > 0  # leaders on the drained node handed over before leaving
+    assert stats["metadata_snapshots"] >= 2  # the joiners learned the topic from snapshots
 
 
 def test_the_convergence_check_catches_a_reconciler_that_does_nothing(

@@ -211,6 +211,7 @@ class PlacementSimulation(Simulation):
             except ProposalDropped:
                 return
             self._log(f"{node.id} {raft.group}: transfer leadership to {step.node}")
+            self.stats["transfers"] = self.stats.get("transfers", 0) + 1
             self._process(node)
             return
         if step is not None:
