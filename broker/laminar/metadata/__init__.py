@@ -1,5 +1,6 @@
 """Cluster metadata: the `__cluster` Raft group's state machine and where the group lives."""
 
+from .group import METADATA_GROUP, METADATA_VOTERS, metadata_voters
 from .state import (
     AlterTopic,
     ClusterState,
@@ -16,6 +17,8 @@ from .state import (
 )
 
 __all__ = [
+    "METADATA_GROUP",
+    "METADATA_VOTERS",
     "AlterTopic",
     "ClusterState",
     "Command",
@@ -27,5 +30,6 @@ __all__ = [
     "Topic",
     "decode_command",
     "encode_command",
+    "metadata_voters",
     "validate",
 ]

@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..log.batch import Record, decode_batch, encode_batch, parse_header
-from ..metadata import ClusterState, Command, CreateTopic, SetDraining, SetWeight
+from ..metadata import (
+    METADATA_GROUP,
+    ClusterState,
+    Command,
+    CreateTopic,
+    SetDraining,
+    SetWeight,
+    metadata_voters,
+)
 from ..metadata.state import decode_command, encode_command
 from ..partition.reconcile import StepKind, next_step
 from ..placement import Candidate, partition_key, place
@@ -26,8 +34,7 @@ from ..raft.messages import ConfChange, ConfChangeKind, ConfState, Message, Mess
 from ..raft.raft import ProposalDropped, Raft, Role
 from .cluster import SimConfig, SimNode, Simulation
 
-METADATA = "__cluster"
-METADATA_VOTERS = 3
+METADATA = METADATA_GROUP
 TOPIC = "events"
 PARTITIONS = 50
 REPLICATION_FACTOR = 3
@@ -189,7 +196,7 @@ class PlacementSimulation(Simulation):
                 continue
             if group == METADATA:
                 self._send_admin(node, raft, state)
-                target = place(METADATA, self._candidates(state), METADATA_VOTERS)
+                target = metadata_voters(self._candidates(state))
             else:
                 topic = state.topics.get(TOPIC)
                 if topic is None:
@@ -310,7 +317,7 @@ class PlacementSimulation(Simulation):
         if TOPIC not in state.topics or state.draining != {"n1"} or state.weight("n2") != 3:
             self._fail(f"admin commands missing from metadata: {state.snapshot()!r}")
         candidates = self._candidates(state)
-        metadata_target = set(place(METADATA, candidates, METADATA_VOTERS))
+        metadata_target = set(metadata_voters(candidates))
         if set(leader[1].conf.voters) != metadata_target:
             self._fail(f"metadata voters {leader[1].conf.voters} != target {metadata_target}")
         for partition in range(self.partitions):
