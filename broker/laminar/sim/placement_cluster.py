@@ -3,11 +3,12 @@ drain, change weight and crash, all driven through the `__cluster` metadata grou
 
 Three nodes start with the metadata group; a topic of 50 partitions (RF 3) is created through
 it; two more nodes join; one node is drained; one node's weight changes; then the metadata
-group's leader crashes for good. Every partition leader moves its Raft configuration one step
-at a time toward its rendezvous target (`laminar.partition.reconcile`), and the metadata
-group's leader does the same for the metadata voters (every other live node follows it as a
-learner). On top of the base simulation's invariants, after settling: every partition and
-the metadata group match their targets, and every acknowledged record is still committed.
+group's leader crashes for good, after which the group must still accept a weight change.
+Every partition leader moves its Raft configuration one step at a time toward its rendezvous
+target (`laminar.partition.reconcile`), and the metadata group's leader does the same for the
+metadata voters (every other live node follows it as a learner). On top of the base
+simulation's invariants, after settling: every partition and the metadata group match their
+targets, and every acknowledged record is still committed.
 
 Membership (who is alive) comes from the simulation itself here; SWIM supplies it for real.
 """
@@ -282,6 +283,8 @@ class PlacementSimulation(Simulation):
             300: lambda: self.admin.append(SetDraining("n1", True)),
             450: lambda: self.admin.append(SetWeight("n2", 3)),
             600: self._crash_metadata_leader,
+            # the metadata group must still take writes without its old leader
+            750: lambda: self.admin.append(SetWeight("n3", 2)),
         }
         action = script.get(self.ticks)
         if action is not None:
@@ -314,7 +317,12 @@ class PlacementSimulation(Simulation):
             self._fail("the metadata group has no leader after settling")
             return
         state = self.states[leader[0].id]
-        if TOPIC not in state.topics or state.draining != {"n1"} or state.weight("n2") != 3:
+        if (
+            TOPIC not in state.topics
+            or state.draining != {"n1"}
+            or state.weight("n2") != 3
+            or state.weight("n3") != 2
+        ):
             self._fail(f"admin commands missing from metadata: {state.snapshot()!r}")
         candidates = self._candidates(state)
         metadata_target = set(metadata_voters(candidates))
