@@ -263,13 +263,18 @@ class Simulation:
             change = ConfChange(ConfChangeKind.ADD_LEARNER, self.rng.choice(outsiders))
         else:
             return
+        self._propose_conf_change(node, raft, change)
+
+    def _propose_conf_change(self, node: SimNode, raft: Raft, change: ConfChange) -> bool:
+        """Propose a membership change on a leader; False if the core refused it for now."""
         try:
             raft.propose_conf_change(change)
         except ProposalDropped:
-            return
+            return False
         self.stats["confs"] += 1
-        self._log(f"{node.id} {group} proposes {change.kind.name} {change.node}")
+        self._log(f"{node.id} {raft.group} proposes {change.kind.name} {change.node}")
         self._process(node)
+        return True
 
     # ---- hooks for scenarios built on this simulation --------------------------------------
 

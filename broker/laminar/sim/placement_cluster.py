@@ -15,6 +15,7 @@ Membership (who is alive) comes from the simulation itself here; SWIM supplies i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..log.batch import Record, decode_batch, encode_batch, parse_header
@@ -231,15 +232,8 @@ class PlacementSimulation(Simulation):
                 change = ConfChange(ConfChangeKind.REMOVE, stale[0])
             elif outsiders:
                 change = ConfChange(ConfChangeKind.ADD_LEARNER, outsiders[0])
-        if change is None:
-            return
-        try:
-            raft.propose_conf_change(change)
-        except ProposalDropped:
-            return
-        self.stats["confs"] += 1
-        self._log(f"{node.id} {raft.group}: {change.kind.name} {change.node}")
-        self._process(node)
+        if change is not None:
+            self._propose_conf_change(node, raft, change)
 
     def _send_admin(self, node: SimNode, raft: Raft, state: ClusterState) -> None:
         if not self.admin:
@@ -276,7 +270,7 @@ class PlacementSimulation(Simulation):
 
     def _tick(self, *, faulty: bool) -> None:
         self.ticks += 1
-        script = {
+        script: dict[int, Callable[[], None]] = {
             30: lambda: self.admin.append(CreateTopic(TOPIC, self.partitions, REPLICATION_FACTOR)),
             100: self._compact_metadata,
             150: self._join_two_nodes,

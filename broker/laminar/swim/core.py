@@ -647,13 +647,8 @@ class Swim:
             self._emit(EventKind.UPDATED, node)
 
     def _apply_suspect(self, update: Suspect) -> None:
-        node = self._nodes.get(update.id)
-        if node is None or node.member.epoch != update.epoch:
-            if node is not None and update.id == self.id:
-                self._stale_or_superseded(node, update.epoch)
-            return
-        if update.incarnation < node.incarnation:
-            self._reannounce_if_self(update.id)
+        node = self._current(update)
+        if node is None:
             return
         if update.id == self.id:
             if not self._left:
@@ -678,13 +673,8 @@ class Swim:
         self._emit(EventKind.SUSPECT, node)
 
     def _apply_dead(self, update: Dead) -> None:
-        node = self._nodes.get(update.id)
-        if node is None or node.member.epoch != update.epoch:
-            if node is not None and update.id == self.id:
-                self._stale_or_superseded(node, update.epoch)
-            return
-        if update.incarnation < node.incarnation:
-            self._reannounce_if_self(update.id)
+        node = self._current(update)
+        if node is None:
             return
         if node.status in (DEAD, LEFT):
             return
@@ -698,13 +688,8 @@ class Swim:
         self._emit(EventKind.DEAD, node)
 
     def _apply_left(self, update: Left) -> None:
-        node = self._nodes.get(update.id)
-        if node is None or node.member.epoch != update.epoch:
-            if node is not None and update.id == self.id:
-                self._stale_or_superseded(node, update.epoch)
-            return
-        if update.incarnation < node.incarnation:
-            self._reannounce_if_self(update.id)
+        node = self._current(update)
+        if node is None:
             return
         if node.status is LEFT:
             return
@@ -716,6 +701,19 @@ class Swim:
         self._set_status(node, LEFT)
         self._queue(update)
         self._emit(EventKind.LEFT, node)
+
+    def _current(self, update: Suspect | Dead | Left) -> _Node | None:
+        """The member an accusation is about, if it concerns its current run and incarnation;
+        an accusation about an older run or incarnation of ourselves makes us re-announce."""
+        node = self._nodes.get(update.id)
+        if node is None or node.member.epoch != update.epoch:
+            if node is not None and update.id == self.id:
+                self._stale_or_superseded(node, update.epoch)
+            return None
+        if update.incarnation < node.incarnation:
+            self._reannounce_if_self(update.id)
+            return None
+        return node
 
     def _stale_or_superseded(self, me: _Node, epoch: int) -> bool:
         """For an update about ourselves: True if it is about another run of this id (an
