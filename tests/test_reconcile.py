@@ -90,3 +90,43 @@ def test_a_stray_learner_is_removed() -> None:
     conf = ConfState(("a", "b", "c"), ("x",))
     step = next_step(conf, ["a", "b", "c"], leader="a", caught_up=set(), alive={"a", "b", "c"})
     assert step == Step(StepKind.REMOVE, "x")
+
+
+def test_followers_join_as_learners_and_are_not_churned() -> None:
+    """The metadata group: target voters plus every other live node as a learner."""
+    conf = ConfState(("a", "b", "c"))
+    alive = {"a", "b", "c", "d", "e"}
+    steps = []
+    for _ in range(10):
+        step = next_step(
+            conf, ["a", "b", "c"], leader="a", caught_up=alive, alive=alive, followers=alive
+        )
+        if step is None:
+            break
+        steps.append(step)
+        conf = conf.apply(step.conf_change())
+    assert steps == [Step(StepKind.ADD_LEARNER, "d"), Step(StepKind.ADD_LEARNER, "e")]
+    assert conf == ConfState(("a", "b", "c"), ("d", "e"))
+    # a follower that dies is dropped; a voter that leaves the target becomes a follower
+    step = next_step(
+        conf,
+        ["a", "b", "c"],
+        leader="a",
+        caught_up=alive,
+        alive=alive - {"e"},
+        followers=alive - {"e"},
+    )
+    assert step == Step(StepKind.REMOVE, "e")
+    conf = ConfState(("a", "b", "c"), ("d",))
+    step = next_step(
+        conf, ["a", "b", "d"], leader="a", caught_up=alive, alive=alive, followers=alive
+    )
+    assert step == Step(StepKind.PROMOTE, "d")
+    conf = conf.apply(step.conf_change())
+    assert next_step(
+        conf, ["a", "b", "d"], leader="a", caught_up=alive, alive=alive, followers=alive
+    ) == Step(StepKind.REMOVE, "c")
+    conf = conf.apply(Step(StepKind.REMOVE, "c").conf_change())
+    assert next_step(
+        conf, ["a", "b", "d"], leader="a", caught_up=alive, alive=alive, followers=alive
+    ) == Step(StepKind.ADD_LEARNER, "c")

@@ -45,11 +45,14 @@ def next_step(
     leader: str,
     caught_up: Set[str],
     alive: Set[str],
+    followers: Set[str] = frozenset(),
 ) -> Step | None:
-    """The next change toward `target`, or None once the configuration matches it.
+    """The next change toward `target` voters, or None once the configuration matches it.
 
     `caught_up`: members whose log matches the leader's closely enough to be promoted or to
-    take over leadership; `alive`: members the failure detector believes alive.
+    take over leadership; `alive`: members the failure detector believes alive;
+    `followers`: nodes that should follow the group as learners when they are not target
+    voters (the metadata group: every live node).
     """
     voters, learners = set(conf.voters), set(conf.learners)
     wanted = set(target)
@@ -57,8 +60,8 @@ def next_step(
     for node in sorted(learners & wanted):
         if node in caught_up:
             return Step(StepKind.PROMOTE, node)
-    # 2. Learners the target no longer wants go (they vote for nothing; removing is safe).
-    for node in sorted(learners - wanted):
+    # 2. Learners neither voters-to-be nor followers go (they vote for nothing: safe).
+    for node in sorted(learners - wanted - set(followers)):
         return Step(StepKind.REMOVE, node)
     # 3. A dead voter outside the target goes at once: it can neither vote nor catch up.
     for node in sorted(voters - wanted):
@@ -78,4 +81,8 @@ def next_step(
         successors = [n for n in target if n in caught_up and n in alive and n != leader]
         if successors:
             return Step(StepKind.TRANSFER_LEADERSHIP, successors[0])
+        return None
+    # 6. Followers that are not members yet join as learners.
+    for node in sorted(set(followers) - voters - learners):
+        return Step(StepKind.ADD_LEARNER, node)
     return None

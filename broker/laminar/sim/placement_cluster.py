@@ -32,7 +32,7 @@ from ..metadata.state import decode_command, encode_command
 from ..partition.reconcile import StepKind, next_step
 from ..placement import Candidate, partition_key, place
 from ..raft.config import RaftConfig
-from ..raft.messages import ConfChange, ConfChangeKind, ConfState, Message, MessageType
+from ..raft.messages import ConfState, Message, MessageType
 from ..raft.raft import ProposalDropped, Raft, Role
 from .cluster import SimConfig, SimNode, Simulation
 
@@ -212,9 +212,17 @@ class PlacementSimulation(Simulation):
         last = raft.log.last_index()
         caught_up = {n for n, p in raft.progress.items() if p.match >= last - CATCH_UP_LAG_INDEXES}
         alive = {n for n in self.joined if self.nodes[n].multi is not None}
-        step = next_step(raft.conf, target, leader=node.id, caught_up=caught_up, alive=alive)
-        change: ConfChange | None = None
-        if step is not None and step.kind is StepKind.TRANSFER_LEADERSHIP:
+        step = next_step(
+            raft.conf,
+            target,
+            leader=node.id,
+            caught_up=caught_up,
+            alive=alive,
+            followers=alive if followers else frozenset(),
+        )
+        if step is None:
+            return
+        if step.kind is StepKind.TRANSFER_LEADERSHIP:
             try:
                 raft.transfer_leadership(step.node)
             except ProposalDropped:
@@ -223,17 +231,7 @@ class PlacementSimulation(Simulation):
             self.stats["transfers"] = self.stats.get("transfers", 0) + 1
             self._process(node)
             return
-        if step is not None:
-            change = step.conf_change()
-        elif followers:  # every other live node follows the metadata group as a learner
-            outsiders = [n for n in sorted(alive) if n not in raft.conf.members()]
-            stale = [n for n in raft.conf.learners if n not in alive]
-            if stale:
-                change = ConfChange(ConfChangeKind.REMOVE, stale[0])
-            elif outsiders:
-                change = ConfChange(ConfChangeKind.ADD_LEARNER, outsiders[0])
-        if change is not None:
-            self._propose_conf_change(node, raft, change)
+        self._propose_conf_change(node, raft, step.conf_change())
 
     def _send_admin(self, node: SimNode, raft: Raft, state: ClusterState) -> None:
         if not self.admin:
@@ -320,8 +318,10 @@ class PlacementSimulation(Simulation):
             self._fail(f"admin commands missing from metadata: {state.snapshot()!r}")
         candidates = self._candidates(state)
         metadata_target = set(metadata_voters(candidates))
-        if set(leader[1].conf.voters) != metadata_target:
-            self._fail(f"metadata voters {leader[1].conf.voters} != target {metadata_target}")
+        metadata_conf = leader[1].conf
+        followers = {c.id for c in candidates if c.alive} - metadata_target
+        if set(metadata_conf.voters) != metadata_target or set(metadata_conf.learners) != followers:
+            self._fail(f"metadata group {metadata_conf} != voters {metadata_target} + {followers}")
         for partition in range(self.partitions):
             group = group_of(partition)
             found = self._leader_of(group)
