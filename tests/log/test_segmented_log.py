@@ -458,3 +458,16 @@ def test_reset_starts_an_empty_log_at_any_index(directory_factory):
     assert [name for name in directory_factory().names() if name.endswith(".log")] == [
         store_name(5000)
     ]
+
+
+def test_remove_through_drops_only_segments_wholly_at_or_below_the_index(directory_factory):
+    log = SegmentedLog.open(directory_factory(), SMALL)
+    fill(log, 60)
+    bases = log.segment_base_indexes
+    before = read_records(log)
+    report = log.remove_through(bases[2] - 1)  # the end of the second segment
+    assert report.removed_base_indexes == bases[:2]
+    assert log.start_index == bases[2] and read_records(log) == before[bases[2] :]
+    assert log.remove_through(bases[2]).removed_base_indexes == ()  # inside segment 3
+    assert log.remove_through(10**9).removed_base_indexes == bases[2:-1]  # never the active
+    assert log.segment_base_indexes == bases[-1:]

@@ -414,13 +414,24 @@ class SegmentedLog:
         """Remove whole sealed segments whose records all lie at or below `index` (Raft log
         compaction after a snapshot point); the active segment stays."""
         self._check_writable()
+        return self._remove_front(lambda oldest, _: oldest.next_index - 1 <= index)
+
+    def _remove_front(self, should_remove: Callable[[Segment, int], bool]) -> RetentionReport:
+        """Remove sealed segments from the front while `should_remove(oldest, log_bytes)`;
+        never the active segment."""
         removed: list[int] = []
         removed_bytes = 0
-        while len(self._segments) > 1 and self._segments[0].next_index - 1 <= index:
+        total = self.size_bytes
+        while (
+            len(self._segments) > 1
+            and self._segments[0].sealed
+            and should_remove(self._segments[0], total)
+        ):
             oldest = self._segments.pop(0)
             del self._bases[0]
-            removed.append(oldest.base_index)
+            total -= oldest.size
             removed_bytes += oldest.size
+            removed.append(oldest.base_index)
             oldest.remove_files()
         if removed and self._sync_writes:
             _sync_directory(self.directory)
@@ -460,27 +471,15 @@ class SegmentedLog:
             and now_ms - active.store.created_ms >= config.segment_ms
         ):
             self._roll()
-        removed: list[int] = []
-        removed_bytes = 0
-        total = self.size_bytes
-        while len(self._segments) > 1 and self._segments[0].sealed:
-            oldest = self._segments[0]
+        def too_big_or_old(oldest: Segment, total: int) -> bool:
             too_big = config.retention_bytes is not None and total > config.retention_bytes
             too_old = (
                 config.retention_ms is not None
                 and oldest.store.sealed_ms + config.retention_ms <= now_ms
             )
-            if not (too_big or too_old):
-                break
-            total -= oldest.size
-            removed_bytes += oldest.size
-            removed.append(oldest.base_index)
-            oldest.remove_files()
-            del self._segments[0]
-            del self._bases[0]
-        if removed and self._sync_writes:
-            _sync_directory(self.directory)
-        return RetentionReport(tuple(removed), removed_bytes, self.start_index)
+            return too_big or too_old
+
+        return self._remove_front(too_big_or_old)
 
 
 class StreamAppend:
