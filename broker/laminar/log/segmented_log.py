@@ -471,6 +471,7 @@ class SegmentedLog:
             and now_ms - active.store.created_ms >= config.segment_ms
         ):
             self._roll()
+
         def too_big_or_old(oldest: Segment, total: int) -> bool:
             too_big = config.retention_bytes is not None and total > config.retention_bytes
             too_old = (

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ..log.batch import Record, encode_batch
+from ..log.batch import Record, decode_batch, encode_batch
 from .config import RaftConfig
 from .messages import (
     ConfChange,
@@ -35,7 +35,7 @@ from .messages import (
 )
 from .progress import Progress, ProgressState
 from .raft_log import RaftLog
-from .storage import RaftStorage
+from .storage import RaftStorage, stored_entries
 
 MT = MessageType
 CAMPAIGN_TRANSFER = b"transfer"
@@ -741,8 +741,6 @@ class Raft:
 
 
 def _conf_of(entry: Entry) -> ConfChange:
-    from ..log.batch import decode_batch
-
     (record,) = decode_batch(entry.data)
     assert record.value is not None
     return decode_conf_change(record.value)
@@ -750,16 +748,8 @@ def _conf_of(entry: Entry) -> ConfChange:
 
 def scan_pending_confs(storage: RaftStorage, after: int) -> dict[int, ConfChange]:
     """Configuration entries stored after index `after` (the last commit): needed to reopen."""
-    from ..log.batch import decode_batch, parse_header
-
-    found: dict[int, ConfChange] = {}
-    index = max(after + 1, storage.first_index())
-    while index <= storage.last_index():
-        entries = storage.entries(index, 1 << 20)
-        for entry in entries:
-            if parse_header(entry.data).is_control:
-                (record,) = decode_batch(entry.data)
-                if record.key == b"conf" and record.value is not None:
-                    found[entry.index] = decode_conf_change(record.value)
-        index = entries[-1].last_index + 1
-    return found
+    return {
+        entry.index: _conf_of(entry)
+        for entry in stored_entries(storage, after + 1, storage.last_index())
+        if entry.kind is EntryKind.CONF
+    }

@@ -7,6 +7,7 @@ state, snapshot) and then calls `advance()`. Index -1 stands before the first re
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator
 from typing import Protocol
 
 from .messages import ConfState, Entry, HardState, Snapshot
@@ -24,6 +25,23 @@ class RaftStorage(Protocol):
     def entries(self, lo: int, max_bytes: int) -> list[Entry]: ...
     def batch_start(self, index: int) -> int: ...
     def snapshot(self) -> Snapshot: ...
+
+
+READ_CHUNK_BYTES = 1 << 20
+
+
+def stored_entries(storage: RaftStorage, first: int, last: int) -> Iterator[Entry]:
+    """The stored entries holding indexes [first, last], clipped to the stored log, in order
+    (read in chunks of READ_CHUNK_BYTES)."""
+    index = max(first, storage.first_index())
+    last = min(last, storage.last_index())
+    while index <= last:
+        entries = storage.entries(storage.batch_start(index), READ_CHUNK_BYTES)
+        for entry in entries:
+            if entry.index > last:
+                return
+            yield entry
+        index = entries[-1].last_index + 1
 
 
 class MemoryRaftStorage:

@@ -36,6 +36,7 @@ from ..raft.messages import (
 )
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role, scan_pending_confs
+from ..raft.storage import stored_entries
 
 TICK_MS = 10
 LOG_CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
@@ -323,28 +324,19 @@ class Simulation:
 
     def _check_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
         """State-machine safety: every node commits the same entry at every index."""
-        storage = node.storages[group]
-        lo, hi = committed
-        lo = max(lo, storage.first_index())
-        index = lo
-        while index <= hi:
-            entries = storage.entries(storage.batch_start(index), 1 << 20)
-            for entry in entries:
-                if entry.index > hi:
-                    break
-                value = (entry.term, _hash(entry.data))
-                known = self.committed[group].setdefault(entry.index, value)
-                if known != value:
-                    self._fail(
-                        f"state-machine safety: {node.id} committed {group}@{entry.index} "
-                        f"term {entry.term}, others term {known[0]}"
-                    )
-                proposal = self.proposals[group].get(entry.index)
-                acked = self.acked[group]
-                if proposal is not None and proposal[:2] == value and entry.index not in acked:
-                    acked[entry.index] = value
-                    self.stats["acked"] += 1
-            index = entries[-1].last_index + 1
+        for entry in stored_entries(node.storages[group], *committed):
+            value = (entry.term, _hash(entry.data))
+            known = self.committed[group].setdefault(entry.index, value)
+            if known != value:
+                self._fail(
+                    f"state-machine safety: {node.id} committed {group}@{entry.index} "
+                    f"term {entry.term}, others term {known[0]}"
+                )
+            proposal = self.proposals[group].get(entry.index)
+            acked = self.acked[group]
+            if proposal is not None and proposal[:2] == value and entry.index not in acked:
+                acked[entry.index] = value
+                self.stats["acked"] += 1
 
     def _check_leaders(self, node: SimNode) -> None:
         """Election safety (one leader per term) and leader completeness, for a node that

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..log.batch import Record, decode_batch, encode_batch, parse_header
+from ..log.batch import Record, decode_batch, encode_batch
 from ..metadata import (
     METADATA_GROUP,
     ClusterState,
@@ -32,8 +32,9 @@ from ..metadata.state import decode_command, encode_command
 from ..partition.reconcile import StepKind, next_step
 from ..placement import Candidate, partition_key, place
 from ..raft.config import RaftConfig
-from ..raft.messages import ConfState, Message, MessageType
+from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.raft import ProposalDropped, Raft, Role
+from ..raft.storage import stored_entries
 from .cluster import SimConfig, SimNode, Simulation
 
 METADATA = METADATA_GROUP
@@ -145,19 +146,12 @@ class PlacementSimulation(Simulation):
             self._log(f"{node.id} compacts {METADATA} through {commit}")
 
     def _apply_metadata(self, node: SimNode, committed: tuple[int, int]) -> None:
-        storage = node.storages[METADATA]
         state = self.states[node.id]
-        index = max(committed[0], storage.first_index())
-        while index <= committed[1]:
-            entries = storage.entries(storage.batch_start(index), 1 << 20)
-            for entry in entries:
-                if entry.index > committed[1]:
-                    break
-                if entry.index > state.applied_index and not parse_header(entry.data).is_control:
-                    (record,) = decode_batch(entry.data)
-                    assert record.value is not None
-                    state.apply(entry.index, decode_command(record.value))
-            index = entries[-1].last_index + 1
+        for entry in stored_entries(node.storages[METADATA], *committed):
+            if entry.index > state.applied_index and entry.kind is EntryKind.NORMAL:
+                (record,) = decode_batch(entry.data)
+                assert record.value is not None
+                state.apply(entry.index, decode_command(record.value))
         self._host_assigned(node)
 
     def _host_assigned(self, node: SimNode) -> None:
