@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from . import __version__
 from .log import (
@@ -115,21 +116,89 @@ def _inspect(data_dir: str) -> dict[str, object]:
         log.close()
 
 
+def _local_cluster(args: argparse.Namespace) -> int:
+    from .local_cluster import LocalCluster
+
+    data_dir = Path(args.data_dir)
+    if args.action == "up":
+        if (data_dir / "cluster.json").exists():
+            running = [n.id for n in LocalCluster.load(data_dir).nodes.values() if n.alive()]
+            if running:
+                print(
+                    f"laminar: {', '.join(running)} already running in {data_dir}", file=sys.stderr
+                )
+                return 1
+        cluster = LocalCluster(data_dir, args.nodes, fsync=args.fsync)
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.stop()
+            raise
+        for node in cluster.nodes.values():
+            print(f"{node.id}  {node.api_url}  pid {node.pid}")
+        print(f"export LAMINAR_BROKERS={','.join(cluster.urls)}")
+        if args.detach:
+            return 0
+        print("running; Ctrl-C stops the cluster", flush=True)
+        try:
+            while all(n.alive() for n in cluster.nodes.values()):
+                time.sleep(0.5)
+            print("laminar: a broker exited; stopping the cluster", file=sys.stderr)
+        except KeyboardInterrupt:
+            pass
+        cluster.stop()
+        return 0
+    cluster = LocalCluster.load(data_dir)
+    if args.action == "down":
+        cluster.stop()
+        print(f"stopped {len(cluster.nodes)} brokers")
+        return 0
+    from .local_cluster import probe
+
+    for node in cluster.nodes.values():
+        ready = probe(node.api_url + "/readyz") if node.alive() else None
+        state = "down" if not node.alive() else ("ready" if ready == 200 else "not ready")
+        print(f"{node.id}  {node.api_url}  pid {node.pid}  {state}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="laminar", description="Laminar message queue")
     parser.add_argument("--version", action="version", version=f"laminar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="single-node log demo: durable appends, a streamed batch, reopen, read back"
+        "log-demo", help="single-node log demo: durable appends, a streamed batch, reopen, read"
     )
     demo.add_argument("--data-dir", help="log directory (default: a temporary one, removed)")
     demo.add_argument("--records", type=int, default=20_000, help="records to append")
     inspect = commands.add_parser("inspect", help="open a log directory and describe it (JSON)")
     inspect.add_argument("data_dir")
+    serve = commands.add_parser("serve", help="run one broker")
+    from .server.config import add_arguments
+
+    add_arguments(serve)
+    local = commands.add_parser("local-cluster", help="brokers on loopback, no Kubernetes")
+    local.add_argument("action", choices=["up", "down", "status"])
+    local.add_argument("--nodes", type=int, default=3)
+    local.add_argument("--data-dir", default="laminar-data")
+    local.add_argument("--detach", action="store_true", help="leave the brokers running")
+    local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     args = parser.parse_args(argv)
 
     try:
-        if args.command == "demo":
+        if args.command == "serve":
+            from .server.app import run
+            from .server.config import ConfigError, from_arguments
+
+            try:
+                config = from_arguments(args)
+            except ConfigError as e:
+                parser.error(str(e))
+            run(config)
+            return 0
+        if args.command == "local-cluster":
+            return _local_cluster(args)
+        if args.command == "log-demo":
             if args.records < 1:
                 parser.error("--records must be at least 1")
             data_dir = args.data_dir or tempfile.mkdtemp(prefix="laminar-demo-")

@@ -39,6 +39,7 @@ class LogStorage:
         """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group."""
         self.directory = directory
         self.log = log
+        self._commit_unsaved = False
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
@@ -105,6 +106,7 @@ class LogStorage:
             },
         }
         self._replace(STATE_FILE, json.dumps(document, sort_keys=True).encode(), sync=sync)
+        self._commit_unsaved = False
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -168,8 +170,21 @@ class LogStorage:
         self.log.sync()
 
     def set_hard_state(self, hard_state: HardState) -> None:
+        """Persist term, vote and configuration durably before returning. A change of the
+        commit index alone is only remembered (written by the next durable save or `flush`):
+        Raft never needs it back after a crash, and saving it would cost two fsyncs per Ready.
+        """
+        old = self.hard_state
         self.hard_state = hard_state
-        self._save()
+        if (hard_state.term, hard_state.vote, hard_state.conf) != (old.term, old.vote, old.conf):
+            self._save()
+        elif hard_state.commit != old.commit:
+            self._commit_unsaved = True
+
+    def flush(self) -> None:
+        """Write a remembered commit index (on a clean close)."""
+        if self._commit_unsaved:
+            self._save()
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         """Install a snapshot (its data too): the log restarts empty right after it."""

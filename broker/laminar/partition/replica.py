@@ -1,0 +1,305 @@
+"""One partition replica on a broker: its Raft group over its segmented log, the appends
+waiting for their commit, long-polling readers, and the idempotent-producer table.
+
+The broker's driver persists what the Raft core asks and calls `on_committed` and
+`on_leadership`; HTTP handlers call `propose` and `read`. Appends are bounded: at most
+`max_pending_bytes` of this replica's proposals may wait for their commit (more is refused
+with `Overloaded`, never queued without bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..log.batch import BatchHeader, parse_header, split_batches
+from ..log.config import LogConfig
+from ..log.segment import ReadResult
+from ..log.segmented_log import SegmentedLog
+from ..log.storage import FileDirectory
+from ..raft.config import RaftConfig
+from ..raft.log_storage import LogStorage
+from ..raft.messages import ConfState
+from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
+
+#: Batches remembered per producer id for deduplication (as Kafka does).
+PRODUCER_WINDOW = 5
+#: Producer state is rebuilt from at most this many of the newest segments on a leader change.
+PRODUCER_SCAN_SEGMENTS = 2
+SCAN_CHUNK_BYTES = 8 << 20
+
+
+class NotLeader(Exception):
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader})")
+        self.leader = leader
+
+
+class Overloaded(Exception):
+    """Too many bytes await their commit on this replica."""
+
+
+class SequenceConflict(Exception):
+    """A producer sequence that is neither the next one nor a recent duplicate."""
+
+
+class CommitLost(Exception):
+    """The append was not committed: the leader changed before it was."""
+
+
+@dataclass(slots=True)
+class ProducerBatch:
+    sequence: int
+    count: int
+    base_index: int
+
+
+class ProducerTable:
+    """The last PRODUCER_WINDOW batches of each idempotent producer in this leader's log."""
+
+    def __init__(self) -> None:
+        self._batches: dict[int, deque[ProducerBatch]] = {}
+
+    def clear(self) -> None:
+        self._batches.clear()
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def check(self, producer_id: int, sequence: int) -> int | None:
+        """The base index of a duplicate, None for a new batch; raises SequenceConflict."""
+        batches = self._batches.get(producer_id)
+        if not batches:
+            return None
+        for batch in batches:
+            if batch.sequence == sequence:
+                return batch.base_index
+        last = batches[-1]
+        if sequence >= last.sequence + last.count:
+            return None
+        raise SequenceConflict(
+            f"producer {producer_id}: sequence {sequence} is out of order "
+            f"(next expected {last.sequence + last.count})"
+        )
+
+    def record(self, producer_id: int, sequence: int, count: int, base_index: int) -> None:
+        batches = self._batches.setdefault(producer_id, deque(maxlen=PRODUCER_WINDOW))
+        batches.append(ProducerBatch(sequence, count, base_index))
+
+    def record_header(self, header: BatchHeader, base_index: int) -> None:
+        if header.producer_id and not header.is_control:
+            self.record(header.producer_id, header.producer_seq, header.record_count, base_index)
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    term: int
+    last_index: int
+    size_bytes: int
+    future: asyncio.Future[int]
+
+
+class Replica:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        node_id: str,
+        path: Path,
+        log_config: LogConfig,
+        raft_config: RaftConfig,
+        bootstrap: ConfState,
+        *,
+        group: str | None = None,
+        max_pending_bytes: int = 64 << 20,
+    ) -> None:
+        """`group`: the Raft group name (default "topic/partition")."""
+        self.topic = topic
+        self.partition = partition
+        self.group = group or f"{topic}/{partition}"
+        self.path = path
+        self.max_pending_bytes = max_pending_bytes
+        path.mkdir(parents=True, exist_ok=True)
+        directory = FileDirectory(path)
+        self.log = SegmentedLog.open(directory, log_config)
+        self.storage = LogStorage(directory, self.log, conf=bootstrap)
+        hard_state, _ = self.storage.initial_state()
+        self.raft = Raft(
+            self.group,
+            node_id,
+            self.storage,
+            raft_config,
+            random.Random(),
+            pending_confs=scan_pending_confs(self.storage, hard_state.commit),
+        )
+        self.producers = ProducerTable()
+        self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
+        self.pending_bytes = 0
+        self._readers: list[asyncio.Future[None]] = []
+        self._led_term = -1  # the term this replica last led in (its producer table's)
+        self.closed = False
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.raft.role is Role.LEADER
+
+    @property
+    def commit_index(self) -> int:
+        return self.raft.log.committed
+
+    @property
+    def log_start(self) -> int:
+        return self.log.start_index
+
+    @property
+    def log_end(self) -> int:
+        return self.log.next_index
+
+    # ---- appends ---------------------------------------------------------------------------
+
+    def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
+        """Propose a verified batch: a future resolving to its base index once committed, and
+        whether it is a duplicate (then the future gives the original's base index)."""
+        raft = self.raft
+        if raft.role is not Role.LEADER:
+            raise NotLeader(raft.lead)
+        loop = asyncio.get_running_loop()
+        if header.producer_id:
+            duplicate = self.producers.check(header.producer_id, header.producer_seq)
+            if duplicate is not None:
+                return self._wait_committed(duplicate, loop), True
+        if self.pending_bytes + len(batch) > self.max_pending_bytes:
+            raise Overloaded(f"{self.group}: {self.pending_bytes} bytes already await their commit")
+        try:
+            base = raft.propose(batch, header.record_count)
+        except ProposalDropped as e:
+            raise NotLeader(raft.lead) from e
+        self.producers.record_header(header, base)
+        future: asyncio.Future[int] = loop.create_future()
+        self.pending[base] = PendingAppend(
+            raft.term, base + header.record_count - 1, len(batch), future
+        )
+        self.pending_bytes += len(batch)
+        return future, False
+
+    def _wait_committed(self, base: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int]:
+        """A future for an existing entry at `base`: resolved now if committed."""
+        pending = self.pending.get(base)
+        if pending is not None:
+            return pending.future
+        future: asyncio.Future[int] = loop.create_future()
+        if base <= self.commit_index:
+            future.set_result(base)
+        else:
+            # In the log from an earlier term: committed once this leader commits its no-op.
+            end = self.raft.log.last_index()
+            self.pending[base] = PendingAppend(self.raft.term, min(base, end), 0, future)
+        return future
+
+    def on_committed(self, first: int, last: int) -> None:
+        """Entries [first, last] are committed (and persisted here)."""
+        if self.pending:
+            done = [base for base, p in self.pending.items() if p.last_index <= last]
+            for base in sorted(done):
+                pending = self.pending.pop(base)
+                self.pending_bytes -= pending.size_bytes
+                if pending.future.done():
+                    continue
+                if self.log.term_at(base) == pending.term or pending.size_bytes == 0:
+                    pending.future.set_result(base)
+                else:
+                    pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
+        self._wake_readers()
+
+    def on_leadership(self) -> None:
+        """Called after each persisted Ready: fail waiting appends of a lost leadership,
+        rebuild the producer table for a new one."""
+        raft = self.raft
+        if raft.role is Role.LEADER:
+            if self._led_term != raft.term:
+                self._led_term = raft.term
+                self._fail_pending("leadership changed")
+                self._rebuild_producers()
+        elif self._led_term != -1:
+            self._led_term = -1
+            self.producers.clear()
+            self._fail_pending(f"no longer the leader (leader: {raft.lead})")
+
+    def _fail_pending(self, why: str) -> None:
+        for pending in self.pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(CommitLost(f"{self.group}: {why}"))
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    def _rebuild_producers(self) -> None:
+        """Producer batches from the newest segments and the unstable tail of our log."""
+        self.producers.clear()
+        bases = self.log.segment_base_indexes
+        index = bases[max(0, len(bases) - PRODUCER_SCAN_SEGMENTS)]
+        index = max(index, self.log.start_index)
+        while index < self.log.next_index:
+            result = self.log.read_range(index, SCAN_CHUNK_BYTES)
+            for batch in split_batches(result.data):
+                header = parse_header(batch)
+                self.producers.record_header(header, header.base_index)
+            if result.next_index <= index:
+                break
+            index = result.next_index
+        for entry in self.raft.log.unstable:
+            self.producers.record_header(parse_header(entry.data), entry.index)
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def read(self, from_index: int, max_bytes: int) -> ReadResult:
+        """Whole committed batches from the one holding `from_index` (empty at the end)."""
+        end = self.commit_index + 1
+        if from_index >= end:
+            return ReadResult(b"", from_index, from_index, 0)
+        return self.log.read_range(from_index, max_bytes, end)
+
+    async def wait_for(self, index: int, timeout_s: float) -> None:
+        """Return once `index` is committed here, or after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while index > self.commit_index and not self.closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._readers.append(future)
+            try:
+                await asyncio.wait_for(future, remaining)
+            except TimeoutError:
+                return
+            finally:
+                if future in self._readers:
+                    self._readers.remove(future)
+
+    def _wake_readers(self) -> None:
+        readers, self._readers = self._readers, []
+        for future in readers:
+            if not future.done():
+                future.set_result(None)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._fail_pending("the replica is closing")
+        self._wake_readers()
+        self.storage.flush()
+        self.log.close()
+
+    def destroy(self) -> None:
+        """Close and delete the replica's data (it was moved elsewhere or the topic deleted)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)

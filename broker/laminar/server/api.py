@@ -1,0 +1,683 @@
+"""The public HTTP API v1 (DESIGN §5, `openapi.yaml`): aiohttp handlers over a `Broker`.
+
+Handler → request router (which replica, or which broker to redirect to) → partition replica.
+Every input is validated before anything changes; errors are JSON
+`{"error": {"code", "message"}}`. Appends answer once committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+from ..log.batch import (
+    Record,
+    decode_batches,
+    encode_batch,
+    parse_header,
+    split_batches,
+    verify_batch,
+)
+from ..log.errors import BatchError, BatchTooLargeError, IndexOutOfRangeError
+from ..metadata import (
+    AlterTopic,
+    CreateTopic,
+    DeleteTopic,
+    MetadataError,
+    SetDraining,
+    SetWeight,
+)
+from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
+from ..partition.replica import CommitLost, NotLeader, Overloaded, Replica, SequenceConflict
+from .metrics import BrokerMetrics
+from .node import Broker
+
+BATCH_TYPE = "application/vnd.laminar.batch"
+MAX_INDEX = 2**63 - 1
+MAX_RECORDS = 100_000
+MAX_READ_BYTES = 16 << 20
+MAX_WAIT_MS = 60_000
+VIEW_TTL_S = 1.0
+BROKER_KEY = web.AppKey("broker", Broker)
+STATUS_CODES = {
+    "invalid": (400, "bad_request"),
+    "exists": (409, "conflict"),
+    "not_found": (404, "not_found"),
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        body = {"error": {"code": self.code, "message": self.message, **self.extra}}
+        return web.json_response(body, status=self.status, headers=self.headers)
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
+
+
+class Api:
+    def __init__(self, broker: Broker, metrics: BrokerMetrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self.token = broker.config.token
+        self.timeout_s = broker.config.request_timeout_ms / 1000
+        self._session: ClientSession | None = None
+        self._view: tuple[float, dict[str, list[dict[str, Any]]]] | None = None
+
+    # ---- application -----------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.broker.config.max_request_bytes,
+            middlewares=[self._middleware],
+        )
+        app[BROKER_KEY] = self.broker
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics_text)
+        r.add_get("/v1/cluster", self.cluster)
+        r.add_get("/v1/nodes/{node}/partitions", self.node_partitions)
+        r.add_post("/v1/nodes/{node}/drain", self.drain)
+        r.add_delete("/v1/nodes/{node}/drain", self.undrain)
+        r.add_put("/v1/nodes/{node}/weight", self.weight)
+        r.add_get("/v1/topics", self.list_topics)
+        r.add_post("/v1/topics", self.create_topic)
+        r.add_get("/v1/topics/{topic}", self.describe_topic)
+        r.add_patch("/v1/topics/{topic}", self.alter_topic)
+        r.add_delete("/v1/topics/{topic}", self.delete_topic)
+        r.add_post("/v1/topics/{topic}/partitions/{partition}/records", self.append)
+        r.add_get("/v1/topics/{topic}/partitions/{partition}/records", self.read)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _cleanup(self, _: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if request.path.startswith("/v1/") and self.token is not None:
+                self._authorize(request)
+            response = await handler(request)
+        except ApiError as e:
+            response = e.response()
+        except web.HTTPRequestEntityTooLarge as e:
+            response = ApiError(
+                413, "payload_too_large", e.text or "request body too large"
+            ).response()
+        except web.HTTPNotFound:
+            response = ApiError(404, "not_found", f"no route {request.path}").response()
+        except web.HTTPMethodNotAllowed as e:
+            response = ApiError(
+                405, "method_not_allowed", f"{request.method} not allowed on {request.path}"
+            ).response()
+            response.headers["Allow"] = ",".join(sorted(e.allowed_methods))
+        if response.status >= 300 and response.status != 307:
+            self.metrics.request_errors.labels(str(response.status)).inc()
+        return response
+
+    def _authorize(self, request: web.Request) -> None:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        expected = self.token or ""
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), expected):
+            raise ApiError(
+                401,
+                "unauthorized",
+                "missing or wrong bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="laminar"'},
+            )
+
+    # ---- health ----------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        ready, reason = self.broker.is_ready()
+        if ready:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
+
+    async def metrics_text(self, _: web.Request) -> web.Response:
+        body, content_type = self.metrics.render()
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    async def _json(self, request: web.Request) -> Any:
+        if request.content_type != "application/json":
+            raise ApiError(415, "unsupported_media_type", "send application/json")
+        data = await request.read()
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
+
+    def _redirect(self, request: web.Request, node: str | None, what: str) -> ApiError:
+        address = self.broker.api_address_of(node)
+        if node is None or address is None or node == self.broker.id:
+            return unavailable(f"no leader known for {what}; retry shortly")
+        url = f"http://{address}{request.path_qs}"
+        return ApiError(
+            307,
+            "not_leader",
+            f"{self.broker.id} is not the leader of {what}; the leader is {node}",
+            headers={"Location": url},
+            leader=node,
+            leader_url=f"http://{address}",
+        )
+
+    def _topic_name(self, request: web.Request) -> str:
+        name = request.match_info["topic"]
+        if not TOPIC_NAME.fullmatch(name):
+            raise ApiError(
+                400, "bad_request", f"topic name {name[:50]!r} must match {TOPIC_NAME.pattern}"
+            )
+        return name
+
+    def _partition(self, request: web.Request) -> tuple[str, int]:
+        name = self._topic_name(request)
+        topic = self.broker.state.topics.get(name)
+        if topic is None:
+            raise ApiError(404, "not_found", f"no topic {name}")
+        text = request.match_info["partition"]
+        if not text.isdigit() or len(text) > 6:
+            raise ApiError(400, "bad_request", f"partition {text[:20]!r} is not a number")
+        partition = int(text)
+        if partition >= topic.partitions:
+            raise ApiError(
+                404, "not_found", f"topic {name} has partitions 0..{topic.partitions - 1}"
+            )
+        return name, partition
+
+    def _meta_error(self, e: MetadataError) -> ApiError:
+        status, code = STATUS_CODES.get(e.code, (400, "bad_request"))
+        return ApiError(status, code, str(e))
+
+    async def _metadata(self, request: web.Request, command: Any) -> None:
+        try:
+            await self.broker.propose_metadata(command, self.timeout_s)
+        except NotLeader as e:
+            raise self._redirect(request, e.leader, "the cluster metadata") from e
+        except MetadataError as e:
+            raise self._meta_error(e) from e
+        except TimeoutError as e:
+            raise ApiError(504, "timeout", "the metadata change did not commit in time") from e
+
+    # ---- cluster ---------------------------------------------------------------------------
+
+    async def cluster(self, _: web.Request) -> web.Response:
+        broker = self.broker
+        members = []
+        for node, (status, api, peer) in sorted(broker.members().items()):
+            members.append(
+                {
+                    "id": node,
+                    "api_url": f"http://{api}",
+                    "peer_addr": peer,
+                    "state": status.name.lower(),
+                    "weight": broker.state.weight(node),
+                    "draining": node in broker.state.draining,
+                }
+            )
+        return web.json_response(
+            {
+                "cluster_id": broker.config.cluster_id,
+                "node_id": broker.id,
+                "metadata_leader": broker.metadata_leader,
+                "members": members,
+            }
+        )
+
+    async def node_partitions(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        if node == self.broker.id:
+            return web.json_response({"node_id": node, "partitions": self.broker.hosted()})
+        address = self.broker.api_address_of(node)
+        if address is None:
+            raise ApiError(404, "not_found", f"no member {node[:60]!r}")
+        hosted = await self._fetch_hosted(node, address)
+        if hosted is None:
+            raise unavailable(f"{node} did not answer")
+        return web.json_response({"node_id": node, "partitions": hosted})
+
+    async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
+        if self._session is None:
+            self._session = ClientSession(timeout=ClientTimeout(total=2))
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            async with self._session.get(
+                f"http://{address}/v1/nodes/{node}/partitions", headers=headers
+            ) as response:
+                if response.status != 200:
+                    return None
+                body = await response.json()
+        except (OSError, TimeoutError, ValueError):
+            return None
+        partitions = body.get("partitions")
+        return partitions if isinstance(partitions, list) else None
+
+    async def cluster_view(self) -> dict[str, list[dict[str, Any]]]:
+        """Every alive member's hosted replicas (cached for VIEW_TTL_S)."""
+        now = time.monotonic()
+        if self._view is not None and now - self._view[0] < VIEW_TTL_S:
+            return self._view[1]
+        broker = self.broker
+        alive = broker.swim_alive()
+        others = [
+            (node, api)
+            for node, (_, api, _) in broker.members().items()
+            if node in alive and node != broker.id
+        ]
+        results = await asyncio.gather(*(self._fetch_hosted(n, a) for n, a in others))
+        view = {broker.id: broker.hosted()}
+        for (node, _), hosted in zip(others, results, strict=True):
+            if hosted is not None:
+                view[node] = hosted
+        self._view = (now, view)
+        return view
+
+    def _node(self, request: web.Request) -> str:
+        node = request.match_info["node"]
+        known = set(self.broker.members()) | set(self.broker.state.weights)
+        if not NODE_ID.fullmatch(node) or node not in known:
+            raise ApiError(404, "not_found", f"no member {node[:60]!r}")
+        return node
+
+    def _node_body(self, node: str) -> dict[str, Any]:
+        state = self.broker.state
+        return {"node": node, "draining": node in state.draining, "weight": state.weight(node)}
+
+    async def drain(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        await self._metadata(request, SetDraining(node, True))
+        return web.json_response(self._node_body(node))
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        await self._metadata(request, SetDraining(node, False))
+        return web.json_response(self._node_body(node))
+
+    async def weight(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        body = await self._json(request)
+        weight = body.get("weight") if isinstance(body, dict) else None
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
+            raise ApiError(400, "bad_request", f"weight must be an integer in [0, {MAX_WEIGHT}]")
+        await self._metadata(request, SetWeight(node, weight))
+        return web.json_response(self._node_body(node))
+
+    # ---- topics ----------------------------------------------------------------------------
+
+    def _topic_body(self, name: str) -> dict[str, Any]:
+        topic = self.broker.state.topics[name]
+        return {
+            "name": topic.name,
+            "partitions": topic.partitions,
+            "replication_factor": topic.replication_factor,
+            "config": dict(topic.config),
+        }
+
+    async def list_topics(self, _: web.Request) -> web.Response:
+        names = sorted(self.broker.state.topics)
+        return web.json_response({"topics": [self._topic_body(n) for n in names]})
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "bad_request", "the body must be a JSON object")
+        unknown = sorted(set(body) - {"name", "partitions", "replication_factor", "config"})
+        if unknown:
+            raise ApiError(400, "bad_request", f"unknown fields {unknown}")
+        eligible = sum(1 for c in self.broker.candidates() if c.eligible)
+        command = CreateTopic(
+            body.get("name"),  # type: ignore[arg-type]
+            body.get("partitions", 1),
+            body.get("replication_factor", max(1, min(3, eligible))),
+            body.get("config", {}),
+        )
+        await self._metadata(request, command)
+        return web.json_response(await self._describe(command.name), status=201)
+
+    async def describe_topic(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        if name not in self.broker.state.topics:
+            raise ApiError(404, "not_found", f"no topic {name}")
+        return web.json_response(await self._describe(name))
+
+    async def _describe(self, name: str) -> dict[str, Any]:
+        topic = self.broker.state.topics.get(name)
+        if topic is None:
+            raise ApiError(404, "not_found", f"no topic {name}")
+        view = await self.cluster_view()
+        reports: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for node, hosted in view.items():
+            for item in hosted:
+                if item.get("topic") == name:
+                    reports.setdefault(int(item["partition"]), []).append((node, item))
+        states = []
+        for partition in range(topic.partitions):
+            found = reports.get(partition, [])
+            leaders = [item for node, item in found if item.get("role") == "leader"]
+            best = max(leaders, key=lambda item: int(item["term"]), default=None)
+            leader = best["leader"] if best is not None else None
+            source = best or (found[0][1] if found else None)
+            address = self.broker.api_address_of(leader)
+            states.append(
+                {
+                    "partition": partition,
+                    "leader": leader,
+                    "leader_url": f"http://{address}" if address else None,
+                    "replicas": (source["voters"] if source else list(topic.assignment[partition])),
+                    "learners": source["learners"] if source else [],
+                    "in_sync": best["in_sync"] if best else [],
+                    "log_start": source["log_start"] if source else 0,
+                    "commit_index": source["commit_index"] if source else -1,
+                    "log_end": source["log_end"] if source else 0,
+                }
+            )
+        return {**self._topic_body(name), "partition_states": states}
+
+    async def alter_topic(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        if name not in self.broker.state.topics:
+            raise ApiError(404, "not_found", f"no topic {name}")
+        body = await self._json(request)
+        if not isinstance(body, dict) or not body or set(body) - {"partitions", "config"}:
+            raise ApiError(400, "bad_request", 'send an object with "partitions" and/or "config"')
+        command = AlterTopic(name, body.get("partitions"), body.get("config"))
+        await self._metadata(request, command)
+        return web.json_response(await self._describe(name))
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        if name not in self.broker.state.topics:
+            raise ApiError(404, "not_found", f"no topic {name}")
+        await self._metadata(request, DeleteTopic(name))
+        return web.Response(status=204)
+
+    # ---- records ---------------------------------------------------------------------------
+
+    async def _leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
+        """Where to send a request for a partition this broker does not host."""
+        view = await self.cluster_view()
+        best: dict[str, Any] | None = None
+        for hosted in view.values():
+            for item in hosted:
+                if f"{item['topic']}/{item['partition']}" == group and item["role"] == "leader":
+                    if best is None or item["term"] > best["term"]:
+                        best = item
+        return self._redirect(request, best["leader"] if best else None, group)
+
+    async def append(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        topic, partition = self._partition(request)
+        replica = self.broker.replica(topic, partition)
+        if replica is None:
+            raise await self._leader_elsewhere(request, f"{topic}/{partition}")
+        if not replica.is_leader:
+            raise self._redirect(request, replica.raft.lead, replica.group)
+        body = await request.read()
+        limit = replica.log.config.batch_limit_bytes
+        if request.content_type == BATCH_TYPE:
+            try:
+                header, _ = verify_batch(body, limit)
+            except BatchTooLargeError as e:
+                raise ApiError(413, "payload_too_large", str(e)) from e
+            except BatchError as e:
+                raise ApiError(400, "corrupt_batch", str(e)) from e
+            if header.is_control:
+                raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
+            batch = body
+        elif request.content_type == "application/json":
+            batch = self._json_batch(body)
+            if len(batch) > limit:
+                raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
+            header = parse_header(batch)
+        else:
+            raise ApiError(415, "unsupported_media_type", f"send application/json or {BATCH_TYPE}")
+        try:
+            future, duplicate = replica.propose(batch, header)
+        except NotLeader as e:
+            raise self._redirect(request, e.leader, replica.group) from e
+        except Overloaded as e:
+            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
+        except SequenceConflict as e:
+            raise ApiError(409, "conflict", str(e)) from e
+        self.broker.wake()
+        try:
+            base = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError as e:
+            raise ApiError(504, "timeout", "not committed in time; retry idempotently") from e
+        except CommitLost as e:
+            raise unavailable(f"{e}; retry (idempotent producers are deduplicated)") from e
+        self.metrics.append_latency.observe(time.perf_counter() - started)
+        self.metrics.appended_records.inc(header.record_count)
+        return web.json_response(
+            {"base_index": base, "count": header.record_count, "duplicate": duplicate}
+        )
+
+    def _json_batch(self, body: bytes) -> bytes:
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
+        if not isinstance(document, dict) or not isinstance(document.get("records"), list):
+            raise ApiError(400, "bad_request", 'the body must be {"records": [...]}')
+        items = document["records"]
+        if not items:
+            raise ApiError(400, "bad_request", "records must not be empty")
+        producer_id = _optional_int(document, "producer_id", 1)
+        sequence = _optional_int(document, "sequence", 0)
+        if (producer_id is None) != (sequence is None):
+            raise ApiError(400, "bad_request", "give producer_id and sequence together")
+        records = [_json_record(n, item) for n, item in enumerate(items)]
+        return encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        topic, partition = self._partition(request)
+        query = request.query
+        replica = self.broker.replica(topic, partition)
+        if replica is None:
+            raise await self._leader_elsewhere(request, f"{topic}/{partition}")
+        from_index = _query_int(query, "from", replica.log_start, 0, MAX_INDEX)
+        max_records = _query_int(query, "max_records", 1000, 1, MAX_RECORDS)
+        max_bytes = _query_int(query, "max_bytes", 1 << 20, 1, MAX_READ_BYTES)
+        wait_ms = _query_int(query, "wait_ms", 0, 0, MAX_WAIT_MS)
+        if from_index < replica.log_start:
+            raise ApiError(
+                416,
+                "out_of_range",
+                f"index {from_index} is below the log start {replica.log_start}",
+                log_start=replica.log_start,
+            )
+        if wait_ms and from_index > replica.commit_index:
+            await replica.wait_for(from_index, wait_ms / 1000)
+        try:
+            result = replica.read(from_index, max_bytes)
+        except IndexOutOfRangeError as e:
+            raise ApiError(416, "out_of_range", str(e), log_start=replica.log_start) from e
+        self.metrics.read_latency.observe(time.perf_counter() - started)
+        if BATCH_TYPE in request.headers.get("Accept", ""):
+            return self._binary_read(replica, result.data, from_index, max_records)
+        return self._json_read(replica, result.data, from_index, max_records)
+
+    def _position_headers(self, replica: Replica, next_index: int) -> dict[str, str]:
+        return {
+            "Laminar-Next-Index": str(next_index),
+            "Laminar-Commit-Index": str(replica.commit_index),
+            "Laminar-Log-Start": str(replica.log_start),
+        }
+
+    def _binary_read(
+        self, replica: Replica, data: bytes, from_index: int, max_records: int
+    ) -> web.Response:
+        end = 0
+        count = 0
+        next_index = from_index
+        for batch in split_batches(data):
+            header = parse_header(batch)
+            end += len(batch)
+            next_index = header.next_index
+            count += header.next_index - max(from_index, header.base_index)
+            if count >= max_records:
+                break
+        body = data[:end] if end < len(data) else data
+        return web.Response(
+            body=body,
+            content_type=BATCH_TYPE,
+            headers=self._position_headers(replica, max(next_index, from_index)),
+        )
+
+    def _json_read(
+        self, replica: Replica, data: bytes, from_index: int, max_records: int
+    ) -> web.Response:
+        records: list[dict[str, Any]] = []
+        next_index = from_index
+        for batch in split_batches(data):
+            header = parse_header(batch)
+            if header.is_control:
+                next_index = header.next_index
+                continue
+            full = True
+            for record in decode_batches(batch):
+                if record.index < from_index:
+                    continue
+                if len(records) >= max_records:
+                    full = False
+                    break
+                records.append(_record_json(record))
+                next_index = record.index + 1
+            if not full:
+                break
+            next_index = max(next_index, header.next_index)
+        body = {
+            "records": records,
+            "next_index": next_index,
+            "commit_index": replica.commit_index,
+            "log_start": replica.log_start,
+        }
+        return web.json_response(body, headers=self._position_headers(replica, next_index))
+
+
+# ---- JSON records --------------------------------------------------------------------------
+
+
+def _query_int(query: Any, name: str, default: int, low: int, high: int) -> int:
+    text = query.get(name)
+    if text is None or text == "":
+        return default
+    if not text.lstrip("-").isdigit() or len(text) > 25:
+        raise ApiError(400, "bad_request", f"{name}={text[:30]!r} is not an integer")
+    value = int(text)
+    if not low <= value <= high:
+        raise ApiError(400, "bad_request", f"{name}={value} must be in [{low}, {high}]")
+    return value
+
+
+def _optional_int(document: dict[str, Any], name: str, low: int) -> int | None:
+    value = document.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_INDEX:
+        raise ApiError(400, "bad_request", f"{name} must be an integer in [{low}, 2^63-1]")
+    return value
+
+
+def _decode_field(value: Any, binary: bool, what: str) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, "bad_request", f"{what} must be a string or null")
+    if not binary:
+        return value.encode()
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ApiError(400, "bad_request", f"{what} is not valid base64") from e
+
+
+def _json_record(n: int, item: Any) -> Record:
+    if not isinstance(item, dict):
+        raise ApiError(400, "bad_request", f"records[{n}] must be an object")
+    unknown = set(item) - {"key", "value", "headers", "encoding", "timestamp_ms"}
+    if unknown:
+        raise ApiError(400, "bad_request", f"records[{n}] has unknown fields {sorted(unknown)}")
+    encoding = item.get("encoding", "utf-8")
+    if encoding not in ("utf-8", "base64"):
+        raise ApiError(400, "bad_request", f'records[{n}].encoding must be "utf-8" or "base64"')
+    binary = encoding == "base64"
+    headers = item.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise ApiError(400, "bad_request", f"records[{n}].headers must be an object")
+    header_items = []
+    for name, value in headers.items():
+        data = _decode_field(value, binary, f"records[{n}].headers[{name!r}]")
+        header_items.append((name, data or b""))
+    timestamp = item.get("timestamp_ms")
+    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)):
+        raise ApiError(400, "bad_request", f"records[{n}].timestamp_ms must be an integer")
+    return Record(
+        value=_decode_field(item.get("value"), binary, f"records[{n}].value"),
+        key=_decode_field(item.get("key"), binary, f"records[{n}].key"),
+        headers=tuple(header_items),
+        timestamp_ms=timestamp,
+    )
+
+
+def _record_json(record: Any) -> dict[str, Any]:
+    try:
+        out: dict[str, Any] = {
+            "index": record.index,
+            "timestamp_ms": record.timestamp_ms,
+            "key": None if record.key is None else record.key.decode(),
+            "value": None if record.value is None else record.value.decode(),
+            "headers": {name: value.decode() for name, value in record.headers},
+        }
+    except UnicodeDecodeError:
+        return {
+            "index": record.index,
+            "timestamp_ms": record.timestamp_ms,
+            "encoding": "base64",
+            "key": _b64(record.key),
+            "value": _b64(record.value),
+            "headers": {name: base64.b64encode(value).decode() for name, value in record.headers},
+        }
+    return out
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()

@@ -1,0 +1,56 @@
+"""`laminar serve`: one broker process — the HTTP API, the peer transport, SWIM and the
+driver — until SIGTERM or SIGINT, then a graceful shutdown (hand over leaderships, leave the
+gossip group, persist, exit 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+
+from aiohttp import web
+
+from ..swim.runtime import format_address
+from .api import Api
+from .config import BrokerConfig
+from .metrics import BrokerMetrics
+from .node import Broker
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: BrokerConfig) -> None:
+    broker = Broker(config)
+    api = Api(broker, BrokerMetrics(broker))
+    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.api_port, reuse_address=True, backlog=1024)
+    await site.start()
+    server = site._server
+    sockets: list[socket.socket] = list(getattr(server, "sockets", None) or [])
+    port = sockets[0].getsockname()[1] if sockets else config.api_port
+    broker.set_api_addr(format_address(config.public_host, port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await broker.start()
+        print(f"laminar {config.node_id}: api http://{broker.api_addr}", flush=True)
+        await stop.wait()
+        log.info("%s: shutting down", config.node_id)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        with contextlib.suppress(Exception):
+            await broker.stop(graceful=True)
+        await runner.cleanup()
+
+
+def run(config: BrokerConfig) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
+    )
+    asyncio.run(serve(config))

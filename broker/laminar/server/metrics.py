@@ -1,0 +1,115 @@
+"""Prometheus metrics of one broker: per-partition gauges read at scrape time, latency
+histograms and error counters updated by the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from ..raft.raft import Role
+from ..swim.member import MemberStatus
+
+if TYPE_CHECKING:
+    from .node import Broker
+
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+
+
+class _BrokerCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        labels = ["topic", "partition"]
+        role = GaugeMetricFamily(
+            "laminar_partition_leader", "1 if this broker leads the partition", labels=labels
+        )
+        commit = GaugeMetricFamily(
+            "laminar_partition_commit_index", "last committed index", labels=labels
+        )
+        end = GaugeMetricFamily("laminar_partition_log_end", "next index to write", labels=labels)
+        start = GaugeMetricFamily(
+            "laminar_partition_log_start", "first stored index", labels=labels
+        )
+        size = GaugeMetricFamily("laminar_partition_bytes", "bytes stored", labels=labels)
+        term = GaugeMetricFamily("laminar_partition_term", "Raft term", labels=labels)
+        inflight = GaugeMetricFamily(
+            "laminar_partition_appends_in_flight", "appends awaiting commit", labels=labels
+        )
+        for replica in sorted(broker.replicas.values(), key=lambda r: r.group):
+            values = [replica.topic, str(replica.partition)]
+            role.add_metric(values, 1.0 if replica.raft.role is Role.LEADER else 0.0)
+            commit.add_metric(values, replica.commit_index)
+            end.add_metric(values, replica.log_end)
+            start.add_metric(values, replica.log_start)
+            size.add_metric(values, replica.log.size_bytes)
+            term.add_metric(values, replica.raft.term)
+            inflight.add_metric(values, len(replica.pending))
+        yield from (role, commit, end, start, size, term, inflight)
+        members = GaugeMetricFamily(
+            "laminar_swim_members", "members by SWIM state", labels=["state"]
+        )
+        counts = dict.fromkeys(MemberStatus, 0)
+        for status, _, _ in broker.members().values():
+            counts[status] += 1
+        for status, count in counts.items():
+            members.add_metric([status.name.lower()], count)
+        yield members
+        meta = GaugeMetricFamily(
+            "laminar_metadata_leader", "1 if this broker leads the metadata group"
+        )
+        meta.add_metric([], 1.0 if broker.metadata_leader == broker.id else 0.0)
+        yield meta
+        for name, help_text in (
+            ("elections", "Raft elections this broker started"),
+            ("leader_changes", "Raft leader changes this broker observed"),
+            ("fsyncs", "log fdatasync calls"),
+            ("ready_rounds", "Raft Ready rounds persisted"),
+            ("dropped_messages", "Raft messages dropped (unknown group or peer)"),
+        ):
+            counter = CounterMetricFamily(f"laminar_raft_{name}", help_text)
+            counter.add_metric([], broker.counters[name])
+            yield counter
+        stats = broker.transport.stats
+        for key in sorted(stats):
+            counter = CounterMetricFamily(f"laminar_peer_{key}", f"peer transport {key}")
+            counter.add_metric([], stats[key])
+            yield counter
+
+
+class BrokerMetrics:
+    def __init__(self, broker: Broker) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_BrokerCollector(broker))
+        self.append_latency = Histogram(
+            "laminar_append_latency_seconds",
+            "append request to commit",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.read_latency = Histogram(
+            "laminar_read_latency_seconds",
+            "read request handling (including long-poll waits)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.appended_records = Counter(
+            "laminar_appended_records", "records appended (committed)", registry=self.registry
+        )
+        self.request_errors = Counter(
+            "laminar_request_errors",
+            "API error responses by HTTP status",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

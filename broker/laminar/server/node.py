@@ -1,0 +1,752 @@
+"""The broker runtime: the asyncio shell that drives every Raft group a node hosts.
+
+One driver task owns the cores. It steps messages from peers, ticks, runs the control loop
+(placement reconciliation, hosting and dropping replicas, metadata compaction), then drains
+Ready: writes entries to the logs, sends a leader's appends at once, fdatasyncs every log
+that took entries in one worker-thread call (group commit: proposals arriving meanwhile
+join the next round), persists hard state, sends the rest (acknowledgements go out only once
+durable), applies what was committed and advances. Messages from peers that arrive while a
+round is being persisted wait in the inbox for the next round.
+
+Membership comes from SWIM; topics, weights and drains from the `__cluster` metadata group,
+whose state machine (`ClusterState`) every node applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..log.batch import Record, decode_batch, encode_batch
+from ..log.config import FsyncPolicy, LogConfig
+from ..metadata import (
+    METADATA_GROUP,
+    AlterTopic,
+    ClusterState,
+    Command,
+    CreateTopic,
+    DeleteTopic,
+    MetadataError,
+    decode_command,
+    encode_command,
+    metadata_voters,
+    validate,
+)
+from ..metadata.state import MAX_PARTITIONS, MAX_REPLICATION_FACTOR
+from ..partition.reconcile import StepKind, next_step
+from ..partition.replica import NotLeader, Replica
+from ..placement import Candidate, place
+from ..raft.config import RaftConfig
+from ..raft.log_storage import LogStorage
+from ..raft.messages import ConfState, EntryKind, Message, MessageType
+from ..raft.multi import MultiRaft
+from ..raft.raft import ProposalDropped, Raft, Ready, Role
+from ..raft.storage import stored_entries
+from ..swim.member import EventKind, MembershipEvent, MemberStatus
+from ..swim.runtime import SwimNode, format_address
+from .config import BrokerConfig
+from .transport import PeerTransport
+
+log = logging.getLogger(__name__)
+
+MT = MessageType
+#: A leader's messages may leave before its own fsync (it counts itself only once durable);
+#: everything else (acknowledgements, votes) only after persisting.
+EARLY_TYPES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.HEARTBEATS, MT.SNAPSHOT, MT.TIMEOUT_NOW})
+CONTROL_INTERVAL_S = 0.25
+#: A learner within this many indexes of the leader's log may be promoted.
+CATCH_UP_LAG_INDEXES = 256
+#: Compact the metadata log once this many entries sit behind the commit.
+METADATA_COMPACT_ENTRIES = 256
+NODE_FILE = "node.json"
+
+
+class BrokerError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class GroupStatus:
+    role: Role
+    lead: str | None
+    term: int
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.id = config.node_id
+        self.data_dir = config.data_dir
+        self.raft_config = RaftConfig(
+            election_ticks=config.election_ticks,
+            heartbeat_ticks=1,
+            max_inflight_appends=16,
+            max_append_bytes=1 << 20,
+            promote_lag_indexes=CATCH_UP_LAG_INDEXES,
+        )
+        self.multi = MultiRaft(self.id)
+        self.replicas: dict[str, Replica] = {}  # data partitions, by group
+        self.meta: Replica | None = None
+        self.state = ClusterState()
+        self.transport = PeerTransport(
+            self.id,
+            cluster_id=config.cluster_id,
+            secret=config.secret,
+            on_messages=self._on_messages,
+        )
+        self.swim: SwimNode | None = None
+        self.api_addr = format_address(config.public_host, config.api_port)
+        self.peer_addr = ""
+        self._inbox: list[Message] = []
+        self._wake = asyncio.Event()
+        self._ticks_due = 0
+        self._control_due = True
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{self.id}")
+        self.meta_applied_index = -1  # last metadata-group index applied (no-ops included)
+        self._meta_waiters: dict[int, tuple[int, asyncio.Future[MetadataError | None]]] = {}
+        self._dead_since_ms: dict[str, int] = {}
+        self._status: dict[str, GroupStatus] = {}
+        self._was_member: set[str] = set()
+        self._stopping = False
+        self._running = False
+        #: counters read by the metrics module
+        self.counters: dict[str, int] = {
+            "elections": 0,
+            "leader_changes": 0,
+            "fsyncs": 0,
+            "ready_rounds": 0,
+            "dropped_messages": 0,
+        }
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._check_node_file()
+        self._open_metadata()
+        self._open_replicas()
+        self.peer_addr = await self.transport.start(self.config.host, self.config.peer_port)
+        _, peer_port = self.peer_addr.rsplit(":", 1)
+        self.peer_addr = format_address(self.config.public_host, int(peer_port))
+        self.swim = SwimNode(
+            self.id,
+            cluster_id=self.config.cluster_id,
+            secret=self.config.secret,
+            seeds=self.config.seeds,
+            bind_host=self.config.host,
+            bind_port=self.config.gossip_port,
+            advertise_host=self.config.public_host,
+            api_addr=self.api_addr,
+            peer_addr=self.peer_addr,
+            on_event=self._on_member_event,
+        )
+        await self.swim.start()
+        self._running = True
+        self._tasks = [
+            asyncio.create_task(self._drive(), name=f"drive-{self.id}"),
+            asyncio.create_task(self._tick_timer(), name=f"tick-{self.id}"),
+        ]
+        log.info("broker %s up: api %s peer %s", self.id, self.api_addr, self.peer_addr)
+
+    def set_api_addr(self, address: str) -> None:
+        """The HTTP server's bound address (before `start`, when the port was 0)."""
+        self.api_addr = address
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Hand leaderships to caught-up voters, leave the gossip group, persist, close."""
+        if not self._running:
+            return
+        if graceful:
+            await self._transfer_leaderships(timeout_s=3.0)
+        self._stopping = True
+        self._wake.set()
+        if self.swim is not None:
+            await self.swim.stop(leave=graceful)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.transport.stop()
+        for replica in self._all_replicas():
+            replica.close()
+        self._sync_pool.shutdown(wait=True)
+        self._running = False
+
+    def _check_node_file(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / NODE_FILE
+        identity = {"node_id": self.id, "cluster_id": self.config.cluster_id}
+        if path.exists():
+            found = json.loads(path.read_text())
+            if found != identity:
+                raise BrokerError(
+                    f"{self.data_dir} belongs to node {found.get('node_id')!r} of cluster "
+                    f"{found.get('cluster_id')!r}, not {self.id!r} of {self.config.cluster_id!r}"
+                )
+        else:
+            path.write_text(json.dumps(identity))
+
+    # ---- hosting groups --------------------------------------------------------------------
+
+    def _log_config(self, overrides: dict[str, object] | None = None) -> LogConfig:
+        settings: dict[str, object] = {"segment_bytes": self.config.segment_bytes}
+        settings.update(overrides or {})
+        settings["fsync"] = self.config.fsync
+        return LogConfig(**settings)  # type: ignore[arg-type]
+
+    def initial_metadata_voters(self) -> tuple[str, ...]:
+        nodes = self.config.initial_nodes or (() if self.config.seeds else (self.id,))
+        return tuple(sorted(metadata_voters(Candidate(n) for n in nodes)))
+
+    def _open_metadata(self) -> None:
+        path = self.data_dir / "metadata"
+        voters = self.initial_metadata_voters()
+        if path.exists() or self.id in voters:
+            self._host_metadata(ConfState(voters if self.id in voters else ()))
+
+    def _host_metadata(self, bootstrap: ConfState) -> None:
+        replica = Replica(
+            METADATA_GROUP,
+            0,
+            self.id,
+            self.data_dir / "metadata",
+            self._log_config(),
+            self.raft_config,
+            bootstrap,
+            group=METADATA_GROUP,
+        )
+        self.meta = replica
+        self.multi.add(replica.raft)
+        self._restore_metadata()
+        storage = replica.storage
+        commit = storage.initial_state()[0].commit
+        if commit >= storage.first_index():
+            self._apply_metadata(storage.first_index(), commit)
+
+    def _restore_metadata(self) -> None:
+        assert self.meta is not None
+        snapshot = self.meta.storage.snapshot()
+        self.state = ClusterState.restore(snapshot.data) if snapshot.data else ClusterState()
+        self.meta_applied_index = snapshot.index
+
+    def _partition_path(self, topic: str, partition: int) -> Path:
+        return self.data_dir / "partitions" / topic / str(partition)
+
+    def _open_replicas(self) -> None:
+        root = self.data_dir / "partitions"
+        if not root.exists():
+            return
+        for topic_dir in sorted(root.iterdir()):
+            for part_dir in sorted(topic_dir.iterdir()):
+                if not part_dir.name.isdigit():
+                    continue
+                topic, partition = topic_dir.name, int(part_dir.name)
+                if self.state.applied_index >= 0 and topic not in self.state.topics:
+                    log.info("removing %s/%d: its topic no longer exists", topic, partition)
+                    shutil.rmtree(part_dir, ignore_errors=True)
+                    continue
+                self._host(topic, partition, ConfState(()))
+
+    def _host(self, topic: str, partition: int, bootstrap: ConfState) -> Replica:
+        overrides = {}
+        if topic in self.state.topics:
+            overrides = dict(self.state.topics[topic].config)
+        replica = Replica(
+            topic,
+            partition,
+            self.id,
+            self._partition_path(topic, partition),
+            self._log_config(overrides),
+            self.raft_config,
+            bootstrap,
+            max_pending_bytes=self.config.max_pending_bytes_per_partition,
+        )
+        self.replicas[replica.group] = replica
+        self.multi.add(replica.raft)
+        log.info("%s hosts %s (conf %s)", self.id, replica.group, replica.raft.conf)
+        return replica
+
+    def _drop(self, replica: Replica) -> None:
+        log.info("%s drops %s", self.id, replica.group)
+        self.multi.remove(replica.group)
+        self.replicas.pop(replica.group, None)
+        self._status.pop(replica.group, None)
+        self._was_member.discard(replica.group)
+        replica.destroy()
+
+    def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
+        topic_name, _, number = group.rpartition("/")
+        topic = self.state.topics.get(topic_name)
+        if topic is None or not number.isdigit() or int(number) >= topic.partitions:
+            return None
+        partition = int(number)
+        return topic_name, partition, ConfState(tuple(sorted(topic.assignment[partition])))
+
+    def _maybe_host_for(self, group: str) -> bool:
+        """A message for a group we do not host: a leader added us to it."""
+        if group == METADATA_GROUP:
+            if self.meta is None:
+                self._host_metadata(ConfState(()))
+            return True
+        found = self._assignment_conf(group)
+        if found is None or self._stopping:
+            return False
+        topic, partition, conf = found
+        self._host(topic, partition, conf)
+        return True
+
+    def _all_replicas(self) -> list[Replica]:
+        return ([self.meta] if self.meta is not None else []) + list(self.replicas.values())
+
+    def replica(self, topic: str, partition: int) -> Replica | None:
+        return self.replicas.get(f"{topic}/{partition}")
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def _on_member_event(self, event: MembershipEvent) -> None:
+        now = _now_ms()
+        if event.kind in (EventKind.DEAD, EventKind.LEFT):
+            self._dead_since_ms.setdefault(event.state.id, now)
+        elif event.kind in (EventKind.JOINED, EventKind.ALIVE):
+            self._dead_since_ms.pop(event.state.id, None)
+        self._control_due = True
+        self._wake.set()
+
+    def members(self) -> dict[str, tuple[MemberStatus, str, str]]:
+        """id -> (status, api address, peer address), ourselves included."""
+        out: dict[str, tuple[MemberStatus, str, str]] = {}
+        if self.swim is not None and self.swim.running:
+            for node_id, member in self.swim.members().items():
+                addresses = member.member.addresses
+                out[node_id] = (member.status, addresses.api, addresses.peer)
+        out[self.id] = (MemberStatus.ALIVE, self.api_addr, self.peer_addr)
+        return out
+
+    def swim_alive(self) -> set[str]:
+        alive = {
+            node
+            for node, (status, _, _) in self.members().items()
+            if status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)
+        }
+        return alive | {self.id}
+
+    def candidates(self) -> list[Candidate]:
+        """Every known member, alive for placement if SWIM says so or it died recently."""
+        now = _now_ms()
+        out = []
+        for node, (status, _, _) in sorted(self.members().items()):
+            alive = status in (MemberStatus.ALIVE, MemberStatus.SUSPECT) or (
+                now - self._dead_since_ms.get(node, now) < self.config.dead_grace_ms
+            )
+            out.append(
+                Candidate(
+                    node,
+                    self.state.weight(node),
+                    alive=alive or node == self.id,
+                    draining=node in self.state.draining,
+                )
+            )
+        return out
+
+    def api_address_of(self, node: str | None) -> str | None:
+        if node is None:
+            return None
+        member = self.members().get(node)
+        return member[1] if member is not None else None
+
+    # ---- the driver ------------------------------------------------------------------------
+
+    def _on_messages(self, messages: list[Message]) -> None:
+        self._inbox.extend(messages)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _tick_timer(self) -> None:
+        interval = self.config.tick_ms / 1000
+        control_every = max(1, round(CONTROL_INTERVAL_S / interval))
+        count = 0
+        while True:
+            await asyncio.sleep(interval)
+            self._ticks_due += 1
+            count += 1
+            if count % control_every == 0:
+                self._control_due = True
+            self._wake.set()
+
+    async def _drive(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._step_inbox()
+                ticks, self._ticks_due = min(self._ticks_due, 3), 0
+                for _ in range(ticks):
+                    self.multi.tick()
+                if self._control_due:
+                    self._control_due = False
+                    self._control()
+                await self._drain_ready()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: driver round failed", self.id)
+                await asyncio.sleep(0.1)
+
+    def _step_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, []
+        for message in inbox:
+            folded = message.type in (MT.HEARTBEATS, MT.HEARTBEATS_RESP)
+            for part in message.batch if folded else (message,):
+                if part.group not in self.multi.groups and not self._maybe_host_for(part.group):
+                    self.counters["dropped_messages"] += 1
+            self.multi.step(message)
+
+    async def _drain_ready(self) -> None:
+        while not self._stopping:
+            readies, messages = self.multi.ready()
+            if not readies and not messages:
+                return
+            self.counters["ready_rounds"] += 1
+            early = [m for m in messages if m.type in EARLY_TYPES]
+            late = [m for m in messages if m.type not in EARLY_TYPES]
+            to_sync: list[LogStorage] = []
+            for group, ready in readies.items():
+                storage = self._storage(group)
+                if storage is None:
+                    continue
+                for message in ready.messages:
+                    (early if message.type in EARLY_TYPES else late).append(message)
+                if ready.snapshot is not None:
+                    storage.apply_snapshot(ready.snapshot)
+                    if group == METADATA_GROUP:
+                        self._restore_metadata()
+                if ready.entries:
+                    storage.append(ready.entries)
+                    to_sync.append(storage)
+            self._send(early)
+            if to_sync and self.config.fsync is FsyncPolicy.ALWAYS:
+                self.counters["fsyncs"] += len(to_sync)
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._sync_pool, _sync_all, to_sync)
+            for group, ready in readies.items():
+                storage = self._storage(group)
+                if storage is not None and ready.hard_state is not None:
+                    storage.set_hard_state(ready.hard_state)
+            self._send(late)
+            for group, ready in readies.items():
+                if ready.committed is not None:
+                    self._apply(group, *ready.committed)
+            self.multi.advance(readies)
+            self._observe(readies)
+
+    def _storage(self, group: str) -> LogStorage | None:
+        if group == METADATA_GROUP:
+            return self.meta.storage if self.meta is not None else None
+        replica = self.replicas.get(group)
+        return replica.storage if replica is not None else None
+
+    def _send(self, messages: Iterable[Message]) -> None:
+        by_dst: dict[str, list[Message]] = {}
+        for message in messages:
+            by_dst.setdefault(message.dst, []).append(message)
+        members = self.members()
+        for dst, batch in by_dst.items():
+            member = members.get(dst)
+            if member is None or not member[2]:
+                self.counters["dropped_messages"] += len(batch)
+                continue
+            self.transport.send(dst, member[2], batch)
+
+    def _observe(self, readies: dict[str, Ready]) -> None:
+        """Count elections and leader changes; tell replicas about leadership."""
+        for group in readies:
+            raft = self.multi.groups.get(group)
+            if raft is None:
+                continue
+            before = self._status.get(group)
+            if before is None or before.lead != raft.lead:
+                if raft.lead is not None:
+                    self.counters["leader_changes"] += 1
+            if raft.role is Role.CANDIDATE and (before is None or before.term != raft.term):
+                self.counters["elections"] += 1
+            self._status[group] = GroupStatus(raft.role, raft.lead, raft.term)
+            replica = self.replicas.get(group) if group != METADATA_GROUP else self.meta
+            if replica is not None:
+                replica.on_leadership()
+                if self.id in raft.conf.members():
+                    self._was_member.add(group)
+
+    # ---- applying committed entries --------------------------------------------------------
+
+    def _apply(self, group: str, first: int, last: int) -> None:
+        if group == METADATA_GROUP:
+            self._apply_metadata(first, last)
+            if self.meta is not None:
+                self.meta.on_committed(first, last)
+            return
+        replica = self.replicas.get(group)
+        if replica is not None:
+            replica.on_committed(first, last)
+
+    def _apply_metadata(self, first: int, last: int) -> None:
+        assert self.meta is not None
+        storage = self.meta.storage
+        first = max(first, storage.first_index(), self.meta_applied_index + 1)
+        if first > last:
+            return
+        self.meta_applied_index = last
+        for entry in stored_entries(storage, first, last):
+            if entry.index <= self.state.applied_index:
+                continue
+            if entry.kind is not EntryKind.NORMAL:
+                continue
+            (record,) = decode_batch(entry.data)
+            assert record.value is not None
+            command = decode_command(record.value)
+            result = self.state.apply(entry.index, command)
+            waiter = self._meta_waiters.pop(entry.index, None)
+            if waiter is not None and not waiter[1].done():
+                if waiter[0] == entry.term:
+                    waiter[1].set_result(result)
+                else:
+                    waiter[1].set_exception(NotLeader(self.meta.raft.lead))
+            if result is None:
+                self._after_metadata(command)
+        self._control_due = True
+
+    def _after_metadata(self, command: Command) -> None:
+        if isinstance(command, DeleteTopic):
+            for replica in list(self.replicas.values()):
+                if replica.topic == command.name:
+                    self._drop(replica)
+
+    # ---- metadata commands -----------------------------------------------------------------
+
+    @property
+    def metadata_leader(self) -> str | None:
+        return self.meta.raft.lead if self.meta is not None else None
+
+    async def propose_metadata(self, command: Command, timeout_s: float) -> None:
+        """Commit an admin command through the metadata group (leader only); raises
+        MetadataError (invalid / exists / not_found), NotLeader or TimeoutError."""
+        meta = self.meta
+        if meta is None or meta.raft.role is not Role.LEADER:
+            raise NotLeader(self.metadata_leader)
+        if isinstance(command, CreateTopic) and not command.assignment:
+            if _valid_int(command.partitions, MAX_PARTITIONS) and _valid_int(
+                command.replication_factor, MAX_REPLICATION_FACTOR
+            ):
+                command = replace(command, assignment=self._assign(command.name, 0, command))
+        if isinstance(command, AlterTopic) and _valid_int(command.partitions, MAX_PARTITIONS):
+            topic = self.state.topics.get(command.name)
+            assert command.partitions is not None
+            if topic is not None and command.partitions > topic.partitions:
+                extra = self._assign(command.name, topic.partitions, command)
+                command = replace(command, assignment=extra)
+        validate(command)
+        batch = encode_batch([Record(value=encode_command(command))])
+        try:
+            index = meta.raft.propose(batch, 1)
+        except ProposalDropped as e:
+            raise NotLeader(meta.raft.lead) from e
+        future: asyncio.Future[MetadataError | None] = asyncio.get_running_loop().create_future()
+        self._meta_waiters[index] = (meta.raft.term, future)
+        self._wake.set()
+        try:
+            result = await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._meta_waiters.pop(index, None)
+        if result is not None:
+            raise result
+
+    def _assign(
+        self, topic: str, first: int, command: CreateTopic | AlterTopic
+    ) -> tuple[tuple[str, ...], ...]:
+        if isinstance(command, CreateTopic):
+            partitions, rf = command.partitions, command.replication_factor
+        else:
+            assert command.partitions is not None
+            partitions, rf = command.partitions, self.state.topics[topic].replication_factor
+        candidates = self.candidates()
+        eligible = [c for c in candidates if c.eligible]
+        if len(eligible) < rf:
+            raise MetadataError(
+                "invalid",
+                f"replication_factor={rf} but only {len(eligible)} brokers can host replicas",
+            )
+        return tuple(tuple(place(f"{topic}/{p}", candidates, rf)) for p in range(first, partitions))
+
+    # ---- control: placement, hosting, compaction -------------------------------------------
+
+    def _control(self) -> None:
+        if self._stopping:
+            return
+        candidates = self.candidates()
+        alive = self.swim_alive()
+        meta = self.meta
+        if meta is not None:
+            if meta.raft.role is Role.LEADER:
+                target = metadata_voters(candidates)
+                self._reconcile(meta, target, alive, followers=alive)
+            self._compact_metadata()
+        for topic in self.state.topics.values():
+            for partition, voters in enumerate(topic.assignment):
+                group = f"{topic.name}/{partition}"
+                if self.id in voters and group not in self.replicas and not self._stopping:
+                    self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
+        for replica in list(self.replicas.values()):
+            raft = replica.raft
+            topic_state = self.state.topics.get(replica.topic)
+            if raft.role is Role.LEADER and topic_state is not None:
+                target = place(replica.group, candidates, topic_state.replication_factor)
+                self._reconcile(replica, target, alive, followers=frozenset())
+            elif (
+                replica.group in self._was_member
+                and self.id not in raft.conf.members()
+                and raft.role is not Role.LEADER
+            ):
+                self._drop(replica)
+
+    def _reconcile(
+        self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
+    ) -> None:
+        raft = replica.raft
+        if raft.pending_conf_index > raft.log.committed or not target:
+            return
+        last = raft.log.last_index()
+        caught_up = {n for n, p in raft.progress.items() if p.match >= last - CATCH_UP_LAG_INDEXES}
+        step = next_step(
+            raft.conf,
+            target,
+            leader=self.id,
+            caught_up=caught_up,
+            alive=alive,
+            followers=frozenset(followers),
+        )
+        if step is None:
+            return
+        try:
+            if step.kind is StepKind.TRANSFER_LEADERSHIP:
+                raft.transfer_leadership(step.node)
+            else:
+                if step.kind is StepKind.ADD_LEARNER and replica is self.meta:
+                    # a joining node learns the metadata (and the group's configuration)
+                    # from a snapshot, never from a log that starts before its bootstrap
+                    self._compact_metadata(force=True)
+                raft.propose_conf_change(step.conf_change())
+        except ProposalDropped:
+            return
+        log.info("%s %s: %s %s", self.id, replica.group, step.kind.value, step.node)
+
+    def _compact_metadata(self, *, force: bool = False) -> None:
+        meta = self.meta
+        if meta is None:
+            return
+        storage = meta.storage
+        commit = min(meta.raft.log.committed, self.meta_applied_index)
+        if commit < storage.first_index() or commit > storage.last_index():
+            return
+        if not force and commit - storage.first_index() < METADATA_COMPACT_ENTRIES:
+            return
+        if storage.log.batch_range(commit)[1] - 1 != commit:
+            return
+        storage.compact(commit, self.state.snapshot())
+        storage.log.remove_through(commit)
+
+    async def _transfer_leaderships(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        alive = self.swim_alive()
+        while loop.time() < deadline:
+            leading = [r for r in self._all_replicas() if r.raft.role is Role.LEADER]
+            moved = False
+            for replica in leading:
+                raft = replica.raft
+                if raft.transferee is not None:
+                    moved = True
+                    continue
+                last = raft.log.last_index()
+                successors = [
+                    n
+                    for n in raft.conf.voters
+                    if n != self.id and n in alive and raft.progress[n].match >= last - 1
+                ] or [n for n in raft.conf.voters if n != self.id and n in alive]
+                if successors:
+                    with contextlib.suppress(ProposalDropped):
+                        raft.transfer_leadership(successors[0])
+                        moved = True
+            if not moved:
+                return
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
+    # ---- views for the API -----------------------------------------------------------------
+
+    def group_status(self, replica: Replica) -> dict[str, object]:
+        raft: Raft = replica.raft
+        in_sync = [self.id] if raft.role is not Role.LEADER else []
+        if raft.role is Role.LEADER:
+            last = raft.log.last_index()
+            alive = self.swim_alive()
+            in_sync = sorted(
+                n
+                for n, p in raft.progress.items()
+                if n in raft.conf.voters
+                and (n == self.id or (n in alive and p.match >= last - CATCH_UP_LAG_INDEXES))
+            )
+        return {
+            "topic": replica.topic,
+            "partition": replica.partition,
+            "role": raft.role.name.lower(),
+            "leader": raft.lead,
+            "term": raft.term,
+            "voters": list(raft.conf.voters),
+            "learners": list(raft.conf.learners),
+            "in_sync": in_sync,
+            "log_start": replica.log_start,
+            "commit_index": replica.commit_index,
+            "log_end": replica.log_end,
+            "bytes": replica.log.size_bytes,
+        }
+
+    def hosted(self) -> list[dict[str, object]]:
+        return [self.group_status(r) for r in sorted(self.replicas.values(), key=_order)]
+
+    def is_ready(self) -> tuple[bool, str]:
+        if not self._running:
+            return False, "starting"
+        if self.meta is None:
+            return False, "waiting to join the metadata group"
+        if self.meta.raft.lead is None:
+            return False, "no metadata leader known"
+        if self.meta_applied_index < 0:
+            return False, "metadata not loaded"
+        return True, "ready"
+
+
+def _valid_int(value: object, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
+
+
+def _order(replica: Replica) -> tuple[str, int]:
+    return replica.topic, replica.partition
+
+
+def _sync_all(storages: list[LogStorage]) -> None:
+    for storage in storages:
+        storage.sync()
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
