@@ -166,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="laminar", description="Laminar message queue")
     parser.add_argument("--version", action="version", version=f"laminar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    cluster_demo = commands.add_parser(
+        "demo", help="3 brokers on loopback: create a topic, produce, consume, show status"
+    )
+    cluster_demo.add_argument("--messages", type=int, default=12)
+    cluster_demo.add_argument("--data-dir", help="keep the brokers' data here (default: temp)")
     demo = commands.add_parser(
         "log-demo", help="single-node log demo: durable appends, a streamed batch, reopen, read"
     )
@@ -195,6 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ConfigError as e:
                 parser.error(str(e))
             run(config)
+            return 0
+        if args.command == "demo":
+            from .demo import run_demo
+
+            if not 1 <= args.messages <= 10_000:
+                parser.error("--messages must be in 1..10000")
+            run_demo(args.messages, args.data_dir)
             return 0
         if args.command == "local-cluster":
             return _local_cluster(args)

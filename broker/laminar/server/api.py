@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,12 +42,14 @@ from ..partition.replica import CommitLost, NotLeader, Overloaded, Replica, Sequ
 from .metrics import BrokerMetrics
 from .node import Broker
 
+log = logging.getLogger(__name__)
 BATCH_TYPE = "application/vnd.laminar.batch"
 MAX_INDEX = 2**63 - 1
 MAX_RECORDS = 100_000
 MAX_READ_BYTES = 16 << 20
 MAX_WAIT_MS = 60_000
 VIEW_TTL_S = 1.0
+COLLECT_INTERVAL_S = 3.0
 BROKER_KEY = web.AppKey("broker", Broker)
 STATUS_CODES = {
     "invalid": (400, "bad_request"),
@@ -90,6 +94,7 @@ class Api:
         self.timeout_s = broker.config.request_timeout_ms / 1000
         self._session: ClientSession | None = None
         self._view: tuple[float, dict[str, list[dict[str, Any]]]] | None = None
+        self._collector: asyncio.Task[None] | None = None
 
     # ---- application -----------------------------------------------------------------------
 
@@ -115,12 +120,32 @@ class Api:
         r.add_delete("/v1/topics/{topic}", self.delete_topic)
         r.add_post("/v1/topics/{topic}/partitions/{partition}/records", self.append)
         r.add_get("/v1/topics/{topic}/partitions/{partition}/records", self.read)
+        app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
 
+    async def _startup(self, _: web.Application) -> None:
+        self._collector = asyncio.create_task(self._collect_removed())
+
     async def _cleanup(self, _: web.Application) -> None:
+        if self._collector is not None:
+            self._collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._collector
         if self._session is not None:
             await self._session.close()
+
+    async def _collect_removed(self) -> None:
+        """Every few seconds: drop replicas the partition's leader no longer counts."""
+        while True:
+            await asyncio.sleep(COLLECT_INTERVAL_S)
+            if not self.broker.replicas:
+                continue
+            try:
+                view = await self.cluster_view(fresh=True)
+                self.broker.collect_removed(view)
+            except Exception:  # keep collecting; a failed round is retried
+                log.exception("collecting removed replicas failed")
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -289,10 +314,10 @@ class Api:
         partitions = body.get("partitions")
         return partitions if isinstance(partitions, list) else None
 
-    async def cluster_view(self) -> dict[str, list[dict[str, Any]]]:
-        """Every alive member's hosted replicas (cached for VIEW_TTL_S)."""
+    async def cluster_view(self, *, fresh: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """Every alive member's hosted replicas (for routing: cached for VIEW_TTL_S)."""
         now = time.monotonic()
-        if self._view is not None and now - self._view[0] < VIEW_TTL_S:
+        if not fresh and self._view is not None and now - self._view[0] < VIEW_TTL_S:
             return self._view[1]
         broker = self.broker
         alive = broker.swim_alive()
@@ -381,7 +406,7 @@ class Api:
         topic = self.broker.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
-        view = await self.cluster_view()
+        view = await self.cluster_view(fresh=True)
         reports: dict[int, list[tuple[str, dict[str, Any]]]] = {}
         for node, hosted in view.items():
             for item in hosted:

@@ -116,6 +116,8 @@ class Broker:
         self._dead_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._was_member: set[str] = set()
+        self._hosted_at_ms: dict[str, int] = {}
+        self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
         self._stopping = False
         self._running = False
         #: counters read by the metrics module
@@ -271,6 +273,7 @@ class Broker:
             max_pending_bytes=self.config.max_pending_bytes_per_partition,
         )
         self.replicas[replica.group] = replica
+        self._hosted_at_ms[replica.group] = _now_ms()
         self.multi.add(replica.raft)
         log.info("%s hosts %s (conf %s)", self.id, replica.group, replica.raft.conf)
         return replica
@@ -282,6 +285,40 @@ class Broker:
         self._status.pop(replica.group, None)
         self._was_member.discard(replica.group)
         replica.destroy()
+
+    def collect_removed(self, view: dict[str, list[dict[str, object]]]) -> list[str]:
+        """Drop replicas whose group's leader (in `view`, every member's hosted replicas) no
+        longer counts us as a member, seen twice in a row: a removed replica may never learn
+        of its removal from Raft (the leader stops talking to it once the change commits)."""
+        leaders: dict[str, dict[str, object]] = {}
+        for node, hosted in view.items():
+            if node == self.id:
+                continue
+            for item in hosted:
+                if item.get("role") != "leader":
+                    continue
+                group = f"{item['topic']}/{item['partition']}"
+                best = leaders.get(group)
+                if best is None or int(str(item["term"])) > int(str(best["term"])):
+                    leaders[group] = item
+        excluded = set()
+        now = _now_ms()
+        for group, replica in self.replicas.items():
+            report = leaders.get(group)
+            if report is None or replica.raft.role is Role.LEADER:
+                continue
+            members = set(report["voters"]) | set(report["learners"])  # type: ignore[call-overload]
+            old_enough = now - self._hosted_at_ms.get(group, now) > 10_000
+            if self.id not in members and int(str(report["term"])) >= replica.raft.term:
+                if old_enough:
+                    excluded.add(group)
+        dropped = sorted(excluded & self._excluded)
+        self._excluded = excluded - set(dropped)
+        for group in dropped:
+            replica = self.replicas.get(group)
+            if replica is not None:
+                self._drop(replica)
+        return dropped
 
     def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
         topic_name, _, number = group.rpartition("/")

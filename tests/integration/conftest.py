@@ -1,0 +1,50 @@
+"""Clusters of real broker processes on loopback addresses no other test uses.
+
+Each cluster gets its own 127.<a>.<b>.0/24 block (from the pytest worker's pid), so tests and a
+user's `laminar local-cluster` (127.0.0.x) never collide, and every broker is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from laminar.local_cluster import LocalCluster
+
+TOKEN = "integration-test-token"
+
+
+def loopback_prefix() -> str:
+    rng = random.Random(os.getpid() ^ random.getrandbits(32))
+    return f"127.{rng.randint(100, 250)}.{rng.randint(1, 250)}"
+
+
+def make_cluster(path: Path, nodes: int = 3, **kwargs: object) -> LocalCluster:
+    cluster = LocalCluster(path, nodes, prefix=loopback_prefix(), **kwargs)  # type: ignore[arg-type]
+    try:
+        cluster.start()
+    except BaseException:
+        logs = "\n".join(f"--- {n}\n{cluster.tail(n)}" for n in cluster.nodes)
+        cluster.stop()
+        raise RuntimeError(f"the cluster did not start:\n{logs}") from None
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three brokers (fsync always) shared by the tests of one module."""
+    cluster = make_cluster(tmp_path_factory.mktemp("cluster3"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def secured_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One broker that requires the bearer token TOKEN."""
+    cluster = make_cluster(tmp_path_factory.mktemp("secured"), 1, token=TOKEN)
+    yield cluster
+    cluster.stop()
