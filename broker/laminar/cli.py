@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from .log import (
     encode_batch,
 )
 
+DEFAULT_BROKERS = "http://127.0.0.11:7070"
 DEMO_RECORDS_PER_BATCH = 100
 DEMO_VALUE_BYTES = 1120
 
@@ -188,9 +190,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     local.add_argument("--data-dir", default="laminar-data")
     local.add_argument("--detach", action="store_true", help="leave the brokers running")
     local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
+    bench = commands.add_parser("bench", help="measure a running cluster (produce / consume)")
+    from .bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.add_argument("--brokers", default=os.environ.get("LAMINAR_BROKERS", DEFAULT_BROKERS))
+    bench.add_argument("--token-file", default=os.environ.get("LAMINAR_TOKEN_FILE"))
+    bench.add_argument("--json", action="store_true", help="the figures as JSON, last line")
+    from .client.commands import add_commands, run
+
+    add_commands(commands)
     args = parser.parse_args(argv)
 
     try:
+        result = run(args)
+        if result is not None:
+            return result
         if args.command == "serve":
             from .server.app import run
             from .server.config import ConfigError, from_arguments
@@ -200,6 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ConfigError as e:
                 parser.error(str(e))
             run(config)
+            return 0
+        if args.command == "bench":
+            from . import bench as bench_module
+
+            problem = bench_module.check(args)
+            if problem:
+                parser.error(problem)
+            token = Path(args.token_file).read_text().strip() if args.token_file else None
+            brokers = [b for b in args.brokers.split(",") if b]
+            result = asyncio.run(bench_module.run(args, brokers, token))
+            bench_module.print_result(result, args.json)
             return 0
         if args.command == "demo":
             from .demo import run_demo

@@ -472,15 +472,31 @@ class SegmentedLog:
         ):
             self._roll()
 
-        def too_big_or_old(oldest: Segment, total: int) -> bool:
-            too_big = config.retention_bytes is not None and total > config.retention_bytes
-            too_old = (
-                config.retention_ms is not None
-                and oldest.store.sealed_ms + config.retention_ms <= now_ms
-            )
-            return too_big or too_old
+        return self._remove_front(lambda oldest, total: self._expired(oldest, total, now_ms))
 
-        return self._remove_front(too_big_or_old)
+    def _expired(self, oldest: Segment, total_bytes: int, now_ms: int) -> bool:
+        config = self.config
+        too_big = config.retention_bytes is not None and total_bytes > config.retention_bytes
+        too_old = (
+            config.retention_ms is not None
+            and oldest.store.sealed_ms + config.retention_ms <= now_ms
+        )
+        return too_big or too_old
+
+    def retention_point(self, now_ms: int | None = None, *, limit_index: int) -> int | None:
+        """The last index that retention would remove now (the end of the sealed front
+        segments it would drop, none of them ending after `limit_index`), or None. A
+        replicated log records a snapshot point there before `remove_through` it."""
+        now_ms = self.clock_ms() if now_ms is None else now_ms
+        total = self.size_bytes
+        point = None
+        for segment in self._segments[:-1]:
+            last = segment.next_index - 1
+            if not segment.sealed or last > limit_index or not self._expired(segment, total, now_ms):
+                break
+            total -= segment.size
+            point = last
+        return point
 
 
 class StreamAppend:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..log.config import FsyncPolicy
@@ -14,6 +14,8 @@ DEFAULT_API_PORT = 7070
 DEFAULT_PEER_PORT = 7071
 DEFAULT_GOSSIP_PORT = 7072
 MIB = 1 << 20
+#: for a laptop cluster only: real clusters pass --secret-file
+DEFAULT_SECRET = b"laminar-insecure-default-secret"
 
 
 class ConfigError(ValueError):
@@ -35,7 +37,7 @@ class BrokerConfig:
     #: are chosen among them); give every node the same list
     initial_nodes: tuple[str, ...] = ()
     cluster_id: str = "laminar"
-    secret: bytes = b"laminar-insecure-default-secret"
+    secret: bytes = DEFAULT_SECRET
     token: str | None = None
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     tick_ms: int = 100
@@ -48,7 +50,6 @@ class BrokerConfig:
     dead_grace_ms: int = 30_000
     default_replication_factor: int = 3
     segment_bytes: int = 64 * MIB
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
@@ -120,7 +121,7 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         raise ConfigError("--node-id (or LAMINAR_NODE_ID) is required")
     if not args.data_dir:
         raise ConfigError("--data-dir (or LAMINAR_DATA_DIR) is required")
-    secret = BrokerConfig.secret
+    secret = DEFAULT_SECRET
     if args.secret_file:
         secret = _read_secret(args.secret_file, "secret")
     token = _read_secret(args.token_file, "token").decode() if args.token_file else None

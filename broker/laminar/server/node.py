@@ -67,6 +67,8 @@ CATCH_UP_LAG_INDEXES = 256
 #: Compact the metadata log once this many entries sit behind the commit.
 METADATA_COMPACT_ENTRIES = 256
 NODE_FILE = "node.json"
+SYNC_THREADS = 4
+RETENTION_INTERVAL_MS = 2_000
 
 
 class BrokerError(Exception):
@@ -110,14 +112,15 @@ class Broker:
         self._ticks_due = 0
         self._control_due = True
         self._tasks: list[asyncio.Task[None]] = []
-        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{self.id}")
+        self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix=f"fsync-{self.id}")
         self.meta_applied_index = -1  # last metadata-group index applied (no-ops included)
         self._meta_waiters: dict[int, tuple[int, asyncio.Future[MetadataError | None]]] = {}
         self._dead_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._was_member: set[str] = set()
         self._hosted_at_ms: dict[str, int] = {}
-        self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
+        self._excluded: set[str] = set()
+        self._retained_at_ms = 0  # groups a leader excluded us from at the last check
         self._stopping = False
         self._running = False
         #: counters read by the metrics module
@@ -473,9 +476,13 @@ class Broker:
                     to_sync.append(storage)
             self._send(early)
             if to_sync and self.config.fsync is FsyncPolicy.ALWAYS:
+                # concurrent fdatasyncs of different logs share the file system's journal
+                # commits: one round costs about one sync, however many logs took entries
                 self.counters["fsyncs"] += len(to_sync)
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._sync_pool, _sync_all, to_sync)
+                await asyncio.gather(
+                    *(loop.run_in_executor(self._sync_pool, s.sync) for s in to_sync)
+                )
             for group, ready in readies.items():
                 storage = self._storage(group)
                 if storage is not None and ready.hard_state is not None:
@@ -563,6 +570,11 @@ class Broker:
         self._control_due = True
 
     def _after_metadata(self, command: Command) -> None:
+        if isinstance(command, AlterTopic) and command.config is not None:
+            topic = self.state.topics[command.name]
+            for replica in self.replicas.values():
+                if replica.topic == command.name:
+                    replica.log.config = self._log_config(dict(topic.config))
         if isinstance(command, DeleteTopic):
             for replica in list(self.replicas.values()):
                 if replica.topic == command.name:
@@ -642,8 +654,13 @@ class Broker:
                 group = f"{topic.name}/{partition}"
                 if self.id in voters and group not in self.replicas and not self._stopping:
                     self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
+        retain = _now_ms() - self._retained_at_ms >= RETENTION_INTERVAL_MS
+        if retain:
+            self._retained_at_ms = _now_ms()
         for replica in list(self.replicas.values()):
             raft = replica.raft
+            if retain:
+                self._apply_retention(replica)
             topic_state = self.state.topics.get(replica.topic)
             if raft.role is Role.LEADER and topic_state is not None:
                 target = place(replica.group, candidates, topic_state.replication_factor)
@@ -654,6 +671,19 @@ class Broker:
                 and raft.role is not Role.LEADER
             ):
                 self._drop(replica)
+
+    def _apply_retention(self, replica: Replica) -> None:
+        """Remove whole committed segments past the topic's retention: first record the
+        snapshot point at their end (replicas needing older entries get a snapshot)."""
+        config = replica.log.config
+        if config.retention_bytes is None and config.retention_ms is None:
+            return
+        point = replica.log.retention_point(limit_index=replica.commit_index)
+        if point is None or point < replica.log.start_index:
+            return
+        replica.storage.compact(point)
+        report = replica.log.remove_through(point)
+        log.info("%s: retention removed %d segments", replica.group, len(report.removed_base_indexes))
 
     def _reconcile(
         self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
@@ -778,11 +808,6 @@ def _valid_int(value: object, high: int) -> bool:
 
 def _order(replica: Replica) -> tuple[str, int]:
     return replica.topic, replica.partition
-
-
-def _sync_all(storages: list[LogStorage]) -> None:
-    for storage in storages:
-        storage.sync()
 
 
 def _now_ms() -> int:

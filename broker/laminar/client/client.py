@@ -1,0 +1,797 @@
+"""`AsyncClient`: the asyncio client of the broker's HTTP API v1 (spec api.md).
+
+What it does for every call:
+
+* **Redirects.** It follows 307/308 itself (aiohttp does not send a POST body again on a 307),
+  sending the same method and body to `Location`, at most `MAX_REDIRECTS` hops per attempt.
+* **Retries.** 503 `unavailable`, 429 `overloaded` and connection failures are retried with
+  capped exponential backoff (`INITIAL_BACKOFF_S` doubling up to `MAX_BACKOFF_S`, with jitter;
+  a 429's `Retry-After` is honoured up to the cap) until the call's deadline (`timeout_s`,
+  plus `wait_ms` for long-polling reads) passes; then the last error is raised.
+  A broker that cannot be connected to is skipped for the next one at once. A connection
+  that broke after the request was sent (and a 504) is *ambiguous*: the write may have
+  happened. Such calls are retried only when repeating them is safe: reads, admin calls,
+  idempotent appends (with a producer id; the broker deduplicates the retry), topic creation
+  (a 409 after an ambiguous attempt returns the topic's description) and deletion (a 404
+  after an ambiguous attempt counts as done). A plain append without a producer id is not
+  retried then: it raises with `error.ambiguous = True`.
+* **Routing.** Partition leaders (`leader_url` of `describe_topic`) are cached and appends go
+  straight to the leader. Reads go to the in-sync replicas of the partition ranked by weighted
+  rendezvous hashing (`rank(partition_key(topic, p), ...)`, the brokers' own placement
+  function), so that the read load of many partitions spreads over all replicas, the leader and
+  then any broker being the fallbacks. Metadata writes go to the last known metadata leader.
+  The cache is corrected by every 307 (`Location`), and dropped on 503 and on connection
+  failures, to be fetched again (at most every `ROUTE_REFRESH_S` per topic). Routing is only an
+  optimisation: every broker answers every call, by redirect if need be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
+
+import aiohttp
+from yarl import URL
+
+from laminar.log.batch import (
+    Record,
+    StoredRecord,
+    decode_batch,
+    encode_batch,
+    parse_header,
+    split_batches,
+)
+from laminar.log.errors import BatchError
+from laminar.placement import Candidate, partition_key, rank
+
+from .errors import (
+    Conflict,
+    LaminarError,
+    NotFound,
+    Overloaded,
+    Timeout,
+    Unavailable,
+    error_from_response,
+)
+from .models import (
+    AppendResult,
+    ClusterInfo,
+    Member,
+    NodeAdminState,
+    NodePartitions,
+    PartitionState,
+    ReadResult,
+    TopicDescription,
+    TopicInfo,
+)
+
+BATCH_CONTENT_TYPE = "application/vnd.laminar.batch"
+JSON_CONTENT_TYPE = "application/json"
+DEFAULT_TIMEOUT_S = 30.0
+MAX_REDIRECTS = 5
+INITIAL_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 1.0
+CONNECT_TIMEOUT_S = 3.0
+ROUTE_REFRESH_S = 0.2
+CLUSTER_TTL_S = 10.0
+MAX_INDEX = 2**63 - 1
+DEFAULT_MAX_RECORDS = 1000
+DEFAULT_MAX_BYTES = 1 << 20
+
+RecordsOrBatch = Sequence[Record] | bytes | bytearray | memoryview
+
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientConnectorError,
+    *(getattr(aiohttp, n) for n in ("ConnectionTimeoutError",) if hasattr(aiohttp, n)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a call should go first."""
+
+    kind: Literal["any", "meta", "leader", "replica"]
+    topic: str = ""
+    partition: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+_ANY = _Target("any")
+_META = _Target("meta")
+
+
+@dataclass(slots=True)
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    url: str
+
+    def json(self) -> Any:
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+class _NotConnected(Exception):
+    """The connection could not be made: the request was certainly not sent."""
+
+
+class _Broken(Exception):
+    """The connection failed after the request may have been sent (ambiguous)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.cause = cause
+
+
+class _TooManyRedirects(Exception):
+    pass
+
+
+def _origin(url: str) -> str:
+    return str(URL(url).origin()).rstrip("/")
+
+
+def _dedupe(urls: Sequence[str]) -> list[str]:
+    """Non-empty URLs in order, each once."""
+    return list(dict.fromkeys(u for u in urls if u))
+
+
+def read_replicas(
+    topic: str, partition: int, state: PartitionState, members: Sequence[Member]
+) -> list[str]:
+    """API URLs of the partition's in-sync replicas that may serve reads, best first.
+
+    The order is weighted rendezvous (`laminar.placement.rank`) on the partition key: every
+    client picks the same replica for a partition, and different partitions pick different
+    replicas, so reads spread over the cluster in proportion to the brokers' weights. Members
+    that are not alive, are draining or weigh 0 are left out.
+    """
+    by_id = {m.id: m for m in members if m.api_url}
+    candidates = [
+        Candidate(m.id, max(m.weight, 0), alive=m.state == "alive", draining=m.draining)
+        for node in state.in_sync
+        if (m := by_id.get(node)) is not None
+    ]
+    return [
+        by_id[node].api_url.rstrip("/")
+        for node in rank(partition_key(topic, partition), candidates)
+    ]
+
+
+def decode_read_body(
+    data: bytes,
+    *,
+    from_index: int | None,
+    max_records: int,
+    next_index: int | None,
+    commit_index: int,
+    log_start: int,
+) -> ReadResult:
+    """Decode a binary read answer (whole batches back to back) into a `ReadResult`.
+
+    Records below `from_index` (the first batch may start before it) and control batches are
+    skipped; at most `max_records` records are kept, and `next_index` then points just after
+    the last one kept. Raises `BatchError` on a damaged batch.
+    """
+    records: list[StoredRecord] = []
+    end: int | None = None  # one past the last index covered by the batches seen
+    full = False
+    for batch in split_batches(data):
+        header = parse_header(batch)
+        if header.is_control:
+            end = header.next_index
+            continue
+        decoded = decode_batch(batch)
+        for record in decoded:
+            if from_index is not None and record.index < from_index:
+                continue
+            if len(records) >= max_records:
+                full = True
+                break
+            records.append(record)
+        if full:
+            break
+        end = header.next_index
+    if full:
+        nxt = records[-1].index + 1
+    elif next_index is not None:
+        nxt = next_index
+    elif end is not None:
+        nxt = max(end, from_index or 0)
+    else:
+        nxt = from_index if from_index is not None else log_start
+    return ReadResult(records, nxt, commit_index, log_start)
+
+
+def _json_bytes(value: Any, encoded: bool) -> bytes | None:
+    if value is None:
+        return None
+    return base64.b64decode(value) if encoded else str(value).encode()
+
+
+def decode_read_json(data: Any, *, max_records: int) -> ReadResult:
+    """Decode a JSON read answer (for brokers that did not honour the binary Accept)."""
+    records: list[StoredRecord] = []
+    for item in data.get("records", ())[:max_records]:
+        encoded = item.get("encoding") == "base64"
+        headers = tuple(
+            (str(name), _json_bytes(value, encoded) or b"")
+            for name, value in (item.get("headers") or {}).items()
+        )
+        records.append(
+            StoredRecord(
+                int(item["index"]),
+                int(item.get("timestamp_ms", 0)),
+                _json_bytes(item.get("key"), encoded),
+                _json_bytes(item.get("value"), encoded),
+                headers,
+            )
+        )
+    next_index = int(data.get("next_index", 0))
+    if len(records) == max_records and records:
+        next_index = min(next_index, records[-1].index + 1) if next_index else records[-1].index + 1
+    return ReadResult(
+        records, next_index, int(data.get("commit_index", -1)), int(data.get("log_start", 0))
+    )
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> int | None:
+    value = headers.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _check_producer(producer_id: int | None, sequence: int | None) -> None:
+    if producer_id is None:
+        if sequence is not None:
+            raise ValueError("sequence needs a producer_id")
+        return
+    if not 1 <= producer_id <= MAX_INDEX:
+        raise ValueError(f"producer_id {producer_id} is not in 1..2^63-1")
+    if sequence is None or not 0 <= sequence <= MAX_INDEX:
+        raise ValueError(f"an idempotent append needs a sequence in 0..2^63-1, got {sequence}")
+
+
+class AsyncClient:
+    """Client of a Laminar cluster. `brokers`: base URLs of some brokers (any will do).
+
+    Use as `async with AsyncClient([...]) as client:` or call `close()`. One instance serves
+    many concurrent calls (it keeps a pool of keep-alive connections) but belongs to the event
+    loop that first used it.
+    """
+
+    def __init__(
+        self,
+        brokers: Sequence[str],
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = 256,
+    ) -> None:
+        if isinstance(brokers, str):
+            brokers = [brokers]
+        self._brokers = _dedupe([b.strip().rstrip("/") for b in brokers])
+        if not self._brokers:
+            raise ValueError("at least one broker URL is needed")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be positive")
+        self._token = token
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._first = 0  # the bootstrap broker tried first (the last one that answered)
+        self._meta_url: str | None = None
+        self._leaders: dict[tuple[str, int], str] = {}
+        self._descriptions: dict[str, TopicDescription] = {}
+        self._described_at: dict[str, float] = {}
+        self._stale: set[str] = set()  # topics whose routing went wrong since described
+        self._refreshing: dict[str, asyncio.Task[TopicDescription | None]] = {}
+        self._cluster: ClusterInfo | None = None
+        self._cluster_at = float("-inf")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def brokers(self) -> list[str]:
+        return list(self._brokers)
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections. Calls after `close()` raise RuntimeError."""
+        self._closed = True
+        for task in self._refreshing.values():
+            task.cancel()
+        self._refreshing.clear()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    # ------------------------------------------------------------------ cluster and admin
+
+    async def cluster(self) -> ClusterInfo:
+        """`GET /v1/cluster`: members, this node, the metadata leader."""
+        answer = await self._call("GET", "/v1/cluster")
+        info = ClusterInfo.from_json(answer.json() or {})
+        self._remember_cluster(info)
+        return info
+
+    async def node_partitions(self, node: str) -> NodePartitions:
+        """`GET /v1/nodes/{node}/partitions`: the partition replicas `node` hosts."""
+        answer = await self._call("GET", f"/v1/nodes/{quote(node, safe='')}/partitions")
+        return NodePartitions.from_json(answer.json() or {})
+
+    async def drain(self, node: str) -> NodeAdminState:
+        """`POST /v1/nodes/{node}/drain`: move every replica off `node`."""
+        path = f"/v1/nodes/{quote(node, safe='')}/drain"
+        answer = await self._call("POST", path, target=_META)
+        return NodeAdminState.from_json(answer.json() or {})
+
+    async def undrain(self, node: str) -> NodeAdminState:
+        """`DELETE /v1/nodes/{node}/drain`."""
+        path = f"/v1/nodes/{quote(node, safe='')}/drain"
+        answer = await self._call("DELETE", path, target=_META)
+        return NodeAdminState.from_json(answer.json() or {})
+
+    async def set_weight(self, node: str, weight: int) -> NodeAdminState:
+        """`PUT /v1/nodes/{node}/weight` (0..1000000; 0 = hosts nothing)."""
+        path = f"/v1/nodes/{quote(node, safe='')}/weight"
+        answer = await self._call("PUT", path, json_body={"weight": weight}, target=_META)
+        return NodeAdminState.from_json(answer.json() or {})
+
+    # ------------------------------------------------------------------ topics
+
+    async def topics(self) -> list[TopicInfo]:
+        """`GET /v1/topics`."""
+        answer = await self._call("GET", "/v1/topics")
+        return [TopicInfo.from_json(t) for t in (answer.json() or {}).get("topics", ())]
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> TopicDescription:
+        """`POST /v1/topics` → the new topic's description. Raises Conflict if it exists."""
+        body: dict[str, Any] = {"name": name, "partitions": partitions}
+        if replication_factor is not None:
+            body["replication_factor"] = replication_factor
+        if config is not None:
+            body["config"] = dict(config)
+        try:
+            answer = await self._call("POST", "/v1/topics", json_body=body, target=_META)
+        except Conflict as e:
+            if e.ambiguous:  # an earlier attempt of ours created it
+                return await self.describe_topic(name)
+            raise
+        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        """`GET /v1/topics/{name}`: partitions with leader, replicas, in-sync set, indexes."""
+        answer = await self._call("GET", f"/v1/topics/{quote(name, safe='')}")
+        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+
+    async def alter_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> TopicDescription:
+        """`PATCH /v1/topics/{name}`: grow the partition count and/or change the config."""
+        body: dict[str, Any] = {}
+        if partitions is not None:
+            body["partitions"] = partitions
+        if config is not None:
+            body["config"] = dict(config)
+        path = f"/v1/topics/{quote(name, safe='')}"
+        answer = await self._call("PATCH", path, json_body=body, target=_META)
+        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+
+    async def delete_topic(self, name: str) -> None:
+        """`DELETE /v1/topics/{name}`. Raises NotFound if there is no such topic."""
+        try:
+            await self._call("DELETE", f"/v1/topics/{quote(name, safe='')}", target=_META)
+        except NotFound as e:
+            if not e.ambiguous:  # else an earlier attempt of ours deleted it
+                raise
+        finally:
+            self._forget_topic(name)
+
+    async def partition_count(self, topic: str) -> int:
+        """The topic's partition count (cached; `describe_topic` refreshes it)."""
+        description = self._descriptions.get(topic)
+        if description is None:
+            description = await self.describe_topic(topic)
+        return description.partitions
+
+    # ------------------------------------------------------------------ records
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        records: RecordsOrBatch,
+        *,
+        producer_id: int | None = None,
+        sequence: int | None = None,
+        timeout_s: float | None = None,
+    ) -> AppendResult:
+        """Append one batch and return once it is committed.
+
+        `records` is a sequence of `Record`s (encoded here as one binary batch carrying
+        `producer_id`/`sequence`) or an already encoded batch (`encode_batch`), whose header
+        then carries the producer id and sequence (if given here too, they must match).
+        With a producer id the append is idempotent and retried after any failure; without one
+        it is retried only when the broker certainly did not take it (see the module doc).
+        """
+        if isinstance(records, bytes | bytearray | memoryview):
+            data = bytes(records)
+            header = parse_header(data)
+            if producer_id is not None and producer_id != header.producer_id:
+                raise ValueError(f"producer_id {producer_id} differs from the batch header's")
+            if sequence is not None and sequence != header.producer_seq:
+                raise ValueError(f"sequence {sequence} differs from the batch header's")
+            idempotent = header.producer_id != 0
+        else:
+            if not records:
+                raise ValueError("an append needs at least one record")
+            _check_producer(producer_id, sequence)
+            data = encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+            idempotent = producer_id is not None
+        answer = await self._call(
+            "POST",
+            self._records_path(topic, partition),
+            body=data,
+            content_type=BATCH_CONTENT_TYPE,
+            target=_Target("leader", topic, partition),
+            idempotent=idempotent,
+            timeout_s=timeout_s,
+        )
+        return AppendResult.from_json(answer.json() or {})
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        from_index: int | None = None,
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        wait_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> ReadResult:
+        """Read committed records from index `from_index` (default: the log start).
+
+        Served by an in-sync replica (see the module doc). With `wait_ms` the broker waits up to
+        that long for a record at or after `from_index` to be committed (long poll). Raises
+        `OutOfRange` (with `log_start`) when `from_index` is below the log start.
+        """
+        query: dict[str, int] = {"max_records": max_records, "max_bytes": max_bytes}
+        if from_index is not None:
+            query["from"] = from_index
+        if wait_ms:
+            query["wait_ms"] = wait_ms
+        timeout = (self._timeout_s if timeout_s is None else timeout_s) + max(wait_ms, 0) / 1000
+        answer = await self._call(
+            "GET",
+            self._records_path(topic, partition),
+            query=query,
+            accept=BATCH_CONTENT_TYPE,
+            target=_Target("replica", topic, partition),
+            timeout_s=timeout,
+        )
+        content_type = answer.headers.get("Content-Type", "")
+        try:
+            if content_type.startswith(JSON_CONTENT_TYPE):
+                return decode_read_json(answer.json() or {}, max_records=max_records)
+            return decode_read_body(
+                answer.body,
+                from_index=from_index,
+                max_records=max_records,
+                next_index=_int_header(answer.headers, "Laminar-Next-Index"),
+                commit_index=_int_header(answer.headers, "Laminar-Commit-Index") or 0,
+                log_start=_int_header(answer.headers, "Laminar-Log-Start") or 1,
+            )
+        except (BatchError, KeyError, TypeError, ValueError) as e:
+            raise LaminarError(
+                answer.status, "corrupt_response", f"undecodable read answer from {answer.url}: {e}"
+            ) from e
+
+    @staticmethod
+    def _records_path(topic: str, partition: int) -> str:
+        return f"/v1/topics/{quote(topic, safe='')}/partitions/{int(partition)}/records"
+
+    # ------------------------------------------------------------------ routing cache
+
+    def _remember_cluster(self, info: ClusterInfo) -> None:
+        self._cluster = info
+        self._cluster_at = asyncio.get_running_loop().time()
+        if info.metadata_leader:
+            leader = info.member(info.metadata_leader)
+            if leader is not None and leader.api_url:
+                self._meta_url = leader.api_url.rstrip("/")
+
+    def _remember_topic(self, description: TopicDescription) -> TopicDescription:
+        name = description.name
+        self._descriptions[name] = description
+        self._described_at[name] = asyncio.get_running_loop().time()
+        self._stale.discard(name)
+        for state in description.partition_states:
+            if state.leader_url:
+                self._leaders[(name, state.partition)] = state.leader_url.rstrip("/")
+            else:
+                self._leaders.pop((name, state.partition), None)
+        return description
+
+    def _forget_topic(self, name: str) -> None:
+        self._descriptions.pop(name, None)
+        self._described_at.pop(name, None)
+        self._stale.discard(name)
+        for key in [k for k in self._leaders if k[0] == name]:
+            del self._leaders[key]
+
+    def _forget(self, target: _Target) -> None:
+        """Something went wrong on the way to `target`: fetch its route again next time."""
+        if target.kind == "meta":
+            self._meta_url = None
+        elif target.kind in ("leader", "replica"):
+            self._leaders.pop(target.key, None)
+            self._stale.add(target.topic)
+
+    def _redirected(self, target: _Target, location: str) -> None:
+        origin = _origin(location)
+        if target.kind == "meta":
+            self._meta_url = origin
+        elif target.kind in ("leader", "replica"):
+            self._leaders[target.key] = origin
+            if target.kind == "replica":  # the broker we chose is no replica: ask again later
+                self._stale.add(target.topic)
+
+    async def _routing(self, topic: str, deadline: float) -> TopicDescription | None:
+        """The topic's routing information, fetched again when stale (best effort)."""
+        loop = asyncio.get_running_loop()
+        if topic in self._described_at and topic not in self._stale:
+            return self._descriptions.get(topic)  # good until something goes wrong
+        if loop.time() - self._described_at.get(topic, float("-inf")) < ROUTE_REFRESH_S:
+            return self._descriptions.get(topic)  # refreshed a moment ago: do not hammer
+        task = self._refreshing.get(topic)
+        if task is None:
+            budget = max(0.05, min(deadline - loop.time(), self._timeout_s) / 2)
+            task = loop.create_task(self._refresh(topic, budget))
+            self._refreshing[topic] = task
+            task.add_done_callback(lambda _: self._refreshing.pop(topic, None))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return self._descriptions.get(topic)
+            raise
+
+    async def _refresh(self, topic: str, budget_s: float) -> TopicDescription | None:
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await self._call(
+                "GET", f"/v1/topics/{quote(topic, safe='')}", timeout_s=budget_s
+            )
+            description = self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+            known = {m.id for m in self._cluster.members} if self._cluster else set()
+            wanted = {n for s in description.partition_states for n in s.in_sync}
+            if loop.time() - self._cluster_at > CLUSTER_TTL_S or not wanted <= known:
+                info = await self._call("GET", "/v1/cluster", timeout_s=budget_s)
+                self._remember_cluster(ClusterInfo.from_json(info.json() or {}))
+            return description
+        except (LaminarError, KeyError, TypeError, ValueError):
+            # Note the time so that a failing topic is not asked about on every call.
+            self._described_at[topic] = loop.time()
+            self._stale.add(topic)
+            return self._descriptions.get(topic)
+
+    async def _candidates(self, target: _Target, attempt: int, deadline: float) -> list[str]:
+        """Base URLs to try for `target`, best first, ending with every bootstrap broker."""
+        n = len(self._brokers)
+        start = (self._first + (attempt if target.kind == "any" else 0)) % n
+        brokers = self._brokers[start:] + self._brokers[:start]
+        if target.kind == "any":
+            return brokers
+        if target.kind == "meta":
+            return _dedupe([self._meta_url or "", *brokers])
+        description = await self._routing(target.topic, deadline)
+        leader = self._leaders.get(target.key, "")
+        if target.kind == "leader":
+            return _dedupe([leader, *brokers])
+        replicas: list[str] = []
+        state = description.partition(target.partition) if description else None
+        if state is not None and self._cluster is not None:
+            replicas = read_replicas(target.topic, target.partition, state, self._cluster.members)
+            if replicas:  # retries start at the next replica
+                shift = attempt % len(replicas)
+                replicas = replicas[shift:] + replicas[:shift]
+        return _dedupe([*replicas, leader, *brokers])
+
+    def _answered(self, base: str) -> None:
+        if base in self._brokers:
+            self._first = self._brokers.index(base)
+
+    def _unreachable(self, base: str, target: _Target) -> None:
+        if self._brokers[self._first] == base:
+            self._first = (self._first + 1) % len(self._brokers)
+        if target.kind == "meta" and self._meta_url == base:
+            self._meta_url = None
+        elif target.kind in ("leader", "replica"):
+            if self._leaders.get(target.key) == base:
+                self._leaders.pop(target.key, None)
+            self._stale.add(target.topic)
+
+    # ------------------------------------------------------------------ HTTP with retries
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, int | str] | None = None,
+        json_body: Any = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        accept: str = JSON_CONTENT_TYPE,
+        target: _Target = _ANY,
+        idempotent: bool = True,
+        timeout_s: float | None = None,
+    ) -> _Answer:
+        """One API call with redirects, retries and failover (see the module doc)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._timeout_s if timeout_s is None else timeout_s)
+        if json_body is not None:
+            body = json.dumps(json_body, separators=(",", ":")).encode()
+            content_type = JSON_CONTENT_TYPE
+        headers = {"Accept": accept}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        path_and_query = path + (f"?{urlencode(query)}" if query else "")
+        ambiguous = False
+        last: LaminarError | None = None
+        attempt = 0
+        while True:
+            answer: _Answer | None = None
+            for base in await self._candidates(target, attempt, deadline):
+                if loop.time() >= deadline:
+                    break
+                try:
+                    answer = await self._send(
+                        method, base + path_and_query, body, headers, deadline, target
+                    )
+                except _NotConnected as e:
+                    self._unreachable(base, target)
+                    last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
+                    continue
+                except _Broken as e:
+                    self._unreachable(base, target)
+                    ambiguous = ambiguous or method != "GET"
+                    kind = Timeout if isinstance(e.cause, TimeoutError) else Unavailable
+                    last = kind(0, "connection_lost", f"{method} {base}{path}: {e}")
+                    if not idempotent:
+                        last.ambiguous = True
+                        raise last from e.cause
+                    break
+                except _TooManyRedirects:
+                    self._forget(target)
+                    last = Unavailable(0, "redirect_loop", f"over {MAX_REDIRECTS} redirects")
+                    break
+                self._answered(base)
+                break
+            if answer is not None:
+                if 200 <= answer.status < 300:
+                    return answer
+                error = error_from_response(answer.status, answer.json())
+                error.ambiguous = ambiguous
+                if not error.retryable or (isinstance(error, Timeout) and not idempotent):
+                    raise error
+                if isinstance(error, Timeout):
+                    ambiguous = True
+                if not isinstance(error, Overloaded):
+                    self._forget(target)
+                last = error
+            delay = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2**attempt) * random.uniform(0.5, 1)
+            if answer is not None and answer.status == 429:
+                retry_after = _int_header(answer.headers, "Retry-After")
+                if retry_after is not None:
+                    delay = max(delay, min(float(retry_after), MAX_BACKOFF_S))
+            if loop.time() + delay >= deadline:
+                if last is None:
+                    last = Timeout(0, "timeout", f"{method} {path}: no answer in time")
+                last.ambiguous = ambiguous
+                raise last
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        deadline: float,
+        target: _Target,
+    ) -> _Answer:
+        """One attempt: the request and the 307/308 redirects that follow it."""
+        for _ in range(MAX_REDIRECTS + 1):
+            answer = await self._http(method, url, body, headers, deadline)
+            location = answer.headers.get("Location")
+            if answer.status not in (307, 308) or not location:
+                return answer
+            url = str(URL(url).join(URL(location)))
+            self._redirected(target, url)
+        raise _TooManyRedirects
+
+    async def _http(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        deadline: float,
+    ) -> _Answer:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise _Broken(TimeoutError("the call's deadline passed"))
+        timeout = aiohttp.ClientTimeout(
+            total=remaining, sock_connect=min(remaining, CONNECT_TIMEOUT_S)
+        )
+        session = self._get_session()
+        try:
+            async with session.request(
+                method,
+                URL(url, encoded=True),
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=timeout,
+            ) as response:
+                data = await response.read()
+                return _Answer(response.status, response.headers, data, url)
+        except _CONNECT_ERRORS as e:
+            raise _NotConnected(str(e) or type(e).__name__) from e
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise _Broken(e) from e

@@ -1,0 +1,1042 @@
+"""Client-side `laminar` commands: topic administration, produce, consume, cluster status and
+node administration, all through `AsyncClient` (spec api.md).
+
+`add_commands(subparsers)` adds `topic`, `produce`, `consume`, `cluster` and `node` to the
+`laminar` parser; `run(args)` runs one of them and returns its exit status (None when
+`args.command` is not one of these). Every command takes `--brokers URL,...` (default
+`$LAMINAR_BROKERS`, else http://127.0.0.11:7070), `--token-file` (default `$LAMINAR_TOKEN_FILE`),
+`--timeout` and, when it prints data, `--json`.
+
+Exit status: 0 done; 1 the cluster answered with an error or could not be reached (one line on
+stderr: `laminar: ...`), or a local file could not be read; 2 usage (bad arguments); 130 Ctrl-C
+(`consume` exits 0 on Ctrl-C: stopping it is how `--follow` ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import threading
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from laminar.log.batch import StoredRecord
+
+from .client import AsyncClient
+from .errors import LaminarError, NotFound, OutOfRange, Unauthorized
+from .models import NodeAdminState, PartitionState, RecordMetadata, TopicDescription, TopicInfo
+from .producer import Producer
+
+DEFAULT_BROKERS = "http://127.0.0.11:7070"
+BROKERS_ENV = "LAMINAR_BROKERS"
+TOKEN_FILE_ENV = "LAMINAR_TOKEN_FILE"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_WAIT_MS = 1000
+MAX_WAIT_MS = 60_000
+READ_MAX_RECORDS = 1000
+INPUT_CHUNK_BYTES = 1 << 16
+IDLE_POLL_S = 0.1
+RETRY_BACKOFF_S = 0.1
+MAX_RETRY_BACKOFF_S = 2.0
+MAX_WEIGHT = 1_000_000
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+COMMANDS = frozenset({"topic", "produce", "consume", "cluster", "node"})
+_HANDLER = "laminar_client_handler"
+_PARSER = "laminar_client_parser"
+
+Handler = Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]
+
+
+class UsageError(Exception):
+    """Arguments the parser could not check itself (exit 2)."""
+
+
+class CommandError(Exception):
+    """A failure on this side (a file that cannot be read, a partition that does not exist):
+    one line on stderr and exit 1."""
+
+
+# ---------------------------------------------------------------------------- argument types
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _weight(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > MAX_WEIGHT:
+        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_WEIGHT}")
+    return value
+
+
+def _wait_ms(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > MAX_WAIT_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_WAIT_MS}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+    return value
+
+
+def _linger(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _start(text: str) -> str | int:
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        return _non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not 'earliest', 'latest' or an index"
+        ) from None
+
+
+def _config_item(text: str) -> tuple[str, Any]:
+    """`key=value`: the value as JSON when it parses (numbers, null, true), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+# ---------------------------------------------------------------------------- the parsers
+
+
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the client commands to the `laminar` command's subparsers."""
+    connection = argparse.ArgumentParser(add_help=False)
+    group = connection.add_argument_group("connection")
+    group.add_argument(
+        "--brokers",
+        metavar="URL,...",
+        help=f"broker API URLs (default: ${BROKERS_ENV}, else {DEFAULT_BROKERS})",
+    )
+    group.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"file holding the API bearer token (default: ${TOKEN_FILE_ENV})",
+    )
+    group.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="give up on the cluster after this many seconds (default: %(default)s)",
+    )
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print JSON")
+    common = [connection, output]
+
+    def leaf(
+        parent: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        handler: Handler,
+        help_text: str,
+    ) -> argparse.ArgumentParser:
+        parser = parent.add_parser(name, parents=common, help=help_text, description=help_text)
+        parser.set_defaults(**{_HANDLER: handler, _PARSER: parser})
+        return parser
+
+    topic = subparsers.add_parser("topic", help="create, list, describe, alter, delete topics")
+    topics = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    create = leaf(topics, "create", _topic_create, "create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive_int, default=1, metavar="N")
+    create.add_argument(
+        "--replication-factor",
+        type=_positive_int,
+        metavar="R",
+        help="replicas per partition (default: the broker's, min(3, alive brokers))",
+    )
+    create.add_argument(
+        "--config",
+        type=_config_item,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="log settings, e.g. retention_ms=3600000 segment_bytes=1048576",
+    )
+    leaf(topics, "list", _topic_list, "list the topics")
+    describe = leaf(topics, "describe", _topic_describe, "show a topic's partitions")
+    describe.add_argument("name")
+    alter = leaf(topics, "alter", _topic_alter, "add partitions or change the config")
+    alter.add_argument("name")
+    alter.add_argument("--partitions", type=_positive_int, metavar="N", help="new count (grow)")
+    alter.add_argument(
+        "--config",
+        type=_config_item,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="log settings to change (KEY=null: back to the default)",
+    )
+    delete = leaf(topics, "delete", _topic_delete, "delete a topic and its records")
+    delete.add_argument("name")
+
+    produce = leaf(
+        subparsers,
+        "produce",
+        _produce,
+        "produce one record per input line (the newline stripped), idempotently",
+    )
+    produce.add_argument("topic")
+    produce.add_argument(
+        "--file", metavar="F", help="read the lines from F (default: stdin; '-' is stdin)"
+    )
+    keys = produce.add_mutually_exclusive_group()
+    keys.add_argument("--key", metavar="K", help="the key of every record")
+    keys.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="each line is KEY<SEP>VALUE (split at the first SEP; a line without SEP: no key)",
+    )
+    produce.add_argument(
+        "--partition", type=_non_negative_int, metavar="P", help="all records to partition P"
+    )
+    produce.add_argument(
+        "--linger-ms",
+        type=_linger,
+        default=5.0,
+        metavar="MS",
+        help="how long a batch waits for more records (default: %(default)s)",
+    )
+
+    consume = leaf(
+        subparsers,
+        "consume",
+        _consume,
+        "print records: 'partition index key value' lines ('-' for no key), or JSON lines",
+    )
+    consume.add_argument("topic")
+    consume.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        nargs="+",
+        action="extend",
+        metavar="P",
+        help="only these partitions (default: all)",
+    )
+    consume.add_argument(
+        "--from",
+        dest="start",
+        type=_start,
+        default="earliest",
+        metavar="earliest|latest|INDEX",
+        help="where to start in each partition (default: earliest)",
+    )
+    consume.add_argument(
+        "--to",
+        type=_non_negative_int,
+        metavar="INDEX",
+        help="stop before INDEX in each partition (exclusive)",
+    )
+    consume.add_argument(
+        "--max-records", type=_positive_int, metavar="N", help="stop after N records in all"
+    )
+    consume.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep waiting for new records until Ctrl-C (default: stop at the commit index)",
+    )
+    consume.add_argument(
+        "--wait-ms",
+        type=_wait_ms,
+        default=DEFAULT_WAIT_MS,
+        metavar="MS",
+        help="long-poll wait of each read (default: %(default)s)",
+    )
+
+    cluster = subparsers.add_parser("cluster", help="cluster status")
+    clusters = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    leaf(clusters, "status", _cluster_status, "members, partition leadership, topics")
+
+    node = subparsers.add_parser("node", help="drain, undrain, weigh a broker")
+    nodes = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    drain = leaf(nodes, "drain", _node_drain, "move every replica off the broker")
+    drain.add_argument("id")
+    undrain = leaf(nodes, "undrain", _node_undrain, "let the broker host replicas again")
+    undrain.add_argument("id")
+    weight = leaf(nodes, "weight", _node_weight, "set the broker's placement weight")
+    weight.add_argument("id")
+    weight.add_argument("weight", type=_weight, help="0..1000000 (0: hosts nothing)")
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def run(args: argparse.Namespace) -> int | None:
+    """Run the client command `args` describes; None when it is not one of ours."""
+    handler: Handler | None = getattr(args, _HANDLER, None)
+    if getattr(args, "command", None) not in COMMANDS or handler is None:
+        return None
+    parser: argparse.ArgumentParser = getattr(args, _PARSER)
+    try:
+        brokers = parse_brokers(args.brokers or os.environ.get(BROKERS_ENV) or DEFAULT_BROKERS)
+        token = read_token(args.token_file or os.environ.get(TOKEN_FILE_ENV) or None)
+        return asyncio.run(_main(handler, args, brokers, token))
+    except UsageError as e:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except LaminarError as e:
+        _error(describe_error(e))
+        return EXIT_ERROR
+    except CommandError as e:
+        _error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        if args.command == "consume":
+            return 0
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): stop quietly, and keep the
+        # interpreter's final flush of stdout from failing again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0 if args.command == "consume" else EXIT_ERROR
+
+
+async def _main(
+    handler: Handler, args: argparse.Namespace, brokers: list[str], token: str | None
+) -> int:
+    async with AsyncClient(brokers, token=token, timeout_s=args.timeout) as client:
+        return await handler(client, args)
+
+
+def parse_brokers(text: str) -> list[str]:
+    """`URL,...` → base URLs; `host:port` gets `http://`. Raises UsageError."""
+    urls: list[str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        url = part if "://" in part else f"http://{part}"
+        try:
+            split = urlsplit(url)
+            split.port  # noqa: B018 -- raises ValueError on a bad port
+        except ValueError as e:
+            raise UsageError(f"bad broker URL {part!r}: {e}") from None
+        if split.scheme not in ("http", "https") or not split.hostname:
+            raise UsageError(f"bad broker URL {part!r}: want http://HOST:PORT")
+        urls.append(url.rstrip("/"))
+    if not urls:
+        raise UsageError("no broker URL given (--brokers URL,...)")
+    return urls
+
+
+def read_token(path: str | None) -> str | None:
+    """The bearer token in `path` (surrounding whitespace stripped). Raises CommandError."""
+    if path is None:
+        return None
+    try:
+        token = open(path, "rb").read().strip().decode()  # noqa: SIM115
+    except OSError as e:
+        raise CommandError(f"cannot read the token file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"the token file {path} is not UTF-8 text") from None
+    if not token:
+        raise CommandError(f"the token file {path} is empty")
+    return token
+
+
+def describe_error(error: LaminarError) -> str:
+    """One line for an error of the client."""
+    message = " ".join(str(error.message or error.code).split())
+    if error.status == 0:
+        if error.code in ("unreachable", "connection_lost", "timeout"):
+            return f"{message} (no answer from the brokers in time)"
+        return message
+    text = f"{message} ({error.status} {error.code})"
+    if isinstance(error, Unauthorized):
+        text += f"; give the token with --token-file or ${TOKEN_FILE_ENV}"
+    return text
+
+
+def _error(message: str) -> None:
+    print(f"laminar: {message}", file=sys.stderr, flush=True)
+
+
+_warn = _error
+
+
+def _print_json(value: Any, out: TextIO | None = None) -> None:
+    print(json.dumps(value, separators=(", ", ": ")), file=out or sys.stdout)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns two spaces apart."""
+    cells = [list(headers), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _nodes(nodes: Sequence[str]) -> str:
+    return ",".join(nodes) if nodes else "-"
+
+
+def _config_text(config: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(config.items())) or "-"
+
+
+def _config(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    return dict(items)
+
+
+def _topic_line(description: TopicDescription | TopicInfo) -> str:
+    return (
+        f"{description.name}: {description.partitions} partition"
+        f"{'s' if description.partitions != 1 else ''}, replication factor "
+        f"{description.replication_factor}, config {_config_text(description.config)}"
+    )
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+async def _topic_create(client: AsyncClient, args: argparse.Namespace) -> int:
+    description = await client.create_topic(
+        args.name,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        config=_config(args.config) if args.config else None,
+    )
+    if args.json:
+        _print_json(dict(description.raw))
+    else:
+        print(f"created topic {_topic_line(description)}")
+    return 0
+
+
+async def _topic_list(client: AsyncClient, args: argparse.Namespace) -> int:
+    topics = sorted(await client.topics(), key=lambda t: t.name)
+    if args.json:
+        _print_json(
+            {
+                "topics": [
+                    {
+                        "name": t.name,
+                        "partitions": t.partitions,
+                        "replication_factor": t.replication_factor,
+                        "config": dict(t.config),
+                    }
+                    for t in topics
+                ]
+            }
+        )
+    elif topics:
+        rows = [
+            (t.name, t.partitions, t.replication_factor, _config_text(t.config)) for t in topics
+        ]
+        print(table(("TOPIC", "PARTITIONS", "RF", "CONFIG"), rows))
+    else:
+        print("no topics")
+    return 0
+
+
+def _partition_rows(states: Sequence[PartitionState]) -> tuple[list[str], list[list[object]]]:
+    headers = ["PARTITION", "LEADER", "REPLICAS", "IN-SYNC", "LOG START", "COMMIT", "LOG END"]
+    learners = any(s.learners for s in states)
+    if learners:
+        headers.insert(3, "LEARNERS")
+    rows: list[list[object]] = []
+    for s in sorted(states, key=lambda s: s.partition):
+        row: list[object] = [
+            s.partition,
+            s.leader or "-",
+            _nodes(s.replicas),
+            _nodes(s.in_sync),
+            s.log_start,
+            s.commit_index,
+            s.log_end,
+        ]
+        if learners:
+            row.insert(3, _nodes(s.learners))
+        rows.append(row)
+    return headers, rows
+
+
+async def _topic_describe(client: AsyncClient, args: argparse.Namespace) -> int:
+    description = await client.describe_topic(args.name)
+    if args.json:
+        _print_json(dict(description.raw))
+        return 0
+    print(f"topic {_topic_line(description)}")
+    headers, rows = _partition_rows(description.partition_states)
+    print(table(headers, rows))
+    return 0
+
+
+async def _topic_alter(client: AsyncClient, args: argparse.Namespace) -> int:
+    if args.partitions is None and not args.config:
+        raise UsageError("nothing to alter: give --partitions and/or --config")
+    description = await client.alter_topic(
+        args.name,
+        partitions=args.partitions,
+        config=_config(args.config) if args.config else None,
+    )
+    if args.json:
+        _print_json(dict(description.raw))
+    else:
+        print(f"altered topic {_topic_line(description)}")
+    return 0
+
+
+async def _topic_delete(client: AsyncClient, args: argparse.Namespace) -> int:
+    await client.delete_topic(args.name)
+    if args.json:
+        _print_json({"deleted": args.name})
+    else:
+        print(f"deleted topic {args.name}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- produce
+
+
+def _strip_newline(line: bytes) -> bytes:
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+async def read_lines(fd: int, name: str) -> AsyncGenerator[bytes, None]:
+    """The lines of file descriptor `fd` (without "\\n" or "\\r\\n"), as they arrive.
+
+    A daemon thread reads with `os.read` (no Python I/O lock held, so a read blocked on a
+    terminal or a pipe never holds up the exit) into a small bounded queue (so a fast file
+    does not run ahead of a slow cluster). A last line without a newline counts too.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | OSError] = asyncio.Queue(maxsize=8)
+
+    def pump() -> None:
+        while True:
+            chunk: bytes | OSError
+            try:
+                chunk = os.read(fd, INPUT_CHUNK_BYTES)
+            except OSError as e:
+                chunk = e
+            try:
+                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the loop is gone: nobody reads anymore
+            if not isinstance(chunk, bytes) or not chunk:
+                return
+
+    threading.Thread(target=pump, name="laminar-input", daemon=True).start()
+    partial: list[bytes] = []
+    while True:
+        chunk = await queue.get()
+        if isinstance(chunk, OSError):
+            raise CommandError(f"cannot read {name}: {chunk.strerror or chunk}")
+        if not chunk:
+            if partial:
+                yield _strip_newline(b"".join(partial))
+            return
+        if b"\n" not in chunk:
+            partial.append(chunk)
+            continue
+        lines = chunk.split(b"\n")
+        partial.append(lines[0])
+        yield _strip_newline(b"".join(partial))
+        for line in lines[1:-1]:
+            yield _strip_newline(line)
+        partial = [lines[-1]] if lines[-1] else []
+
+
+def _open_input(path: str | None) -> tuple[int, str, bool]:
+    """(fd, name for messages, whether to close it)."""
+    if path is None or path == "-":
+        return sys.stdin.fileno(), "stdin", False
+    try:
+        return os.open(path, os.O_RDONLY), path, True
+    except OSError as e:
+        raise CommandError(f"cannot open {path}: {e.strerror}") from None
+
+
+@dataclass(slots=True)
+class _ProduceTally:
+    json: bool
+    produced: int = 0
+    failed: int = 0
+    first_error: BaseException | None = None
+    partitions: Counter[int] = field(default_factory=Counter)
+
+    def settle(self, line: int, future: asyncio.Future[RecordMetadata]) -> None:
+        error = future.exception()
+        if error is not None:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = error
+            if self.json:
+                _print_json({"line": line, "error": _error_text(error)})
+            return
+        meta = future.result()
+        self.produced += 1
+        self.partitions[meta.partition] += 1
+        if self.json:
+            _print_json({"line": line, "partition": meta.partition, "index": meta.index})
+
+
+def _error_text(error: BaseException) -> str:
+    if isinstance(error, LaminarError):
+        return describe_error(error)
+    return str(error) or type(error).__name__
+
+
+async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
+    if args.key_separator == "":
+        raise UsageError("--key-separator must not be empty")
+    description = await client.describe_topic(args.topic)  # a clear error before any input
+    count = description.partitions
+    if args.partition is not None and args.partition >= count:
+        raise CommandError(f"topic {args.topic} has no partition {args.partition} (0..{count - 1})")
+    fixed_key: bytes | None = None if args.key is None else args.key.encode()
+    separator: bytes | None = None if args.key_separator is None else args.key_separator.encode()
+    fd, name, close_fd = _open_input(args.file)
+    tally = _ProduceTally(args.json)
+    pending: deque[tuple[int, asyncio.Future[RecordMetadata]]] = deque()
+    producer = Producer(
+        client,
+        args.topic,
+        linger_ms=args.linger_ms,
+        partitions=count,
+        delivery_timeout_s=args.timeout,
+    )
+    try:
+        line_no = 0
+        lines = read_lines(fd, name)
+        try:
+            async for line in lines:
+                line_no += 1
+                key, value = fixed_key, line
+                if separator is not None:
+                    head, sep, tail = line.partition(separator)
+                    if sep:
+                        key, value = head, tail
+                future = await producer.send(value, key=key, partition=args.partition)
+                pending.append((line_no, future))
+                while pending and pending[0][1].done():
+                    tally.settle(*pending.popleft())
+                if tally.failed:
+                    break  # stop reading: the cluster refuses this topic's records
+        finally:
+            await lines.aclose()
+    finally:
+        await producer.close()
+        if close_fd:
+            os.close(fd)
+    while pending:
+        tally.settle(*pending.popleft())
+    if not args.json:
+        used = ", ".join(f"{p} ({n})" for p, n in sorted(tally.partitions.items()))
+        print(
+            f"produced {tally.produced} record{'s' if tally.produced != 1 else ''} to "
+            f"{args.topic}" + (f": partitions {used}" if used else "")
+        )
+    sys.stdout.flush()
+    if tally.first_error is not None:
+        _error(
+            f"{tally.failed} record{'s' if tally.failed != 1 else ''} not produced"
+            f"{' (input not read to its end)' if line_no > tally.produced + tally.failed else ''}"
+            f": {_error_text(tally.first_error)}"
+        )
+        return EXIT_ERROR
+    return 0
+
+
+# ---------------------------------------------------------------------------- consume
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "-"
+    text = data.decode("utf-8", errors="backslashreplace")
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def record_json(partition: int, record: StoredRecord) -> dict[str, Any]:
+    """The record as the API's JSON read shows it, plus its partition: key, value and header
+    values as text, or all base64 (`"encoding": "base64"`) when one of them is not UTF-8."""
+    parts = [record.key, record.value, *(v for _, v in record.headers)]
+    try:
+        for part in parts:
+            if part is not None:
+                part.decode("utf-8")
+        encode: Callable[[bytes], str] = bytes.decode
+        encoded = False
+    except UnicodeDecodeError:
+        encode = lambda b: base64.b64encode(b).decode()  # noqa: E731
+        encoded = True
+    item: dict[str, Any] = {
+        "partition": partition,
+        "index": record.index,
+        "timestamp_ms": record.timestamp_ms,
+        "key": None if record.key is None else encode(record.key),
+        "value": None if record.value is None else encode(record.value),
+        "headers": {k: encode(v) for k, v in record.headers},
+    }
+    if encoded:
+        item["encoding"] = "base64"
+    return item
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where one partition's reading stands."""
+
+    partition: int
+    position: int | None  # the next index to read; None: the log start
+    to: int | None  # stop before this index (--to)
+    end: int | None  # stop here too (the commit index + 1 at the start; None with --follow)
+    first: bool = True  # no read yet
+
+    @property
+    def stop(self) -> int | None:
+        bounds = [b for b in (self.to, self.end) if b is not None]
+        return min(bounds) if bounds else None
+
+    @property
+    def done(self) -> bool:
+        if self.position is None:
+            return False
+        if self.to is not None and self.position >= self.to:
+            return True
+        # `end` is checked again after the first read, which may move it (see _read_step)
+        return self.end is not None and not self.first and self.position >= self.end
+
+
+class _Printer:
+    def __init__(self, as_json: bool, limit: int | None) -> None:
+        self.as_json = as_json
+        self.limit = limit
+        self.printed = 0
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and self.printed >= self.limit
+
+    def print(self, partition: int, records: Sequence[StoredRecord]) -> None:
+        out = sys.stdout
+        for record in records:
+            if self.full:
+                break
+            if self.as_json:
+                out.write(json.dumps(record_json(partition, record)) + "\n")
+            else:
+                out.write(f"{partition} {record.index} {_text(record.key)} {_text(record.value)}\n")
+            self.printed += 1
+        out.flush()
+
+
+async def _read_step(
+    client: AsyncClient, topic: str, cursor: _Cursor, wait_ms: int, limit: int
+) -> list[StoredRecord]:
+    """One read of `cursor`'s partition: the records below its stop, the cursor moved on."""
+    if cursor.first and cursor.end is not None:
+        wait_ms = 0  # up to the end: never wait for records after it
+    stop = cursor.stop
+    max_records = min(limit, READ_MAX_RECORDS)
+    if cursor.position is not None and stop is not None:
+        max_records = min(max_records, stop - cursor.position)
+    try:
+        result = await client.read(
+            topic,
+            cursor.partition,
+            cursor.position,
+            max_records=max(1, max_records),
+            wait_ms=wait_ms,
+        )
+    except OutOfRange as e:
+        if e.log_start is None or (cursor.position is not None and e.log_start <= cursor.position):
+            raise
+        if cursor.position is not None:
+            _warn(
+                f"partition {cursor.partition}: records {cursor.position}..{e.log_start - 1} "
+                f"are gone (retention); continuing at {e.log_start}"
+            )
+        cursor.position = e.log_start
+        return []
+    if cursor.first and cursor.end is not None:
+        # The describe that set `end` may have missed the partition's hosts: trust the
+        # serving replica's commit index too (only the first time: then `end` stays put).
+        cursor.end = max(cursor.end, result.commit_index + 1)
+        stop = cursor.stop
+    cursor.first = False
+    start = cursor.position
+    records = [
+        r
+        for r in result.records
+        if (start is None or r.index >= start) and (stop is None or r.index < stop)
+    ]
+    position = result.next_index
+    if result.records:
+        position = max(position, result.records[-1].index + 1)
+    if start is not None:
+        position = max(position, start)
+    if not result.records and position == start and wait_ms == 0 and not cursor.done:
+        await asyncio.sleep(IDLE_POLL_S)
+    cursor.position = position
+    return records
+
+
+async def _follow(
+    client: AsyncClient, topic: str, cursor: _Cursor, wait_ms: int, out: asyncio.Queue[Any]
+) -> None:
+    """Read `cursor`'s partition until its stop (forever without one) into `out`; waits out
+    retryable errors (leader elections, restarts)."""
+    attempt = 0
+    warned = False
+    while not cursor.done:
+        try:
+            records = await _read_step(client, topic, cursor, wait_ms, READ_MAX_RECORDS)
+        except LaminarError as e:
+            if not e.retryable:
+                raise
+            if not warned:
+                _warn(f"partition {cursor.partition}: {describe_error(e)}; retrying")
+                warned = True
+            delay = min(MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S * 2**attempt)
+            await asyncio.sleep(delay * random.uniform(0.5, 1))
+            attempt += 1
+            continue
+        attempt = 0
+        warned = False
+        if records:
+            await out.put((cursor.partition, records))
+
+
+async def _consume(client: AsyncClient, args: argparse.Namespace) -> int:
+    description = await client.describe_topic(args.topic)
+    count = description.partitions
+    partitions = sorted(set(args.partition)) if args.partition else list(range(count))
+    for p in partitions:
+        if p >= count:
+            raise CommandError(f"topic {args.topic} has no partition {p} (0..{count - 1})")
+    cursors: list[_Cursor] = []
+    for p in partitions:
+        state = description.partition(p)
+        if args.start == "earliest":
+            position = None if state is None else state.log_start
+        elif args.start == "latest":
+            if state is None:
+                probe = await client.read(args.topic, p, None, max_records=1)
+                position = probe.commit_index + 1
+            else:
+                position = state.commit_index + 1
+        else:
+            position = int(args.start)
+        end = None
+        if not args.follow:
+            end = state.commit_index + 1 if state is not None else 0
+        cursors.append(_Cursor(p, position, args.to, end))
+    printer = _Printer(args.json, args.max_records)
+    if not args.follow:
+        for cursor in cursors:  # one partition after the other: the output is grouped
+            while not cursor.done and not printer.full:
+                limit = (
+                    READ_MAX_RECORDS if printer.limit is None else printer.limit - printer.printed
+                )
+                records = await _read_step(client, args.topic, cursor, args.wait_ms, limit)
+                printer.print(cursor.partition, records)
+        return 0
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * len(cursors))
+    tasks = {
+        asyncio.create_task(_follow(client, args.topic, c, args.wait_ms, queue)) for c in cursors
+    }
+    try:
+        while not printer.full:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+            else:
+                partition, records = getter.result()
+                printer.print(partition, records)
+            for task in done - {getter}:
+                tasks.discard(task)
+                task.result()  # raises the partition's error
+            if not tasks and queue.empty():
+                break  # every partition reached --to
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------- cluster, nodes
+
+
+async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
+    info = await client.cluster()
+    descriptions: list[TopicDescription] = []
+    for topic in sorted(await client.topics(), key=lambda t: t.name):
+        try:
+            descriptions.append(await client.describe_topic(topic.name))
+        except NotFound:
+            continue  # deleted meanwhile
+    led: Counter[str] = Counter()
+    hosted: Counter[str] = Counter()
+    topics: list[dict[str, Any]] = []
+    for description in descriptions:
+        leaders: Counter[str] = Counter()
+        leaderless = under_replicated = 0
+        for state in description.partition_states:
+            if state.leader:
+                leaders[state.leader] += 1
+            else:
+                leaderless += 1
+            if len(state.in_sync) < len(state.replicas):
+                under_replicated += 1
+            for node in {*state.replicas, *state.learners}:
+                hosted[node] += 1
+        led.update(leaders)
+        topics.append(
+            {
+                "name": description.name,
+                "partitions": description.partitions,
+                "replication_factor": description.replication_factor,
+                "leaders": dict(sorted(leaders.items())),
+                "leaderless": leaderless,
+                "under_replicated": under_replicated,
+            }
+        )
+    members = [
+        {
+            "id": m.id,
+            "api_url": m.api_url,
+            "peer_addr": m.peer_addr,
+            "state": m.state,
+            "weight": m.weight,
+            "draining": m.draining,
+            "partitions_led": led[m.id],
+            "replicas_hosted": hosted[m.id],
+        }
+        for m in sorted(info.members, key=lambda m: m.id)
+    ]
+    if args.json:
+        _print_json(
+            {
+                "cluster_id": info.cluster_id,
+                "node_id": info.node_id,
+                "metadata_leader": info.metadata_leader,
+                "members": members,
+                "topics": topics,
+            }
+        )
+        return 0
+    print(
+        f"cluster {info.cluster_id or '-'}: {len(members)} members, metadata leader "
+        f"{info.metadata_leader or '-'} (answered by {info.node_id or '-'})"
+    )
+    print(
+        table(
+            ("ID", "API URL", "STATE", "WEIGHT", "DRAINING", "LEADS", "REPLICAS"),
+            [
+                (
+                    m["id"],
+                    m["api_url"] or "-",
+                    m["state"],
+                    m["weight"],
+                    "yes" if m["draining"] else "no",
+                    m["partitions_led"],
+                    m["replicas_hosted"],
+                )
+                for m in members
+            ],
+        )
+    )
+    print()
+    if not topics:
+        print("no topics")
+        return 0
+    print(
+        table(
+            ("TOPIC", "PARTITIONS", "RF", "LEADERS", "NO LEADER", "UNDER-REPLICATED"),
+            [
+                (
+                    t["name"],
+                    t["partitions"],
+                    t["replication_factor"],
+                    " ".join(f"{n}:{c}" for n, c in t["leaders"].items()) or "-",
+                    t["leaderless"],
+                    t["under_replicated"],
+                )
+                for t in topics
+            ],
+        )
+    )
+    return 0
+
+
+def _print_node(state: NodeAdminState, as_json: bool) -> None:
+    if as_json:
+        _print_json({"node": state.node, "draining": state.draining, "weight": state.weight})
+    else:
+        draining = "draining" if state.draining else "not draining"
+        print(f"{state.node}: {draining}, weight {state.weight}")
+
+
+async def _node_drain(client: AsyncClient, args: argparse.Namespace) -> int:
+    _print_node(await client.drain(args.id), args.json)
+    return 0
+
+
+async def _node_undrain(client: AsyncClient, args: argparse.Namespace) -> int:
+    _print_node(await client.undrain(args.id), args.json)
+    return 0
+
+
+async def _node_weight(client: AsyncClient, args: argparse.Namespace) -> int:
+    _print_node(await client.set_weight(args.id, args.weight), args.json)
+    return 0

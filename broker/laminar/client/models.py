@@ -1,0 +1,228 @@
+"""Typed views of the API's JSON answers and the client's results.
+
+Each `from_json` reads the fields the contract (spec api.md) names and tolerates extra ones; the
+whole answer stays available as `raw` for fields a newer broker adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from laminar.log.batch import StoredRecord
+
+JSON = Mapping[str, Any]
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """A committed append: the batch's first index, its record count, and whether the broker
+    had already written it (an idempotent retry: then `base_index` is the original one)."""
+
+    base_index: int
+    count: int
+    duplicate: bool = False
+
+    @classmethod
+    def from_json(cls, data: JSON) -> AppendResult:
+        return cls(int(data["base_index"]), int(data["count"]), bool(data.get("duplicate", False)))
+
+
+class ReadResult(NamedTuple):
+    """Records read from one partition, in index order, and where to read next."""
+
+    records: list[StoredRecord]
+    next_index: int
+    commit_index: int
+    log_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a produced record was written."""
+
+    partition: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    id: str
+    api_url: str
+    state: str
+    weight: int = 1
+    draining: bool = False
+    peer_addr: str | None = None
+
+    @classmethod
+    def from_json(cls, data: JSON) -> Member:
+        return cls(
+            id=str(data["id"]),
+            api_url=str(data.get("api_url", "")),
+            state=str(data.get("state", "alive")),
+            weight=int(data.get("weight", 1)),
+            draining=bool(data.get("draining", False)),
+            peer_addr=_opt_str(data.get("peer_addr")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    cluster_id: str
+    node_id: str
+    metadata_leader: str | None
+    members: tuple[Member, ...]
+    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: JSON) -> ClusterInfo:
+        return cls(
+            cluster_id=str(data.get("cluster_id", "")),
+            node_id=str(data.get("node_id", "")),
+            metadata_leader=_opt_str(data.get("metadata_leader")),
+            members=tuple(Member.from_json(m) for m in data.get("members", ())),
+            raw=data,
+        )
+
+    def member(self, node_id: str) -> Member | None:
+        return next((m for m in self.members if m.id == node_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, Any]
+
+    @classmethod
+    def from_json(cls, data: JSON) -> TopicInfo:
+        return cls(
+            name=str(data["name"]),
+            partitions=int(data["partitions"]),
+            replication_factor=int(data.get("replication_factor", 0)),
+            config=dict(data.get("config") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    partition: int
+    leader: str | None
+    leader_url: str | None
+    replicas: tuple[str, ...]
+    learners: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    log_start: int
+    commit_index: int
+    log_end: int
+
+    @classmethod
+    def from_json(cls, data: JSON) -> PartitionState:
+        return cls(
+            partition=int(data["partition"]),
+            leader=_opt_str(data.get("leader")),
+            leader_url=_opt_str(data.get("leader_url")),
+            replicas=_strs(data.get("replicas")),
+            learners=_strs(data.get("learners")),
+            in_sync=_strs(data.get("in_sync")),
+            log_start=int(data.get("log_start", 0)),
+            commit_index=int(data.get("commit_index", -1)),
+            log_end=int(data.get("log_end", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, Any]
+    partition_states: tuple[PartitionState, ...]
+    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: JSON) -> TopicDescription:
+        return cls(
+            name=str(data["name"]),
+            partitions=int(data["partitions"]),
+            replication_factor=int(data.get("replication_factor", 0)),
+            config=dict(data.get("config") or {}),
+            partition_states=tuple(
+                PartitionState.from_json(p) for p in data.get("partition_states", ())
+            ),
+            raw=data,
+        )
+
+    def partition(self, partition: int) -> PartitionState | None:
+        return next((p for p in self.partition_states if p.partition == partition), None)
+
+
+@dataclass(frozen=True, slots=True)
+class HostedPartition:
+    topic: str
+    partition: int
+    role: str
+    leader: str | None
+    term: int
+    voters: tuple[str, ...]
+    learners: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    log_start: int
+    commit_index: int
+    log_end: int
+    bytes: int
+
+    @classmethod
+    def from_json(cls, data: JSON) -> HostedPartition:
+        return cls(
+            topic=str(data["topic"]),
+            partition=int(data["partition"]),
+            role=str(data.get("role", "")),
+            leader=_opt_str(data.get("leader")),
+            term=int(data.get("term", 0)),
+            voters=_strs(data.get("voters")),
+            learners=_strs(data.get("learners")),
+            in_sync=_strs(data.get("in_sync")),
+            log_start=int(data.get("log_start", 0)),
+            commit_index=int(data.get("commit_index", -1)),
+            log_end=int(data.get("log_end", 0)),
+            bytes=int(data.get("bytes", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodePartitions:
+    node_id: str
+    partitions: tuple[HostedPartition, ...]
+
+    @classmethod
+    def from_json(cls, data: JSON) -> NodePartitions:
+        return cls(
+            node_id=str(data.get("node_id", "")),
+            partitions=tuple(HostedPartition.from_json(p) for p in data.get("partitions", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdminState:
+    node: str
+    draining: bool
+    weight: int
+
+    @classmethod
+    def from_json(cls, data: JSON) -> NodeAdminState:
+        return cls(
+            node=str(data["node"]),
+            draining=bool(data.get("draining", False)),
+            weight=int(data.get("weight", 1)),
+        )

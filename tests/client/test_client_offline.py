@@ -1,0 +1,95 @@
+"""AsyncClient and Client without a broker: argument checks happen before any request, and a
+cluster that cannot be reached gives `Unavailable` once the call's deadline has passed (real
+connection refusals on loopback; nothing stands in for a broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from laminar.client import AsyncClient, Client, Record, Unavailable
+from laminar.log.batch import encode_batch
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_broker_urls_are_required_and_normalised() -> None:
+    with pytest.raises(ValueError):
+        AsyncClient([])
+    client = AsyncClient(["http://a:1/", "http://a:1", " http://b:2 "])
+    assert client.brokers == ["http://a:1", "http://b:2"]
+    assert AsyncClient("http://c:3").brokers == ["http://c:3"]
+    with pytest.raises(ValueError):
+        AsyncClient(["http://a:1"], timeout_s=0)
+
+
+async def test_append_arguments_are_checked_before_sending() -> None:
+    async with AsyncClient([closed_port_url()], timeout_s=0.2) as client:
+        with pytest.raises(ValueError):
+            await client.append("t", 0, [])
+        with pytest.raises(ValueError):
+            await client.append("t", 0, [Record(b"v")], sequence=3)
+        with pytest.raises(ValueError):
+            await client.append("t", 0, [Record(b"v")], producer_id=5)
+        with pytest.raises(ValueError):
+            await client.append("t", 0, [Record(b"v")], producer_id=2**63, sequence=0)
+        batch = encode_batch([Record(b"v")], producer_id=9, producer_seq=4)
+        with pytest.raises(ValueError):
+            await client.append("t", 0, batch, producer_id=8)
+        with pytest.raises(ValueError):
+            await client.append("t", 0, batch, sequence=5)
+        with pytest.raises(ValueError):
+            await client.append("t", 0, b"not a batch")
+
+
+async def test_an_unreachable_cluster_is_unavailable_after_the_deadline() -> None:
+    urls = [closed_port_url(), closed_port_url()]
+    async with AsyncClient(urls, timeout_s=0.5) as client:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(Unavailable) as info:
+            await client.cluster()
+        elapsed = loop.time() - started
+        assert info.value.status == 0 and info.value.code == "unreachable"
+        assert 0.2 < elapsed < 3
+        with pytest.raises(Unavailable):
+            await client.append("t", 0, [Record(b"v")], producer_id=1, sequence=0)
+        with pytest.raises(Unavailable):
+            await client.read("t", 0, 1)
+
+
+async def test_a_closed_client_refuses_calls() -> None:
+    client = AsyncClient([closed_port_url()], timeout_s=0.2)
+    await client.close()
+    await client.close()
+    with pytest.raises(RuntimeError):
+        await client.topics()
+
+
+def test_the_sync_client_runs_calls_on_its_own_loop() -> None:
+    with Client([closed_port_url()], timeout_s=0.3) as client:
+        with pytest.raises(Unavailable):
+            client.topics()
+        with pytest.raises(ValueError):
+            client.append("t", 0, [])
+        with pytest.raises(Unavailable):
+            client.produce("t", [b"a", b"b"], partition=0)
+    client.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        client.cluster()
+
+
+async def test_the_sync_client_also_works_where_a_loop_is_running() -> None:
+    client = Client([closed_port_url()], timeout_s=0.2)
+    try:
+        with pytest.raises(Unavailable):
+            client.describe_topic("t")  # blocks this loop briefly, but does not deadlock
+    finally:
+        client.close()

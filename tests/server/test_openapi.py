@@ -1,0 +1,206 @@
+"""broker/laminar/server/openapi.yaml is a valid OpenAPI 3.1 document and covers the API contract.
+
+The contract is the endpoint list below (DESIGN.md §5, detailed in the working spec api.md). When
+that spec file is present next to the repository (`../spec/api.md`), its endpoints and JSON
+examples are also read from it, so the two cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+
+REPO = Path(__file__).resolve().parents[2]
+OPENAPI = REPO / "broker" / "laminar" / "server" / "openapi.yaml"
+API_SPEC = REPO.parent / "spec" / "api.md"
+
+ENDPOINTS = {
+    ("get", "/v1/cluster"),
+    ("get", "/v1/nodes/{id}/partitions"),
+    ("post", "/v1/nodes/{id}/drain"),
+    ("delete", "/v1/nodes/{id}/drain"),
+    ("put", "/v1/nodes/{id}/weight"),
+    ("get", "/v1/topics"),
+    ("post", "/v1/topics"),
+    ("get", "/v1/topics/{topic}"),
+    ("patch", "/v1/topics/{topic}"),
+    ("delete", "/v1/topics/{topic}"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/records"),
+    ("get", "/v1/topics/{topic}/partitions/{p}/records"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+}
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+BATCH_TYPE = "application/vnd.laminar.batch"
+ENDPOINT_IN_MARKDOWN = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/[^\s`?]*)")
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict[str, Any]:
+    with OPENAPI.open() as f:
+        loaded: dict[str, Any] = yaml.safe_load(f)
+    return loaded
+
+
+def operations(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (method, path): op
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        if method in METHODS
+    }
+
+
+def resolve(doc: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        target: Any = doc
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def response(doc: dict[str, Any], method: str, path: str, status: str) -> dict[str, Any]:
+    return resolve(doc, operations(doc)[(method, path)]["responses"][status])
+
+
+def schema_validator(doc: dict[str, Any], name: str) -> OAS31Validator:
+    schema = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+    return OAS31Validator(schema)
+
+
+def test_the_document_is_valid_openapi_3_1(doc: dict[str, Any]) -> None:
+    assert doc["openapi"].startswith("3.1")
+    validate(doc)
+
+
+def test_every_contract_endpoint_is_described(doc: dict[str, Any]) -> None:
+    assert set(operations(doc)) == ENDPOINTS
+
+
+@pytest.mark.skipif(not API_SPEC.exists(), reason=f"{API_SPEC} is not present")
+def test_every_endpoint_of_the_spec_file_is_described(doc: dict[str, Any]) -> None:
+    found = {(m.lower(), p) for m, p in ENDPOINT_IN_MARKDOWN.findall(API_SPEC.read_text())}
+    assert found >= ENDPOINTS - {("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics")}
+    assert found <= set(operations(doc)), found - set(operations(doc))
+
+
+def test_v1_paths_need_the_bearer_token_and_health_paths_do_not(doc: dict[str, Any]) -> None:
+    schemes = doc["components"]["securitySchemes"]
+    assert schemes["bearerAuth"] == {**schemes["bearerAuth"], "type": "http", "scheme": "bearer"}
+    for (method, path), op in operations(doc).items():
+        effective = op.get("security", doc.get("security", []))
+        if path.startswith("/v1/"):
+            assert {"bearerAuth": []} in effective, (method, path)
+            unauthorized = response(doc, method, path, "401")
+            assert "WWW-Authenticate" in unauthorized["headers"], (method, path)
+        else:
+            assert effective == [], (method, path)
+
+
+def test_error_responses_carry_the_error_schema_and_their_headers(doc: dict[str, Any]) -> None:
+    required_headers = {"307": "Location", "429": "Retry-After", "503": "Retry-After"}
+    for (method, path), op in operations(doc).items():
+        if not path.startswith("/v1/"):
+            continue
+        for status in op["responses"]:
+            if status.startswith(("4", "5")) or status == "307":
+                resp = response(doc, method, path, status)
+                schema = resolve(doc, resp["content"]["application/json"]["schema"])
+                assert schema["required"] == ["error"], (method, path, status)
+            if status in required_headers:
+                headers = response(doc, method, path, status)["headers"]
+                header = resolve(doc, headers[required_headers[status]])
+                assert header["required"] is True, (method, path, status)
+
+
+def test_the_error_examples_of_the_spec_validate(doc: dict[str, Any]) -> None:
+    error = schema_validator(doc, "Error")
+    error.validate({"error": {"code": "not_found", "message": "no topic t"}})
+    error.validate({"error": {"code": "conflict", "message": "exists", "extra": 1}})
+    assert not error.is_valid({"error": {"code": "no_such_code", "message": "x"}})
+    assert not error.is_valid({"message": "x"})
+    schema_validator(doc, "OutOfRangeError").validate(
+        {"error": {"code": "out_of_range", "message": "below the log start", "log_start": 5}}
+    )
+    assert not schema_validator(doc, "OutOfRangeError").is_valid(
+        {"error": {"code": "out_of_range", "message": "below the log start"}}
+    )
+    schema_validator(doc, "NotLeaderError").validate(
+        {
+            "error": {
+                "code": "not_leader",
+                "message": "ask n2",
+                "leader": "n2",
+                "leader_url": "http://127.0.0.1:9002",
+            }
+        }
+    )
+
+
+def test_records_speak_the_binary_batch_format(doc: dict[str, Any]) -> None:
+    path = "/v1/topics/{topic}/partitions/{p}/records"
+    append = operations(doc)[("post", path)]
+    assert set(append["requestBody"]["content"]) == {"application/json", BATCH_TYPE}
+    for status in ("307", "404", "409", "413", "429", "503", "504"):
+        assert status in append["responses"]
+    read = operations(doc)[("get", path)]
+    ok = read["responses"]["200"]
+    assert set(ok["content"]) == {"application/json", BATCH_TYPE}
+    assert set(ok["headers"]) == {"Laminar-Next-Index", "Laminar-Commit-Index", "Laminar-Log-Start"}
+    names = {parameter["name"] for parameter in read["parameters"]}
+    assert names == {"from", "max_records", "max_bytes", "wait_ms"}
+    assert "416" in read["responses"]
+
+
+def test_topic_names_follow_the_contract_pattern(doc: dict[str, Any]) -> None:
+    name = schema_validator(doc, "TopicName")
+    for good in ("t", "orders.v1", "A_b-c", "x" * 200):
+        assert name.is_valid(good), good
+    for bad in ("", ".hidden", "-x", "a/b", "x" * 201, "sp ace"):
+        assert not name.is_valid(bad), bad
+
+
+def json_examples(markdown: str) -> list[Any]:
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", markdown, re.S)]
+
+
+@pytest.mark.skipif(not API_SPEC.exists(), reason=f"{API_SPEC} is not present")
+def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> None:
+    by_shape = {  # keys only that shape has
+        ("members",): "Cluster",
+        ("node_id", "partitions"): "NodePartitions",
+        ("partition_states",): "TopicDescription",
+        ("records", "producer_id"): "AppendRequest",
+        ("records", "next_index"): "ReadResult",
+    }
+    seen = set()
+    for example in json_examples(API_SPEC.read_text()):
+        names = [name for keys, name in by_shape.items() if all(k in example for k in keys)]
+        assert len(names) == 1, example
+        schema_validator(doc, names[0]).validate(example)
+        seen.add(names[0])
+    assert seen == set(by_shape.values())
+
+
+def test_bodies_of_the_contract_validate(doc: dict[str, Any]) -> None:
+    schema_validator(doc, "AppendResult").validate(
+        {"base_index": 17, "count": 3, "duplicate": False}
+    )
+    schema_validator(doc, "NodeAdminState").validate({"node": "n1", "draining": True, "weight": 1})
+    schema_validator(doc, "WeightRequest").validate({"weight": 0})
+    assert not schema_validator(doc, "WeightRequest").is_valid({"weight": 1_000_001})
+    schema_validator(doc, "CreateTopicRequest").validate(
+        {"name": "t", "partitions": 6, "replication_factor": 3, "config": {}}
+    )
+    schema_validator(doc, "TopicList").validate(
+        {"topics": [{"name": "t", "partitions": 1, "replication_factor": 3, "config": {}}]}
+    )
