@@ -133,9 +133,7 @@ async def produce(client: AsyncClient, options: ProduceOptions, progress: bool) 
             meter.add(options.batch)
 
     started = time.perf_counter()
-    await asyncio.gather(
-        *(worker(p) for p in range(partitions) for _ in range(options.in_flight))
-    )
+    await asyncio.gather(*(worker(p) for p in range(partitions) for _ in range(options.in_flight)))
     elapsed = time.perf_counter() - started
     sent = len(latencies) * options.batch
     latencies.sort()

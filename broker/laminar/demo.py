@@ -63,7 +63,7 @@ async def _run(cluster: LocalCluster, messages: int) -> None:
         for member in info.members:
             leads = [str(p.partition) for p in described.partition_states if p.leader == member.id]
             rows.append([member.id, member.api_url, member.state, ",".join(leads) or "-"])
-        print("\ncluster status (metadata leader: %s)" % info.metadata_leader)
+        print(f"\ncluster status (metadata leader: {info.metadata_leader})")
         print(status_table(rows))
         rows = [["PARTITION", "LEADER", "REPLICAS", "IN-SYNC", "COMMIT"]]
         for p in described.partition_states:

@@ -6,6 +6,7 @@ malformed JSON, a batch with a wrong checksum, a body over the limit, a missing 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -52,7 +53,7 @@ async def ensure_topic(session: aiohttp.ClientSession, base: str, name: str) -> 
         _, described = await call(session, "GET", f"{base}/v1/topics/{name}")
         if all(p["leader"] for p in described["partition_states"]):
             return
-        await __import__("asyncio").sleep(0.1)
+        await asyncio.sleep(0.1)
     raise AssertionError(f"no leaders for {name}: {described}")
 
 
@@ -109,7 +110,9 @@ async def test_bad_topic_names_and_unknown_resources(cluster3: LocalCluster) -> 
             expect(status, body, code, want)
         status, body = await call(session, "PUT", f"{base}/v1/nodes/nobody/weight", json={})
         expect(status, body, 404, "not_found")
-        status, body = await call(session, "PATCH", f"{base}/v1/topics/bad-input", json={"partitions": 1})
+        status, body = await call(
+            session, "PATCH", f"{base}/v1/topics/bad-input", json={"partitions": 1}
+        )
         expect(status, body, 400, "bad_request")
         status, body = await call(session, "GET", f"{base}/v1/nowhere")
         expect(status, body, 404, "not_found")
@@ -180,7 +183,9 @@ async def test_bad_appends_change_nothing(cluster3: LocalCluster) -> None:
         )
         expect(status, body, 400, "corrupt_batch")
         control = encode_batch([Record(value=b"x")], control=True)
-        status, body = await call(session, "POST", url, data=control, headers={"Content-Type": BATCH})
+        status, body = await call(
+            session, "POST", url, data=control, headers={"Content-Type": BATCH}
+        )
         expect(status, body, 400, "corrupt_batch")
         huge = encode_batch([Record(value=b"z" * (9 << 20))])
         status, body = await call(session, "POST", url, data=huge, headers={"Content-Type": BATCH})

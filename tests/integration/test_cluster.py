@@ -177,11 +177,11 @@ async def test_kill_leader_under_load(tmp_path: Path) -> None:
             await load.stop()
 
             async def caught_up() -> object:
-                hosted = await client.node_partitions(victim)
-                leaders = {p.partition: p for p in (await client.describe_topic(topic)).partition_states}
-                return all(
-                    p.log_end == leaders[p.partition].log_end for p in hosted.partitions
-                ) and len(hosted.partitions) == 3 or hosted
+                hosted = (await client.node_partitions(victim)).partitions
+                described = await client.describe_topic(topic)
+                ends = {p.partition: p.log_end for p in described.partition_states}
+                done = len(hosted) == 3 and all(p.log_end == ends[p.partition] for p in hosted)
+                return True if done else hosted
 
             await wait_until(f"{victim} to catch up", caught_up)
             await load.check()
@@ -216,7 +216,7 @@ async def test_add_broker_and_drain(tmp_path: Path) -> None:
                     if sorted(s.replicas) != target(f"{topic}/{s.partition}", nodes, draining, rf)
                     or s.learners
                 ]
-                return not wrong or wrong
+                return wrong if wrong else True
 
             await wait_until("placement with n4", lambda: placed(set()), 90)
             hosted = await client.node_partitions("n4")
@@ -226,7 +226,7 @@ async def test_add_broker_and_drain(tmp_path: Path) -> None:
 
             async def n2_empty() -> object:
                 hosted = await client.node_partitions("n2")
-                return not hosted.partitions or [p.partition for p in hosted.partitions]
+                return True if not hosted.partitions else [p.partition for p in hosted.partitions]
 
             await wait_until("n2 to host nothing", n2_empty, 60)
             await load.stop()

@@ -492,7 +492,8 @@ class SegmentedLog:
         point = None
         for segment in self._segments[:-1]:
             last = segment.next_index - 1
-            if not segment.sealed or last > limit_index or not self._expired(segment, total, now_ms):
+            expired = self._expired(segment, total, now_ms)
+            if not segment.sealed or last > limit_index or not expired:
                 break
             total -= segment.size
             point = last

@@ -124,7 +124,7 @@ class Replica:
         self.path = path
         self.max_pending_bytes = max_pending_bytes
         path.mkdir(parents=True, exist_ok=True)
-        directory = FileDirectory(path)
+        directory = FileDirectory(str(path))
         self.log = SegmentedLog.open(directory, log_config)
         self.storage = LogStorage(directory, self.log, conf=bootstrap)
         hard_state, _ = self.storage.initial_state()

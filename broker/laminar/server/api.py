@@ -461,9 +461,9 @@ class Api:
         best: dict[str, Any] | None = None
         for hosted in view.values():
             for item in hosted:
-                if f"{item['topic']}/{item['partition']}" == group and item["role"] == "leader":
-                    if best is None or item["term"] > best["term"]:
-                        best = item
+                leads = f"{item['topic']}/{item['partition']}" == group and item["role"] == "leader"
+                if leads and (best is None or item["term"] > best["term"]):
+                    best = item
         return self._redirect(request, best["leader"] if best else None, group)
 
     async def append(self, request: web.Request) -> web.Response:

@@ -312,15 +312,15 @@ class Broker:
                 continue
             members = set(report["voters"]) | set(report["learners"])  # type: ignore[call-overload]
             old_enough = now - self._hosted_at_ms.get(group, now) > 10_000
-            if self.id not in members and int(str(report["term"])) >= replica.raft.term:
-                if old_enough:
-                    excluded.add(group)
+            current = int(str(report["term"])) >= replica.raft.term
+            if self.id not in members and current and old_enough:
+                excluded.add(group)
         dropped = sorted(excluded & self._excluded)
         self._excluded = excluded - set(dropped)
         for group in dropped:
-            replica = self.replicas.get(group)
-            if replica is not None:
-                self._drop(replica)
+            found = self.replicas.get(group)
+            if found is not None:
+                self._drop(found)
         return dropped
 
     def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
@@ -429,19 +429,24 @@ class Broker:
             await self._wake.wait()
             self._wake.clear()
             try:
-                self._step_inbox()
-                ticks, self._ticks_due = min(self._ticks_due, 3), 0
-                for _ in range(ticks):
-                    self.multi.tick()
-                if self._control_due:
-                    self._control_due = False
-                    self._control()
-                await self._drain_ready()
+                while not self._stopping and await self._round():
+                    pass
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: driver round failed", self.id)
                 await asyncio.sleep(0.1)
+
+    async def _round(self) -> bool:
+        """Step what arrived, tick, control, persist one Ready; False when idle."""
+        self._step_inbox()
+        ticks, self._ticks_due = min(self._ticks_due, 3), 0
+        for _ in range(ticks):
+            self.multi.tick()
+        if self._control_due:
+            self._control_due = False
+            self._control()
+        return await self._persist_ready()
 
     def _step_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -452,47 +457,51 @@ class Broker:
                     self.counters["dropped_messages"] += 1
             self.multi.step(message)
 
-    async def _drain_ready(self) -> None:
-        while not self._stopping:
-            readies, messages = self.multi.ready()
-            if not readies and not messages:
-                return
-            self.counters["ready_rounds"] += 1
-            early = [m for m in messages if m.type in EARLY_TYPES]
-            late = [m for m in messages if m.type not in EARLY_TYPES]
-            to_sync: list[LogStorage] = []
-            for group, ready in readies.items():
-                storage = self._storage(group)
-                if storage is None:
-                    continue
-                for message in ready.messages:
-                    (early if message.type in EARLY_TYPES else late).append(message)
-                if ready.snapshot is not None:
-                    storage.apply_snapshot(ready.snapshot)
-                    if group == METADATA_GROUP:
-                        self._restore_metadata()
-                if ready.entries:
-                    storage.append(ready.entries)
-                    to_sync.append(storage)
-            self._send(early)
-            if to_sync and self.config.fsync is FsyncPolicy.ALWAYS:
-                # concurrent fdatasyncs of different logs share the file system's journal
-                # commits: one round costs about one sync, however many logs took entries
-                self.counters["fsyncs"] += len(to_sync)
-                loop = asyncio.get_running_loop()
-                await asyncio.gather(
-                    *(loop.run_in_executor(self._sync_pool, s.sync) for s in to_sync)
-                )
-            for group, ready in readies.items():
-                storage = self._storage(group)
-                if storage is not None and ready.hard_state is not None:
-                    storage.set_hard_state(ready.hard_state)
-            self._send(late)
-            for group, ready in readies.items():
-                if ready.committed is not None:
-                    self._apply(group, *ready.committed)
-            self.multi.advance(readies)
-            self._observe(readies)
+    async def _persist_ready(self) -> bool:
+        """One Ready of every group: persist, send, apply, advance. Messages that arrive
+        meanwhile are stepped before the next one (acknowledgements never wait behind a
+        stream of new proposals)."""
+        readies, messages = self.multi.ready()
+        if not readies and not messages:
+            return False
+        self.counters["ready_rounds"] += 1
+        early = [m for m in messages if m.type in EARLY_TYPES]
+        late = [m for m in messages if m.type not in EARLY_TYPES]
+        to_sync: list[LogStorage] = []
+        for group, ready in readies.items():
+            storage = self._storage(group)
+            if storage is None:
+                continue
+            for message in ready.messages:
+                (early if message.type in EARLY_TYPES else late).append(message)
+            if ready.snapshot is not None:
+                storage.apply_snapshot(ready.snapshot)
+                if group == METADATA_GROUP:
+                    self._restore_metadata()
+            if ready.entries:
+                storage.append(ready.entries)
+                to_sync.append(storage)
+        self._send(early)
+        # Committed entries are durable on a majority already (the leader counts its own
+        # log only once persisted) and written here: answer their appends now, not
+        # after this round's fsync of newer entries.
+        for group, ready in readies.items():
+            if ready.committed is not None:
+                self._apply(group, *ready.committed)
+        if to_sync and self.config.fsync is FsyncPolicy.ALWAYS:
+            # concurrent fdatasyncs of different logs share the file system's journal
+            # commits: one round costs about one sync, however many logs took entries
+            self.counters["fsyncs"] += len(to_sync)
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(self._sync_pool, s.sync) for s in to_sync))
+        for group, ready in readies.items():
+            storage = self._storage(group)
+            if storage is not None and ready.hard_state is not None:
+                storage.set_hard_state(ready.hard_state)
+        self._send(late)
+        self.multi.advance(readies)
+        self._observe(readies)
+        return True
 
     def _storage(self, group: str) -> LogStorage | None:
         if group == METADATA_GROUP:
@@ -519,9 +528,8 @@ class Broker:
             if raft is None:
                 continue
             before = self._status.get(group)
-            if before is None or before.lead != raft.lead:
-                if raft.lead is not None:
-                    self.counters["leader_changes"] += 1
+            if (before is None or before.lead != raft.lead) and raft.lead is not None:
+                self.counters["leader_changes"] += 1
             if raft.role is Role.CANDIDATE and (before is None or before.term != raft.term):
                 self.counters["elections"] += 1
             self._status[group] = GroupStatus(raft.role, raft.lead, raft.term)
@@ -592,11 +600,13 @@ class Broker:
         meta = self.meta
         if meta is None or meta.raft.role is not Role.LEADER:
             raise NotLeader(self.metadata_leader)
-        if isinstance(command, CreateTopic) and not command.assignment:
-            if _valid_int(command.partitions, MAX_PARTITIONS) and _valid_int(
-                command.replication_factor, MAX_REPLICATION_FACTOR
-            ):
-                command = replace(command, assignment=self._assign(command.name, 0, command))
+        if (
+            isinstance(command, CreateTopic)
+            and not command.assignment
+            and _valid_int(command.partitions, MAX_PARTITIONS)
+            and _valid_int(command.replication_factor, MAX_REPLICATION_FACTOR)
+        ):
+            command = replace(command, assignment=self._assign(command.name, 0, command))
         if isinstance(command, AlterTopic) and _valid_int(command.partitions, MAX_PARTITIONS):
             topic = self.state.topics.get(command.name)
             assert command.partitions is not None
@@ -683,7 +693,8 @@ class Broker:
             return
         replica.storage.compact(point)
         report = replica.log.remove_through(point)
-        log.info("%s: retention removed %d segments", replica.group, len(report.removed_base_indexes))
+        removed = len(report.removed_base_indexes)
+        log.info("%s: retention removed %d segments", replica.group, removed)
 
     def _reconcile(
         self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
