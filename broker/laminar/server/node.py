@@ -764,6 +764,7 @@ class Broker:
                     with contextlib.suppress(ProposalDropped):
                         raft.transfer_leadership(successors[0])
                         moved = True
+                        log.info("%s hands %s to %s", self.id, replica.group, successors[0])
             if not moved:
                 return
             self._wake.set()

@@ -1,0 +1,155 @@
+"""One `laminar serve` process configured only by LAMINAR_* variables: readiness, metrics,
+SIGTERM → exit 0 with everything persisted; and a graceful stop of a partition leader in a
+3-broker cluster hands its leadership over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from laminar.client import AsyncClient
+from laminar.log.batch import Record
+
+from .conftest import loopback_prefix, make_cluster
+
+pytestmark = pytest.mark.integration
+
+REQUIRED_METRICS = [
+    "laminar_partition_leader",
+    "laminar_partition_commit_index",
+    "laminar_partition_log_end",
+    "laminar_partition_log_start",
+    "laminar_partition_bytes",
+    "laminar_append_latency_seconds_bucket",
+    "laminar_read_latency_seconds_bucket",
+    "laminar_raft_elections_total",
+    "laminar_raft_leader_changes_total",
+    "laminar_partition_appends_in_flight",
+    "laminar_swim_members",
+    "laminar_request_errors_total",
+]
+
+
+def start_broker(data_dir: Path, host: str, log_path: Path) -> subprocess.Popen[bytes]:
+    secret = data_dir.parent / "secret"
+    secret.write_text("a-secret-of-at-least-16-bytes")
+    env = dict(os.environ)
+    env.update(
+        {
+            "LAMINAR_NODE_ID": "solo",
+            "LAMINAR_DATA_DIR": str(data_dir),
+            "LAMINAR_HOST": host,
+            "LAMINAR_CLUSTER_ID": "env-test",
+            "LAMINAR_SECRET_FILE": str(secret),
+            "LAMINAR_FSYNC": "always",
+        }
+    )
+    with open(log_path, "ab") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "laminar", "serve"],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def wait_ready(base: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, "the broker exited"
+            try:
+                async with session.get(f"{base}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("not ready")
+
+
+async def test_env_config_metrics_and_sigterm(tmp_path: Path) -> None:
+    host = f"{loopback_prefix()}.1"
+    base = f"http://{host}:7070"
+    data_dir = tmp_path / "solo"
+    process = start_broker(data_dir, host, tmp_path / "solo.log")
+    try:
+        await wait_ready(base, process)
+        async with AsyncClient([base]) as client:
+            await client.create_topic("metered", partitions=2, replication_factor=1)
+            for _ in range(50):
+                if all(p.leader for p in (await client.describe_topic("metered")).partition_states):
+                    break
+                await asyncio.sleep(0.1)
+            result = await client.append("metered", 1, [Record(value=b"m") for _ in range(7)])
+            await client.read("metered", 1, result.base_index)
+            with pytest.raises(Exception):  # noqa: B017 - any error: we count it below
+                await client.describe_topic("absent")
+        async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+        for name in REQUIRED_METRICS:
+            assert name in text, name
+        assert 'laminar_partition_commit_index{partition="1",topic="metered"}' in text
+        assert 'laminar_request_errors_total{status="404"}' in text
+        commit_line = next(
+            line
+            for line in text.splitlines()
+            if line.startswith('laminar_partition_commit_index{partition="1"')
+        )
+        assert float(commit_line.split()[-1]) >= result.base_index + 6
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        # everything is back after a restart
+        process = start_broker(data_dir, host, tmp_path / "solo.log")
+        await wait_ready(base, process)
+        async with AsyncClient([base]) as client:
+            for _ in range(100):
+                states = (await client.describe_topic("metered")).partition_states
+                if states[1].commit_index >= result.base_index + 6:
+                    break
+                await asyncio.sleep(0.1)
+            read = await client.read("metered", 1, result.base_index)
+            assert [r.value for r in read.records] == [b"m"] * 7
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+
+
+async def test_graceful_stop_hands_over_leadership(tmp_path: Path) -> None:
+    cluster = make_cluster(tmp_path / "graceful")
+    try:
+        async with AsyncClient(cluster.urls) as client:
+            await client.create_topic("handover", partitions=1, replication_factor=3)
+            for _ in range(100):
+                leader = (await client.describe_topic("handover")).partition_states[0].leader
+                if leader:
+                    break
+                await asyncio.sleep(0.1)
+            assert leader is not None
+            before = await client.append(
+                "handover", 0, [Record(value=b"before")], producer_id=77, sequence=0
+            )
+            assert cluster.stop_node(leader) == 0
+            assert "hands handover/0 to" in cluster.tail(leader, 200)
+            # a successor was handed the leadership: appends work again (an idempotent
+            # append is retried if the old leader's pooled connection broke)
+            after = await client.append(
+                "handover", 0, [Record(value=b"after")], producer_id=77, sequence=1
+            )
+            assert after.base_index > before.base_index
+            state = (await client.describe_topic("handover")).partition_states[0]
+            assert state.leader not in (None, leader)
+            records = (await client.read("handover", 0, before.base_index)).records
+            assert [r.value for r in records] == [b"before", b"after"]
+    finally:
+        cluster.stop()
