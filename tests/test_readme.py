@@ -24,19 +24,55 @@ def test_exactly_two_setup_commands_and_ci_runs_the_test_one() -> None:
     assert tests in (REPO / ".ci" / "run").read_text().splitlines()
 
 
-def test_demo_command_runs(tmp_path: Path) -> None:
+def test_demo_command_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "laminar", "demo", "--records", "1000", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "laminar", "demo", "--messages", "12"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "produced 12 messages" in out and out.count(": message ") == 12
+    assert "cluster status" in out and "stopped the cluster" in out
+
+
+def test_log_demo_command_runs(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "laminar", "log-demo", "--records", "1000"]
+    result = subprocess.run(
+        [*command, "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "records_read_back: 1001" in result.stdout
 
 
-def test_python_example_runs(tmp_path: Path, capsys) -> None:
-    (example,) = code_blocks("python")
+def test_client_example_runs(tmp_path: Path, capsys) -> None:
+    from laminar.client import AsyncClient
+    from tests.integration.conftest import make_cluster
+
+    (example,) = [block for block in code_blocks("python") if "AsyncClient" in block]
+    cluster = make_cluster(tmp_path / "cluster", 1)
+    try:
+        body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
+        source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
+        namespace: dict[str, object] = {}
+        exec(source, namespace)
+
+        async def run() -> None:
+            async with AsyncClient(cluster.urls) as client:
+                await client.create_topic("orders", partitions=1, replication_factor=1)
+            await namespace["example"]()  # type: ignore[operator]
+
+        asyncio.run(run())
+    finally:
+        cluster.stop()
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("RecordMetadata(partition=0, index=")
+    assert lines[1].startswith("0 ") and lines[1].endswith(" b'hello'")
+
+
+def test_log_example_runs(tmp_path: Path, capsys) -> None:
+    (example,) = [block for block in code_blocks("python") if "CommitLog" in block]
     body = example.replace("/var/lib/laminar/p0", str(tmp_path / "p0"))
     source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
     namespace: dict[str, object] = {}

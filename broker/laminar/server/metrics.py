@@ -78,6 +78,10 @@ class _BrokerCollector(Collector):
             counter = CounterMetricFamily(f"laminar_raft_{name}", help_text)
             counter.add_metric([], broker.counters[name])
             yield counter
+        for name, value in broker.timers.items():
+            counter = CounterMetricFamily(f"laminar_raft_{name}", f"time in Ready {name}")
+            counter.add_metric([], value)
+            yield counter
         stats = broker.transport.stats
         for key in sorted(stats):
             counter = CounterMetricFamily(f"laminar_peer_{key}", f"peer transport {key}")

@@ -131,6 +131,8 @@ class Broker:
             "ready_rounds": 0,
             "dropped_messages": 0,
         }
+        #: seconds spent in Ready rounds and in their fsyncs (metrics)
+        self.timers: dict[str, float] = {"round_seconds": 0.0, "fsync_seconds": 0.0}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -465,6 +467,7 @@ class Broker:
         if not readies and not messages:
             return False
         self.counters["ready_rounds"] += 1
+        started = time.perf_counter()
         early = [m for m in messages if m.type in EARLY_TYPES]
         late = [m for m in messages if m.type not in EARLY_TYPES]
         to_sync: list[LogStorage] = []
@@ -493,7 +496,9 @@ class Broker:
             # commits: one round costs about one sync, however many logs took entries
             self.counters["fsyncs"] += len(to_sync)
             loop = asyncio.get_running_loop()
+            synced = time.perf_counter()
             await asyncio.gather(*(loop.run_in_executor(self._sync_pool, s.sync) for s in to_sync))
+            self.timers["fsync_seconds"] += time.perf_counter() - synced
         for group, ready in readies.items():
             storage = self._storage(group)
             if storage is not None and ready.hard_state is not None:
@@ -501,6 +506,7 @@ class Broker:
         self._send(late)
         self.multi.advance(readies)
         self._observe(readies)
+        self.timers["round_seconds"] += time.perf_counter() - started
         return True
 
     def _storage(self, group: str) -> LogStorage | None:
