@@ -23,7 +23,7 @@ import pytest
 import xxhash
 
 from laminar.raft import Entry, EntryKind, Message, MessageType
-from laminar.raft.codec import encode
+from laminar.raft.codec import MAX_FRAME_BYTES, encode
 from laminar.server import transport as transport_module
 from laminar.server.transport import PeerTransport
 from laminar.swim.runtime import parse_address
@@ -64,7 +64,9 @@ def node(
     name: str, *, secret: bytes = SECRET, cluster: str = CLUSTER, **kwargs: Any
 ) -> tuple[PeerTransport, Inbox]:
     inbox = Inbox()
-    return PeerTransport(name, cluster_id=cluster, secret=secret, on_messages=inbox, **kwargs), inbox
+    return PeerTransport(
+        name, cluster_id=cluster, secret=secret, on_messages=inbox, **kwargs
+    ), inbox
 
 
 @contextlib.asynccontextmanager
@@ -308,7 +310,7 @@ async def test_wrong_secret_is_rejected_on_both_sides() -> None:
         assert a.queued_bytes("b") > 0  # still queued: it keeps retrying
 
 
-async def test_wrong_cluster_is_rejected() -> None:
+async def test_wrong_cluster_is_rejected(caplog: pytest.LogCaptureFixture) -> None:
     a, _ = node("a", cluster="another-cluster")
     b, inbox = node("b")
     async with stopping(a, b):
@@ -321,6 +323,7 @@ async def test_wrong_cluster_is_rejected() -> None:
         await asyncio.sleep(0.1)
         assert inbox.batches == []
         assert a.stats["connects"] == b.stats["accepts"] == 0
+        assert "a belongs to another cluster" in caplog.text  # refused before any proof
         # The same secret and ids, with a HELLO claiming the right cluster but a transcript
         # of another: the server's proof does not verify.
         raw = await raw_connect(address)
@@ -409,9 +412,7 @@ async def test_a_stalled_handshake_times_out(monkeypatch: pytest.MonkeyPatch) ->
 # ---- hostile bytes --------------------------------------------------------------------------
 
 
-async def test_garbage_bad_lengths_and_corrupt_frames_disconnect_but_the_server_serves_on() -> (
-    None
-):
+async def test_garbage_bad_lengths_and_corrupt_frames_disconnect_but_the_server_serves_on() -> None:
     b, inbox = node("b")
     c, _ = node("c")
     async with stopping(b, c):
@@ -434,7 +435,7 @@ async def test_garbage_bad_lengths_and_corrupt_frames_disconnect_but_the_server_
 
         bad_frames = [
             struct.pack("<I", 0xFFFF_FFFF),  # oversize length, refused before any body
-            struct.pack("<I", transport_module.MAX_FRAME_BYTES + 1),
+            struct.pack("<I", MAX_FRAME_BYTES + 1),
             struct.pack("<I", 0),  # empty frame
             struct.pack("<I", 10) + b"\x01" * 10,  # a body that does not decode
             frame(vote("x", "b", 7)) + struct.pack("<I", 3) + b"\xff\x00\x00",
@@ -640,7 +641,7 @@ async def test_stop_is_clean() -> None:
     blocks = [os.urandom(256 << 10) for _ in range(4)]
     assert a.send("b", address_b, [vote("a", "b", 1)])
     assert b.send("a", address_a, [vote("b", "a", 1)])
-    await wait_for(lambda: inbox_a.batches and inbox_b.batches, "both directions up")
+    await wait_for(lambda: bool(inbox_a.batches and inbox_b.batches), "both directions up")
     # Leave work in flight: a peer in backoff, a half-done handshake, a queue mid-transfer.
     assert a.send("z", f"{HOST}:{free_port()}", [vote("a", "z", 1)])
     half = await raw_connect(address_b)
@@ -651,6 +652,7 @@ async def test_stop_is_clean() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         await a.stop()
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("peer-a")] == []
         await b.stop()
         await a.stop()  # idempotent
         await half.expect_closed()

@@ -60,4 +60,9 @@ def run(config: BrokerConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
     )
-    asyncio.run(serve(config))
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency on Linux; plain asyncio works too
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

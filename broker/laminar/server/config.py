@@ -40,6 +40,7 @@ class BrokerConfig:
     secret: bytes = DEFAULT_SECRET
     token: str | None = None
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 100
     tick_ms: int = 100
     election_ticks: int = 10
     max_request_bytes: int = 8 * MIB
@@ -58,6 +59,8 @@ class BrokerConfig:
             port = getattr(self, name)
             if not 0 <= port < 65_536:
                 raise ConfigError(f"{name}={port} is not a port")
+        if self.fsync_interval_ms < 1:
+            raise ConfigError("fsync_interval_ms must be positive")
         if self.tick_ms < 5 or self.election_ticks < 3:
             raise ConfigError("tick_ms must be >= 5 and election_ticks >= 3")
         if len(self.secret) < 16:
@@ -95,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--secret-file", default=env("secret-file"), help="file with the cluster HMAC secret")
     add("--token-file", default=env("token-file"), help="file with the client API bearer token")
     add("--fsync", default=env("fsync", "always"), choices=[p.value for p in FsyncPolicy])
+    add("--fsync-interval-ms", type=int, default=int(env("fsync-interval-ms", "100") or 100))
     add("--tick-ms", type=int, default=int(env("tick-ms", "100") or 100))
     add("--max-request-bytes", type=int, default=int(env("max-request-bytes", str(8 * MIB)) or 0))
     add("--request-timeout-ms", type=int, default=int(env("request-timeout-ms", "10000") or 0))
@@ -139,6 +143,7 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         secret=secret,
         token=token,
         fsync=FsyncPolicy(args.fsync),
+        fsync_interval_ms=args.fsync_interval_ms,
         tick_ms=args.tick_ms,
         max_request_bytes=args.max_request_bytes,
         request_timeout_ms=args.request_timeout_ms,

@@ -120,7 +120,8 @@ class Broker:
         self._was_member: set[str] = set()
         self._hosted_at_ms: dict[str, int] = {}
         self._excluded: set[str] = set()
-        self._retained_at_ms = 0  # groups a leader excluded us from at the last check
+        self._retained_at_ms = 0
+        self._next_sync_ms = 0  # groups a leader excluded us from at the last check
         self._stopping = False
         self._running = False
         #: counters read by the metrics module
@@ -448,7 +449,18 @@ class Broker:
         if self._control_due:
             self._control_due = False
             self._control()
-        return await self._persist_ready()
+        busy = await self._persist_ready()
+        if self.config.fsync is FsyncPolicy.INTERVAL and _now_ms() >= self._next_sync_ms:
+            await self._sync_everything()
+        return busy
+
+    async def _sync_everything(self) -> None:
+        """fsync policy `interval`: fdatasync every log now (acks went out before)."""
+        self._next_sync_ms = _now_ms() + self.config.fsync_interval_ms
+        loop = asyncio.get_running_loop()
+        storages = [r.storage for r in self._all_replicas()]
+        self.counters["fsyncs"] += len(storages)
+        await asyncio.gather(*(loop.run_in_executor(self._sync_pool, s.sync) for s in storages))
 
     def _step_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []

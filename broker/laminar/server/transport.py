@@ -10,9 +10,10 @@ cluster secret with HMAC-SHA256 over fresh nonces from both sides, bound to the 
 and both node ids. After it, the client sends frames: a u32 little-endian length and one
 `laminar.raft.codec` message body. The writer task of a peer takes what is queued (whole
 frames, up to WRITE_BATCH_BYTES) and hands it to the socket in one `writelines` call, never
-waiting for replies, and waits for asyncio flow control before writing again. The reader parses frames in place from one
-receive buffer (a frame larger than the buffer is received straight into its own buffer)
-and hands every message decoded from one read to `on_messages` as one batch.
+waiting for replies, and waits for asyncio flow control before writing again. The reader
+parses frames in place from one receive buffer (a frame larger than the buffer is received
+straight into its own buffer) and hands every message decoded from one read to
+`on_messages` as one batch, once the handshake authenticated the connection.
 
 Queues are bounded by refusing the newest message: `send` returns False and counts
 `dropped_queue_full` once a peer's unsent bytes (queued here plus buffered in the socket
@@ -568,14 +569,14 @@ class PeerTransport:
             _str8(dst_node)
             peer = _Peer(dst_node, address)
             self._peers[dst_node] = peer
-            task = asyncio.get_running_loop().create_task(
-                self._run_peer(peer), name=f"peer-{self.node_id}->{dst_node}"
-            )
-            task.add_done_callback(self._task_done)
-            peer.task = task
         elif peer.address != address:
             parse_address(address)
             self._readdress(peer, address)
+        if peer.task is None or peer.task.done():  # new, or (a bug) its task died: restart
+            peer.task = asyncio.get_running_loop().create_task(
+                self._run_peer(peer), name=f"peer-{self.node_id}->{dst_node}"
+            )
+            peer.task.add_done_callback(self._task_done)
         limit = self._max_queue_bytes
         used = peer.unsent_bytes()
         stats = self.stats
@@ -786,7 +787,9 @@ class PeerTransport:
             self._warn("handshakes", "too many pending handshakes; closing %s", connection.remote)
             connection.abort()
             return
-        task = asyncio.get_running_loop().create_task(self._accept_connection(connection))
+        task = asyncio.get_running_loop().create_task(
+            self._accept_connection(connection), name=f"peer-{self.node_id}<-{connection.remote}"
+        )
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
         task.add_done_callback(self._task_done)
