@@ -18,6 +18,7 @@ from .log import (
     BATCH_HEADER_BYTES,
     CommitLog,
     FileDirectory,
+    FsyncPolicy,
     LogConfig,
     LogError,
     Record,
@@ -37,7 +38,7 @@ async def _chunks(data: bytes, chunk_bytes: int) -> AsyncIterator[bytes]:
 
 
 async def _demo(data_dir: str, records: int) -> dict[str, object]:
-    config = LogConfig(segment_bytes=8 << 20, fsync="always")
+    config = LogConfig(segment_bytes=8 << 20, fsync=FsyncPolicy.ALWAYS)
     log = await CommitLog.open(data_dir, config)
     started_index = log.next_index
     batches = max(1, records // DEMO_RECORDS_PER_BATCH)
@@ -88,7 +89,7 @@ async def _demo(data_dir: str, records: int) -> dict[str, object]:
 
 
 def _inspect(data_dir: str) -> dict[str, object]:
-    log = SegmentedLog.open(FileDirectory(data_dir), LogConfig(fsync="never"))
+    log = SegmentedLog.open(FileDirectory(data_dir), LogConfig(fsync=FsyncPolicy.NEVER))
     try:
         segments = [
             {
@@ -197,24 +198,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--brokers", default=os.environ.get("LAMINAR_BROKERS", DEFAULT_BROKERS))
     bench.add_argument("--token-file", default=os.environ.get("LAMINAR_TOKEN_FILE"))
     bench.add_argument("--json", action="store_true", help="the figures as JSON, last line")
-    from .client.commands import add_commands, run
+    from .client import commands as client_commands
 
-    add_commands(commands)
+    client_commands.add_commands(commands)
     args = parser.parse_args(argv)
 
     try:
-        result = run(args)
-        if result is not None:
-            return result
+        outcome = client_commands.run(args)
+        if outcome is not None:
+            return outcome
         if args.command == "serve":
-            from .server.app import run
+            from .server.app import run as run_broker
             from .server.config import ConfigError, from_arguments
 
             try:
                 config = from_arguments(args)
             except ConfigError as e:
                 parser.error(str(e))
-            run(config)
+            run_broker(config)
             return 0
         if args.command == "bench":
             from . import bench as bench_module
@@ -224,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(problem)
             token = Path(args.token_file).read_text().strip() if args.token_file else None
             brokers = [b for b in args.brokers.split(",") if b]
-            result = asyncio.run(bench_module.run(args, brokers, token))
-            bench_module.print_result(result, args.json)
+            figures = asyncio.run(bench_module.run(args, brokers, token))
+            bench_module.print_result(figures, args.json)
             return 0
         if args.command == "demo":
             from .demo import run_demo

@@ -229,6 +229,8 @@ async def test_add_broker_and_drain(tmp_path: Path) -> None:
                 return True if not hosted.partitions else [p.partition for p in hosted.partitions]
 
             await wait_until("n2 to host nothing", n2_empty, 60)
+            await asyncio.sleep(2)  # and it stays that way (no replica comes back)
+            assert await n2_empty() is True
             await load.stop()
             await load.check()
     finally:

@@ -26,7 +26,8 @@ import threading
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from laminar.log.batch import StoredRecord
@@ -169,17 +170,18 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="S",
         help="give up on the cluster after this many seconds (default: %(default)s)",
     )
-    output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--json", action="store_true", help="print JSON")
-    common = [connection, output]
 
     def leaf(
         parent: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
         handler: Handler,
         help_text: str,
+        json_help: str = "print one JSON object",
     ) -> argparse.ArgumentParser:
-        parser = parent.add_parser(name, parents=common, help=help_text, description=help_text)
+        parser = parent.add_parser(
+            name, parents=[connection], help=help_text, description=help_text
+        )
+        parser.add_argument("--json", action="store_true", help=json_help)
         parser.set_defaults(**{_HANDLER: handler, _PARSER: parser})
         return parser
 
@@ -226,6 +228,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "produce",
         _produce,
         "produce one record per input line (the newline stripped), idempotently",
+        "print one JSON line per record: its input line, partition and index (or error)",
     )
     produce.add_argument("topic")
     produce.add_argument(
@@ -254,6 +257,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "consume",
         _consume,
         "print records: 'partition index key value' lines ('-' for no key), or JSON lines",
+        "print one JSON object per record (as the API's JSON reads, plus its partition)",
     )
     consume.add_argument("topic")
     consume.add_argument(
@@ -318,6 +322,7 @@ def run(args: argparse.Namespace) -> int | None:
     if getattr(args, "command", None) not in COMMANDS or handler is None:
         return None
     parser: argparse.ArgumentParser = getattr(args, _PARSER)
+    brokers: list[str] = []
     try:
         brokers = parse_brokers(args.brokers or os.environ.get(BROKERS_ENV) or DEFAULT_BROKERS)
         token = read_token(args.token_file or os.environ.get(TOKEN_FILE_ENV) or None)
@@ -327,7 +332,13 @@ def run(args: argparse.Namespace) -> int | None:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except LaminarError as e:
-        _error(describe_error(e))
+        if e.status == 0 and e.code in ("unreachable", "connection_lost", "timeout"):
+            _error(
+                f"no answer from the brokers ({','.join(brokers)}) within {args.timeout:g} s; "
+                f"last error: {describe_error(e)}"
+            )
+        else:
+            _error(describe_error(e))
         return EXIT_ERROR
     except CommandError as e:
         _error(str(e))
@@ -378,7 +389,7 @@ def read_token(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        token = open(path, "rb").read().strip().decode()  # noqa: SIM115
+        token = Path(path).read_bytes().strip().decode()
     except OSError as e:
         raise CommandError(f"cannot read the token file {path}: {e.strerror}") from None
     except UnicodeDecodeError:
@@ -392,8 +403,6 @@ def describe_error(error: LaminarError) -> str:
     """One line for an error of the client."""
     message = " ".join(str(error.message or error.code).split())
     if error.status == 0:
-        if error.code in ("unreachable", "connection_lost", "timeout"):
-            return f"{message} (no answer from the brokers in time)"
         return message
     text = f"{message} ({error.status} {error.code})"
     if isinstance(error, Unauthorized):
@@ -408,8 +417,8 @@ def _error(message: str) -> None:
 _warn = _error
 
 
-def _print_json(value: Any, out: TextIO | None = None) -> None:
-    print(json.dumps(value, separators=(", ", ": ")), file=out or sys.stdout)
+def _print_json(value: Any) -> None:
+    print(json.dumps(value))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -426,7 +435,12 @@ def _nodes(nodes: Sequence[str]) -> str:
 
 
 def _config_text(config: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(config.items())) or "-"
+    return (
+        ",".join(
+            f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sorted(config.items())
+        )
+        or "-"
+    )
 
 
 def _config(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
@@ -544,7 +558,7 @@ async def _topic_delete(client: AsyncClient, args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- produce
 
 
-def _strip_newline(line: bytes) -> bytes:
+def _strip_cr(line: bytes) -> bytes:
     return line[:-1] if line.endswith(b"\r") else line
 
 
@@ -580,16 +594,16 @@ async def read_lines(fd: int, name: str) -> AsyncGenerator[bytes, None]:
             raise CommandError(f"cannot read {name}: {chunk.strerror or chunk}")
         if not chunk:
             if partial:
-                yield _strip_newline(b"".join(partial))
+                yield _strip_cr(b"".join(partial))
             return
         if b"\n" not in chunk:
             partial.append(chunk)
             continue
         lines = chunk.split(b"\n")
         partial.append(lines[0])
-        yield _strip_newline(b"".join(partial))
+        yield _strip_cr(b"".join(partial))
         for line in lines[1:-1]:
-            yield _strip_newline(line)
+            yield _strip_cr(line)
         partial = [lines[-1]] if lines[-1] else []
 
 
@@ -652,8 +666,9 @@ async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
         partitions=count,
         delivery_timeout_s=args.timeout,
     )
+    line_no = 0
+    stopped = False  # by a failure, before the end of the input
     try:
-        line_no = 0
         lines = read_lines(fd, name)
         try:
             async for line in lines:
@@ -668,12 +683,13 @@ async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
                 while pending and pending[0][1].done():
                     tally.settle(*pending.popleft())
                 if tally.failed:
-                    break  # stop reading: the cluster refuses this topic's records
+                    stopped = True  # stop reading: the cluster refuses this topic's records
+                    break
         finally:
             await lines.aclose()
     finally:
         await producer.close()
-        if close_fd:
+        if close_fd and not stopped:  # (else the reading thread may still use it)
             os.close(fd)
     while pending:
         tally.settle(*pending.popleft())
@@ -687,7 +703,7 @@ async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
     if tally.first_error is not None:
         _error(
             f"{tally.failed} record{'s' if tally.failed != 1 else ''} not produced"
-            f"{' (input not read to its end)' if line_no > tally.produced + tally.failed else ''}"
+            f"{f' (stopped reading at line {line_no})' if stopped else ''}"
             f": {_error_text(tally.first_error)}"
         )
         return EXIT_ERROR

@@ -119,9 +119,10 @@ class Broker:
         self._status: dict[str, GroupStatus] = {}
         self._was_member: set[str] = set()
         self._hosted_at_ms: dict[str, int] = {}
-        self._excluded: set[str] = set()
+        self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
         self._retained_at_ms = 0
-        self._next_sync_ms = 0  # groups a leader excluded us from at the last check
+        self._next_sync_ms = 0
+        self._replaying = False  # re-applying the metadata log at start
         self._stopping = False
         self._running = False
         #: counters read by the metrics module
@@ -238,7 +239,12 @@ class Broker:
         storage = replica.storage
         commit = storage.initial_state()[0].commit
         if commit >= storage.first_index():
-            self._apply_metadata(storage.first_index(), commit)
+            # replaying what this node applied before: its replicas are on disk already
+            self._replaying = True
+            try:
+                self._apply_metadata(storage.first_index(), commit)
+            finally:
+                self._replaying = False
 
     def _restore_metadata(self) -> None:
         assert self.meta is not None
@@ -596,6 +602,14 @@ class Broker:
         self._control_due = True
 
     def _after_metadata(self, command: Command) -> None:
+        if isinstance(command, CreateTopic | AlterTopic) and not self._replaying:
+            # host the new partitions this node is an initial voter of (replicas placed
+            # later are created when their leader first reaches this node)
+            topic = self.state.topics[command.name]
+            for partition, voters in enumerate(topic.assignment):
+                group = f"{topic.name}/{partition}"
+                if self.id in voters and group not in self.replicas and not self._stopping:
+                    self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
         if isinstance(command, AlterTopic) and command.config is not None:
             topic = self.state.topics[command.name]
             for replica in self.replicas.values():
@@ -677,11 +691,6 @@ class Broker:
                 target = metadata_voters(candidates)
                 self._reconcile(meta, target, alive, followers=alive)
             self._compact_metadata()
-        for topic in self.state.topics.values():
-            for partition, voters in enumerate(topic.assignment):
-                group = f"{topic.name}/{partition}"
-                if self.id in voters and group not in self.replicas and not self._stopping:
-                    self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
         retain = _now_ms() - self._retained_at_ms >= RETENTION_INTERVAL_MS
         if retain:
             self._retained_at_ms = _now_ms()
