@@ -6,7 +6,8 @@ committed (a majority of the partition's replicas have it durably, as the broker
 policy says). The batches are encoded once before the clock starts (the broker cannot tell:
 it stamps every batch with its own index and term), so the client's Python work per record
 does not limit what is measured. produce, fixed-rate mode (`--rate`): records are due at a
-steady rate; every millisecond the due records go out as one batch per partition, and each
+steady rate; every `--linger-ms` the due records go out as one batch (partitions take turns),
+and each
 record's latency runs from its due time to its acknowledgement (no coordinated omission).
 
 consume: reads every partition from the start with binary reads, spread over the in-sync
@@ -84,6 +85,7 @@ class ProduceOptions:
     rate: int | None
     seconds: float
     max_seconds: float
+    linger_ms: float = 1.0
 
 
 async def ensure_topic(client: AsyncClient, topic: str, partitions: int, rf: int) -> int:
@@ -180,7 +182,7 @@ async def _produce_at_rate(
             turn += 1
             pending.add(task)
             task.add_done_callback(pending.discard)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(options.linger_ms / 1000)
     if pending:
         await asyncio.gather(*pending)
     elapsed = time.perf_counter() - started
@@ -277,6 +279,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-flight", type=int, default=2, help="appends per partition")
     parser.add_argument("--rate", type=int, help="fixed offered rate (msg/s): latency mode")
     parser.add_argument("--seconds", type=float, default=10.0, help="fixed-rate duration")
+    parser.add_argument(
+        "--linger-ms", type=float, default=1.0, help="fixed-rate: due records go out this often"
+    )
     parser.add_argument("--max-seconds", type=float, default=300.0, help="time bound")
     parser.add_argument("--max-bytes", type=int, default=4 << 20, help="consume read size")
     parser.add_argument("--decode", action="store_true", help="consume: decode every record")
@@ -321,6 +326,7 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
                 args.rate,
                 args.seconds,
                 args.max_seconds,
+                args.linger_ms,
             )
             result = await produce(client, options, progress)
     result.update({"topic": args.topic, "size": args.size})

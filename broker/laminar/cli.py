@@ -131,7 +131,7 @@ def _local_cluster(args: argparse.Namespace) -> int:
                     f"laminar: {', '.join(running)} already running in {data_dir}", file=sys.stderr
                 )
                 return 1
-        cluster = LocalCluster(data_dir, args.nodes, fsync=args.fsync)
+        cluster = LocalCluster(data_dir, args.nodes, fsync=args.fsync, prefix=args.prefix)
         try:
             cluster.start()
         except BaseException:
@@ -191,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     local.add_argument("--data-dir", default="laminar-data")
     local.add_argument("--detach", action="store_true", help="leave the brokers running")
     local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
+    local.add_argument(
+        "--prefix", default="127.0.0", help="loopback /24 to use: broker i is <prefix>.<10+i>"
+    )
     bench = commands.add_parser("bench", help="measure a running cluster (produce / consume)")
     from .bench import add_arguments as add_bench_arguments
 

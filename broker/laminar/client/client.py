@@ -258,6 +258,11 @@ def _int_header(headers: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+def _header_or(headers: Mapping[str, str], name: str, default: int) -> int:
+    value = _int_header(headers, name)
+    return default if value is None else value
+
+
 def _check_producer(producer_id: int | None, sequence: int | None) -> None:
     if producer_id is None:
         if sequence is not None:
@@ -529,8 +534,8 @@ class AsyncClient:
                 from_index=from_index,
                 max_records=max_records,
                 next_index=_int_header(answer.headers, "Laminar-Next-Index"),
-                commit_index=_int_header(answer.headers, "Laminar-Commit-Index") or 0,
-                log_start=_int_header(answer.headers, "Laminar-Log-Start") or 1,
+                commit_index=_header_or(answer.headers, "Laminar-Commit-Index", -1),
+                log_start=_header_or(answer.headers, "Laminar-Log-Start", 0),
             )
         except (BatchError, KeyError, TypeError, ValueError) as e:
             raise LaminarError(

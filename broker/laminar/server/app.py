@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -39,6 +40,11 @@ async def serve(config: BrokerConfig) -> None:
         loop.add_signal_handler(signum, stop.set)
     try:
         await broker.start()
+        # Long-lived objects made at start leave the collector's view, and young objects
+        # are collected less often: fewer, shorter pauses on the request path.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         print(f"laminar {config.node_id}: api http://{broker.api_addr}", flush=True)
         await stop.wait()
         log.info("%s: shutting down", config.node_id)
@@ -53,6 +59,7 @@ async def serve(config: BrokerConfig) -> None:
 #: How long a thread waits for the GIL before asking for it (default 5 ms): an fsync that
 #: finished in a worker thread should not wait behind request handling that long.
 GIL_SWITCH_INTERVAL_S = 0.0005
+GC_GEN0_THRESHOLD = 50_000
 
 
 def run(config: BrokerConfig) -> None:
