@@ -133,7 +133,7 @@ def run_laminar(args: argparse.Namespace, brokers: int, rf: int, root: Path) -> 
         log(f"  consume {consume['msgs_per_s']:,.0f} msg/s")
         latency = laminar_bench(
             cluster.urls, "produce", "--topic", "latency", "--rate", str(args.rate),
-            "--seconds", str(args.latency_seconds), *common,
+            "--seconds", str(args.latency_seconds), "--linger-ms", str(args.linger_ms), *common,
         )  # fmt: skip
         log(
             f"  latency at {args.rate}/s: p50 {latency['latency_p50_ms']} ms "
@@ -172,13 +172,19 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=2)
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--linger-ms", type=float, default=3.0, help="fixed-rate batching")
     parser.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     parser.add_argument("--skip-nats", action="store_true")
     parser.add_argument("--peers-dir", default=str(HERE.parent / ".peers"))
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="laminar-bench-"))
-    results: dict[str, Any] = {"size": args.size, "count": args.count, "fsync": args.fsync}
+    results: dict[str, Any] = {
+        "size": args.size,
+        "count": args.count,
+        "fsync": args.fsync,
+        "linger_ms": args.linger_ms,
+    }
     results["machine"] = {**disk_limits(root), "loopback_tcp_mb_s": loopback_mb_s()}
     log(f"machine: {results['machine']}")
     for brokers, rf in CONFIGS:

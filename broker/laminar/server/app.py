@@ -9,7 +9,6 @@ import contextlib
 import gc
 import logging
 import signal
-import socket
 import sys
 
 from aiohttp import web
@@ -18,7 +17,7 @@ from ..swim.runtime import format_address
 from .api import Api
 from .config import BrokerConfig
 from .metrics import BrokerMetrics
-from .node import Broker
+from .node import Broker, BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +28,12 @@ async def serve(config: BrokerConfig) -> None:
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.api_port, reuse_address=True, backlog=1024)
-    await site.start()
-    server = site._server
-    sockets: list[socket.socket] = list(getattr(server, "sockets", None) or [])
-    port = sockets[0].getsockname()[1] if sockets else config.api_port
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    port = int(runner.addresses[0][1]) if runner.addresses else config.api_port
     broker.set_api_addr(format_address(config.public_host, port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -70,6 +71,11 @@ def run(config: BrokerConfig) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a dependency on Linux; plain asyncio works too
-        asyncio.run(serve(config))
+        runner = asyncio.run
     else:
-        uvloop.run(serve(config))
+        runner = uvloop.run
+    try:
+        runner(serve(config))
+    except (BrokerError, OSError) as e:
+        print(f"laminar serve: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
