@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from laminar.client import AsyncClient
-from laminar.log.batch import Record
+from laminar.log.batch import Record, encode_batch
 
 from .conftest import loopback_prefix, make_cluster
 
@@ -99,7 +99,7 @@ async def test_env_config_metrics_and_sigterm(tmp_path: Path) -> None:
         for name in REQUIRED_METRICS:
             assert name in text, name
         assert 'laminar_partition_commit_index{partition="1",topic="metered"}' in text
-        assert 'laminar_request_errors_total{status="404"}' in text
+        assert 'laminar_request_errors_total{code="not_found",status="404"}' in text
         commit_line = next(
             line
             for line in text.splitlines()
@@ -151,5 +151,39 @@ async def test_graceful_stop_hands_over_leadership(tmp_path: Path) -> None:
             assert state.leader not in (None, leader)
             records = (await client.read("handover", 0, before.base_index)).records
             assert [r.value for r in records] == [b"before", b"after"]
+    finally:
+        cluster.stop()
+
+
+async def test_append_backpressure_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """A partition takes at most --max-pending-bytes of appends awaiting commit: a larger
+    append is refused with 429 + Retry-After before its body is read, and nothing changes."""
+    cluster = make_cluster(
+        tmp_path / "bounded", 1, extra_args=("--max-pending-bytes", str(100 * 1024))
+    )
+    try:
+        async with AsyncClient(cluster.urls) as client:
+            await client.create_topic("bounded", partitions=1, replication_factor=1)
+            for _ in range(100):
+                if (await client.describe_topic("bounded")).partition_states[0].leader:
+                    break
+                await asyncio.sleep(0.1)
+            small = await client.append("bounded", 0, [Record(value=b"s" * 10_000)])
+            end = (await client.describe_topic("bounded")).partition_states[0].log_end
+        big = encode_batch([Record(value=b"b" * 150_000)])
+        url = f"{cluster.urls[0]}/v1/topics/bounded/partitions/0/records"
+        headers = {"Content-Type": "application/vnd.laminar.batch"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=big, headers=headers) as response,
+        ):
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "1"
+            assert (await response.json())["error"]["code"] == "overloaded"
+        async with AsyncClient(cluster.urls) as client:
+            state = (await client.describe_topic("bounded")).partition_states[0]
+            assert state.log_end == end
+            records = (await client.read("bounded", 0, small.base_index)).records
+            assert [len(r.value or b"") for r in records] == [10_000]
     finally:
         cluster.stop()

@@ -152,23 +152,23 @@ class Api:
         try:
             if request.path.startswith("/v1/") and self.token is not None:
                 self._authorize(request)
-            response = await handler(request)
+            return await handler(request)
         except ApiError as e:
-            response = e.response()
+            error = e
         except web.HTTPRequestEntityTooLarge as e:
-            response = ApiError(
-                413, "payload_too_large", e.text or "request body too large"
-            ).response()
+            error = ApiError(413, "payload_too_large", e.text or "request body too large")
         except web.HTTPNotFound:
-            response = ApiError(404, "not_found", f"no route {request.path}").response()
+            error = ApiError(404, "not_found", f"no route {request.path}")
         except web.HTTPMethodNotAllowed as e:
-            response = ApiError(
-                405, "method_not_allowed", f"{request.method} not allowed on {request.path}"
-            ).response()
-            response.headers["Allow"] = ",".join(sorted(e.allowed_methods))
-        if response.status >= 300 and response.status != 307:
-            self.metrics.request_errors.labels(str(response.status)).inc()
-        return response
+            error = ApiError(
+                405,
+                "method_not_allowed",
+                f"{request.method} not allowed on {request.path}",
+                headers={"Allow": ",".join(sorted(e.allowed_methods))},
+            )
+        if error.status != 307:
+            self.metrics.request_errors.labels(str(error.status), error.code).inc()
+        return error.response()
 
     def _authorize(self, request: web.Request) -> None:
         header = request.headers.get("Authorization", "")
@@ -474,6 +474,15 @@ class Api:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
             raise self._redirect(request, replica.raft.lead, replica.group)
+        declared = request.content_length or 0
+        if replica.pending_bytes + declared > replica.max_pending_bytes:
+            # refuse before reading the body: memory stays bounded under overload
+            raise ApiError(
+                429,
+                "overloaded",
+                f"{replica.group}: {replica.pending_bytes} bytes already await their commit",
+                headers={"Retry-After": "1"},
+            )
         body = await request.read()
         limit = replica.log.config.batch_limit_bytes
         if request.content_type == BATCH_TYPE:

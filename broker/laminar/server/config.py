@@ -59,6 +59,8 @@ class BrokerConfig:
             port = getattr(self, name)
             if not 0 <= port < 65_536:
                 raise ConfigError(f"{name}={port} is not a port")
+        if self.max_pending_bytes_per_partition < 1:
+            raise ConfigError("max_pending_bytes must be positive")
         if self.fsync_interval_ms < 1:
             raise ConfigError("fsync_interval_ms must be positive")
         if self.tick_ms < 5 or self.election_ticks < 3:
@@ -102,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tick-ms", type=int, default=int(env("tick-ms", "100") or 100))
     add("--max-request-bytes", type=int, default=int(env("max-request-bytes", str(8 * MIB)) or 0))
     add("--request-timeout-ms", type=int, default=int(env("request-timeout-ms", "10000") or 0))
+    add(
+        "--max-pending-bytes",
+        type=int,
+        default=int(env("max-pending-bytes", str(64 * MIB)) or 0),
+        help="per partition: bytes of appends awaiting commit before 429",
+    )
     add("--dead-grace-ms", type=int, default=int(env("dead-grace-ms", "30000") or 0))
     add("--segment-bytes", type=int, default=int(env("segment-bytes", str(64 * MIB)) or 0))
 
@@ -148,5 +156,6 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         max_request_bytes=args.max_request_bytes,
         request_timeout_ms=args.request_timeout_ms,
         dead_grace_ms=args.dead_grace_ms,
+        max_pending_bytes_per_partition=args.max_pending_bytes,
         segment_bytes=args.segment_bytes,
     )

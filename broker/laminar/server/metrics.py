@@ -110,8 +110,8 @@ class BrokerMetrics:
         )
         self.request_errors = Counter(
             "laminar_request_errors",
-            "API error responses by HTTP status",
-            ["status"],
+            "API error responses by HTTP status and error code",
+            ["status", "code"],
             registry=self.registry,
         )
 
