@@ -30,6 +30,6 @@ def test_partitions_follow_placement_through_joins_drains_weights_and_a_crash(se
 def test_the_convergence_check_catches_a_reconciler_that_does_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(placement_cluster, "next_step", lambda *args, **kwargs: None)
+    monkeypatch.setattr(placement_cluster, "leader_step", lambda *args, **kwargs: None)
     with pytest.raises(InvariantViolation, match=r"is a member of|voters"):
         PlacementSimulation(1, partitions=10).run()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
+from ..raft.raft import Raft
 
 
 class StepKind(Enum):
@@ -86,3 +87,22 @@ def next_step(
     for node in sorted(set(followers) - voters - learners):
         return Step(StepKind.ADD_LEARNER, node)
     return None
+
+
+def leader_step(
+    raft: Raft,
+    target: Sequence[str],
+    *,
+    alive: Set[str],
+    followers: Set[str] = frozenset(),
+    lag_indexes: int,
+) -> Step | None:
+    """The next step for the group `raft` leads (None while a change is pending): members
+    within `lag_indexes` of the leader's log count as caught up."""
+    if raft.pending_conf_index > raft.log.committed or not target:
+        return None
+    last = raft.log.last_index()
+    caught_up = {n for n, p in raft.progress.items() if p.match >= last - lag_indexes}
+    return next_step(
+        raft.conf, target, leader=raft.id, caught_up=caught_up, alive=alive, followers=followers
+    )

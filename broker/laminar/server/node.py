@@ -41,7 +41,7 @@ from ..metadata import (
     validate,
 )
 from ..metadata.state import MAX_PARTITIONS, MAX_REPLICATION_FACTOR
-from ..partition.reconcile import StepKind, next_step
+from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import NotLeader, Replica
 from ..placement import Candidate, place
 from ..raft.config import RaftConfig
@@ -727,17 +727,12 @@ class Broker:
         self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
     ) -> None:
         raft = replica.raft
-        if raft.pending_conf_index > raft.log.committed or not target:
-            return
-        last = raft.log.last_index()
-        caught_up = {n for n, p in raft.progress.items() if p.match >= last - CATCH_UP_LAG_INDEXES}
-        step = next_step(
-            raft.conf,
+        step = leader_step(
+            raft,
             target,
-            leader=self.id,
-            caught_up=caught_up,
             alive=alive,
             followers=frozenset(followers),
+            lag_indexes=CATCH_UP_LAG_INDEXES,
         )
         if step is None:
             return

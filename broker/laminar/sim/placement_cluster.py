@@ -29,7 +29,7 @@ from ..metadata import (
     metadata_voters,
 )
 from ..metadata.state import decode_command, encode_command
-from ..partition.reconcile import StepKind, next_step
+from ..partition.reconcile import StepKind, leader_step
 from ..placement import Candidate, partition_key, place
 from ..raft.config import RaftConfig
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
@@ -201,18 +201,13 @@ class PlacementSimulation(Simulation):
             self._reconcile(node, raft, target, followers=group == METADATA)
 
     def _reconcile(self, node: SimNode, raft: Raft, target: list[str], *, followers: bool) -> None:
-        if raft.pending_conf_index > raft.log.committed or not target:
-            return
-        last = raft.log.last_index()
-        caught_up = {n for n, p in raft.progress.items() if p.match >= last - CATCH_UP_LAG_INDEXES}
         alive = {n for n in self.joined if self.nodes[n].multi is not None}
-        step = next_step(
-            raft.conf,
+        step = leader_step(
+            raft,
             target,
-            leader=node.id,
-            caught_up=caught_up,
             alive=alive,
             followers=alive if followers else frozenset(),
+            lag_indexes=CATCH_UP_LAG_INDEXES,
         )
         if step is None:
             return
