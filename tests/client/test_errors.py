@@ -1,4 +1,4 @@
-"""Error answers of the API (spec api.md, "All errors") map to the client's exception classes."""
+"""Error answers of the API (docs/api.md, "All errors") map to the client's exception classes."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ tests/integration/conftest.py: an object whose `.urls` are the brokers' API base
 the cluster runs with a token, `.token`; the token test uses `secured_cluster`, brokers that
 require `.token`).
 
-Covers the contract of spec api.md as the client sees it: topic administration, producing 10k
+Covers the contract of docs/api.md as the client sees it: topic administration, producing 10k
 keyed records with the Producer and consuming them back in order per partition, idempotent
 appends (the same producer id and sequence twice → `duplicate`, same `base_index`), 307
 redirects followed with the body, reads served by followers, and every error status mapped

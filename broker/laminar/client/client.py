@@ -1,4 +1,4 @@
-"""`AsyncClient`: the asyncio client of the broker's HTTP API v1 (spec api.md).
+"""`AsyncClient`: the asyncio client of the broker's HTTP API v1 (docs/api.md).
 
 What it does for every call:
 

@@ -1,5 +1,5 @@
 """Client-side `laminar` commands: topic administration, produce, consume, cluster status and
-node administration, all through `AsyncClient` (spec api.md).
+node administration, all through `AsyncClient` (docs/api.md).
 
 `add_commands(subparsers)` adds `topic`, `produce`, `consume`, `cluster` and `node` to the
 `laminar` parser; `run(args)` runs one of them and returns its exit status (None when

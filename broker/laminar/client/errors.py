@@ -1,4 +1,4 @@
-"""The client's errors: one class per API error status (docs: spec api.md, "All errors").
+"""The client's errors: one class per API error status (docs: docs/api.md, "All errors").
 
 Every error the broker answers with is raised as a `LaminarError` subclass carrying the HTTP
 `status`, the API error `code`, the human `message` and the whole decoded JSON `body`. Failures

@@ -1,6 +1,6 @@
 """Typed views of the API's JSON answers and the client's results.
 
-Each `from_json` reads the fields the contract (spec api.md) names and tolerates extra ones; the
+Each `from_json` reads the fields the contract (docs/api.md) names and tolerates extra ones; the
 whole answer stays available as `raw` for fields a newer broker adds.
 """
 
