@@ -1,0 +1,502 @@
+"""Shared-queue consumer groups on one partition, as a deterministic state machine.
+
+Every replica of the partition applies the same committed entries in the same order: the
+record batches of the log (`on_records`) and the queue commands (`apply`). Time is never read
+from a clock: commands carry the leader's `now_ms`, so lease expiry is decided identically
+everywhere. The Qpid guarantees, per group:
+
+* an acquired message is not given to anyone else while its lease holds;
+* a released or expired message (its consumer gone) is given out again, delivery count + 1;
+* an accepted message is never given out again;
+* a rejected message, or one whose delivery count reached `max_deliveries` when it came back,
+  is dead-lettered exactly once: it waits in `dead_pending` with a sequence number of its own
+  (the broker appends it to `<topic>.dlq` as an idempotent producer with that sequence) until
+  `DeadLettered` confirms the append; then the group forgets it;
+* messages are handed out oldest first, so one producer's messages come in order except for
+  redeliveries.
+
+A group's `cursor` is the first record index it has not finished; indexes below it need no
+memory, so the state does not grow with history (`snapshot` is canonical JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+SNAPSHOT_VERSION = 1
+#: An acquire looks at most this many record indexes past the cursor (bounded work).
+MAX_SCAN = 100_000
+
+
+class QueueError(ValueError):
+    """A command that cannot apply. `code`: invalid or not_found."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    max_deliveries: int = 10
+    max_acquired_per_consumer: int = 10_000
+    max_acquired_per_group: int = 100_000
+    max_lease_ms: int = 3_600_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_deliveries", "max_acquired_per_consumer", "max_acquired_per_group"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_lease_ms < 1:
+            raise ValueError("max_lease_ms must be positive")
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """Hold `indexes` (chosen by the leader from `available`) for `lease_ms`; those not free
+    when this applies are skipped (the result says which were granted)."""
+
+    group: str
+    consumer: str
+    indexes: tuple[int, ...]
+    lease_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    group: str
+    consumer: str
+    indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    group: str
+    consumer: str
+    indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    group: str
+    consumer: str
+    indexes: tuple[int, ...]
+    reason: str = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """End every lease of the group whose deadline is at or before `now_ms`."""
+
+    group: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """The dead-letter appends of these indexes are committed: forget them."""
+
+    group: str
+    indexes: tuple[int, ...]
+
+
+QueueCommand = Acquire | Accept | Release | Reject | Expire | DeadLettered
+_KINDS: dict[str, type[QueueCommand]] = {
+    "acquire": Acquire,
+    "accept": Accept,
+    "release": Release,
+    "reject": Reject,
+    "expire": Expire,
+    "dead_lettered": DeadLettered,
+}
+_NAMES = {kind: name for name, kind in _KINDS.items()}
+
+
+def encode_command(command: QueueCommand) -> bytes:
+    fields = {name: getattr(command, name) for name in command.__slots__}
+    return json.dumps({"kind": _NAMES[type(command)], **fields}, sort_keys=True).encode()
+
+
+def decode_command(data: bytes) -> QueueCommand:
+    try:
+        document = json.loads(data)
+        kind = _KINDS[document.pop("kind")]
+        for key in ("indexes",):
+            if key in document:
+                document[key] = tuple(document[key])
+        command = kind(**document)
+    except (ValueError, KeyError, TypeError) as e:
+        raise QueueError("invalid", f"malformed queue command: {e}") from e
+    validate(command)
+    return command
+
+
+def _check_indexes(indexes: object) -> None:
+    if not isinstance(indexes, tuple) or not indexes or len(indexes) > MAX_SCAN:
+        raise QueueError("invalid", f"indexes must be a non-empty list of at most {MAX_SCAN}")
+    for index in indexes:
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 2**63:
+            raise QueueError("invalid", f"index {index!r} is not a record index")
+
+
+def validate(command: QueueCommand) -> None:
+    """Raise QueueError for a command no state could apply (names, types, ranges)."""
+    if not isinstance(command.group, str) or not GROUP_NAME.fullmatch(command.group):
+        raise QueueError("invalid", f"group name {command.group!r} must match {GROUP_NAME.pattern}")
+    if isinstance(command, Acquire | Accept | Release | Reject) and (
+        not isinstance(command.consumer, str) or not CONSUMER_ID.fullmatch(command.consumer)
+    ):
+        raise QueueError(
+            "invalid", f"consumer id {command.consumer!r} must match {CONSUMER_ID.pattern}"
+        )
+    if isinstance(command, Acquire | Accept | Release | Reject | DeadLettered):
+        _check_indexes(command.indexes)
+    if isinstance(command, Acquire) and (
+        not isinstance(command.lease_ms, int) or command.lease_ms < 1
+    ):
+        raise QueueError("invalid", "lease_ms must be a positive integer")
+    if isinstance(command, Reject) and (
+        not isinstance(command.reason, str) or not 1 <= len(command.reason) <= 200
+    ):
+        raise QueueError("invalid", "reason must be 1..200 characters")
+
+
+# ---- state ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Holding:
+    consumer: str
+    deadline_ms: int
+    deliveries: int
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    sequence: int  # the dead-letter producer's sequence number for this message
+    reason: str
+    deliveries: int
+
+
+@dataclass(slots=True)
+class Group:
+    cursor: int
+    acquired: dict[int, Holding] = field(default_factory=dict)
+    #: finished (accepted or dead-lettered) indexes at or above the cursor
+    done: set[int] = field(default_factory=set)
+    #: delivery counts of messages given out before and now free again
+    deliveries: dict[int, int] = field(default_factory=dict)
+    dead_pending: dict[int, DeadLetter] = field(default_factory=dict)
+    next_dead_sequence: int = 0
+    accepted_total: int = 0
+    dead_lettered_total: int = 0
+
+    def held_by(self, consumer: str) -> int:
+        return sum(1 for h in self.acquired.values() if h.consumer == consumer)
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    index: int
+    deliveries: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class Result:
+    """What a command did: granted acquisitions, indexes it finished, newly dead-lettered
+    indexes, and indexes it could not act on (held by someone else, not held, unknown)."""
+
+    granted: list[Granted] = field(default_factory=list)
+    done: list[int] = field(default_factory=list)
+    dead_lettered: list[int] = field(default_factory=list)
+    refused: list[int] = field(default_factory=list)
+
+
+class QueueState:
+    """The consumer groups of one partition and the record ranges they consume."""
+
+    def __init__(self, config: QueueConfig | None = None, *, start_index: int = 0) -> None:
+        self.config = config or QueueConfig()
+        #: record batches [base, end) at or after `start_index`, in log order (control
+        #: batches are not records and never appear here)
+        self._bases: list[int] = []
+        self._ends: list[int] = []
+        self.start_index = start_index
+        self.end_index = start_index  # one past the last applied log index
+        self.groups: dict[str, Group] = {}
+
+    # ---- the log ---------------------------------------------------------------------------
+
+    def on_records(self, base: int, count: int) -> None:
+        """A committed record batch [base, base + count)."""
+        if base < self.end_index or count < 1:
+            raise ValueError(f"records at {base} (+{count}) do not follow {self.end_index}")
+        if self._ends and self._ends[-1] == base:
+            self._ends[-1] = base + count
+        else:
+            self._bases.append(base)
+            self._ends.append(base + count)
+        self.end_index = base + count
+        for group in self.groups.values():
+            self._advance(group)
+
+    def on_other(self, base: int, count: int) -> None:
+        """A committed entry that is not records (control, queue command)."""
+        self.end_index = max(self.end_index, base + count)
+
+    def trim(self, start_index: int) -> None:
+        """Retention removed everything below `start_index`: those messages are gone."""
+        if start_index <= self.start_index:
+            return
+        self.start_index = start_index
+        keep = bisect_right(self._ends, start_index)
+        del self._bases[:keep]
+        del self._ends[:keep]
+        if self._bases and self._bases[0] < start_index:
+            self._bases[0] = start_index
+        for group in self.groups.values():
+            if group.cursor < start_index:
+                group.cursor = start_index
+                group.done = {i for i in group.done if i >= start_index}
+                group.deliveries = {i: n for i, n in group.deliveries.items() if i >= start_index}
+                for index in [i for i in group.acquired if i < start_index]:
+                    del group.acquired[index]
+            self._advance(group)
+
+    def is_record(self, index: int) -> bool:
+        slot = bisect_right(self._bases, index) - 1
+        return slot >= 0 and index < self._ends[slot]
+
+    def records_from(self, index: int) -> Iterator[int]:
+        """Record indexes at or after `index`, in order."""
+        slot = max(0, bisect_right(self._bases, index) - 1)
+        for base, end in zip(self._bases[slot:], self._ends[slot:], strict=True):
+            yield from range(max(base, index), end)
+
+    # ---- groups ----------------------------------------------------------------------------
+
+    def group(self, name: str) -> Group:
+        """The group (created at the log start on first use)."""
+        found = self.groups.get(name)
+        if found is None:
+            found = self.groups[name] = Group(self.start_index)
+            self._advance(found)
+        return found
+
+    def _advance(self, group: Group) -> None:
+        """Move the cursor over finished indexes and non-record gaps."""
+        cursor = group.cursor
+        while cursor < self.end_index:
+            if not self.is_record(cursor):
+                slot = bisect_right(self._bases, cursor)
+                cursor = self._bases[slot] if slot < len(self._bases) else self.end_index
+                continue
+            if cursor not in group.done:
+                break
+            group.done.discard(cursor)
+            cursor += 1
+        group.cursor = cursor
+
+    def _free(self, group: Group, index: int, now_ms: int) -> bool:
+        if index in group.done or index in group.dead_pending or index < group.cursor:
+            return False
+        holding = group.acquired.get(index)
+        return holding is None or holding.deadline_ms <= now_ms
+
+    def available(self, name: str, limit: int, now_ms: int) -> list[int]:
+        """Up to `limit` record indexes the group could hand out at `now_ms`, oldest first
+        (the leader proposes an Acquire of these; flow control applies at the leader)."""
+        group = self.groups.get(name)
+        cursor = group.cursor if group is not None else self.start_index
+        out: list[int] = []
+        for scanned, index in enumerate(self.records_from(cursor)):
+            if len(out) >= limit or scanned >= MAX_SCAN:
+                break
+            if group is None or self._free(group, index, now_ms):
+                out.append(index)
+        return out
+
+    def room(self, name: str, consumer: str) -> int:
+        """How many more messages flow control lets `consumer` acquire in the group."""
+        group = self.groups.get(name)
+        if group is None:
+            return min(self.config.max_acquired_per_consumer, self.config.max_acquired_per_group)
+        return max(
+            0,
+            min(
+                self.config.max_acquired_per_consumer - group.held_by(consumer),
+                self.config.max_acquired_per_group - len(group.acquired),
+            ),
+        )
+
+    # ---- commands --------------------------------------------------------------------------
+
+    def apply(self, command: QueueCommand) -> Result:
+        """Apply a committed command; deterministic, and a command that cannot act on an
+        index (not held, held by another, already done) leaves it alone and says so."""
+        validate(command)
+        group = self.group(command.group)
+        result = Result()
+        if isinstance(command, Acquire):
+            self._expire(group, command.now_ms, result)
+            lease = min(command.lease_ms, self.config.max_lease_ms)
+            room = self.room(command.group, command.consumer)
+            for index in command.indexes:
+                if not self.is_record(index) or not self._free(group, index, command.now_ms):
+                    result.refused.append(index)
+                    continue
+                if room <= 0:
+                    result.refused.append(index)
+                    continue
+                room -= 1
+                deliveries = group.deliveries.pop(index, 0) + 1
+                deadline = command.now_ms + lease
+                group.acquired[index] = Holding(command.consumer, deadline, deliveries)
+                result.granted.append(Granted(index, deliveries, deadline))
+        elif isinstance(command, Accept):
+            for index in command.indexes:
+                holding = group.acquired.get(index)
+                if index in group.done or index < group.cursor:
+                    result.done.append(index)  # accepting twice is harmless
+                elif holding is not None and holding.consumer == command.consumer:
+                    del group.acquired[index]
+                    group.done.add(index)
+                    group.accepted_total += 1
+                    result.done.append(index)
+                else:
+                    result.refused.append(index)
+        elif isinstance(command, Release | Reject):
+            for index in command.indexes:
+                holding = group.acquired.get(index)
+                if holding is None or holding.consumer != command.consumer:
+                    # repeating a release / reject is harmless; releasing what another
+                    # consumer holds is refused
+                    settled = holding is None and (
+                        index in group.done
+                        or index in group.dead_pending
+                        or index < group.cursor
+                        or group.deliveries.get(index) is not None
+                    )
+                    (result.done if settled else result.refused).append(index)
+                    continue
+                del group.acquired[index]
+                if isinstance(command, Reject):
+                    self._dead_letter(group, index, command.reason, holding.deliveries, result)
+                else:
+                    self._returned(group, index, holding.deliveries, "max_deliveries", result)
+                result.done.append(index)
+        elif isinstance(command, Expire):
+            self._expire(group, command.now_ms, result)
+        else:
+            for index in command.indexes:
+                if group.dead_pending.pop(index, None) is not None:
+                    group.done.add(index)
+                    group.dead_lettered_total += 1
+                    result.done.append(index)
+        self._advance(group)
+        return result
+
+    def _expire(self, group: Group, now_ms: int, result: Result) -> None:
+        expired = sorted(i for i, h in group.acquired.items() if h.deadline_ms <= now_ms)
+        for index in expired:
+            holding = group.acquired.pop(index)
+            self._returned(group, index, holding.deliveries, "max_deliveries", result)
+
+    def _returned(
+        self, group: Group, index: int, deliveries: int, reason: str, result: Result
+    ) -> None:
+        """A message came back unfinished: free again, or dead-lettered past the limit."""
+        if deliveries >= self.config.max_deliveries:
+            self._dead_letter(group, index, reason, deliveries, result)
+        else:
+            group.deliveries[index] = deliveries
+
+    def _dead_letter(
+        self, group: Group, index: int, reason: str, deliveries: int, result: Result
+    ) -> None:
+        group.deliveries.pop(index, None)
+        group.dead_pending[index] = DeadLetter(group.next_dead_sequence, reason, deliveries)
+        group.next_dead_sequence += 1
+        result.dead_lettered.append(index)
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def describe(self, name: str) -> dict[str, int]:
+        group = self.groups.get(name) or Group(self.start_index)
+        records = sum(
+            max(0, end - max(base, group.cursor))
+            for base, end in zip(self._bases, self._ends, strict=True)
+        )
+        in_flight = len(group.done) + len(group.acquired) + len(group.dead_pending)
+        return {
+            "cursor": group.cursor,
+            "acquired": len(group.acquired),
+            "pending": max(0, records - in_flight),
+            "dead_letter_pending": len(group.dead_pending),
+            "accepted": group.accepted_total,
+            "dead_lettered": group.dead_lettered_total,
+        }
+
+    # ---- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        groups = {}
+        for name, g in sorted(self.groups.items()):
+            groups[name] = {
+                "cursor": g.cursor,
+                "acquired": [
+                    [i, h.consumer, h.deadline_ms, h.deliveries]
+                    for i, h in sorted(g.acquired.items())
+                ],
+                "done": sorted(g.done),
+                "deliveries": sorted([i, n] for i, n in g.deliveries.items()),
+                "dead_pending": [
+                    [i, d.sequence, d.reason, d.deliveries]
+                    for i, d in sorted(g.dead_pending.items())
+                ],
+                "next_dead_sequence": g.next_dead_sequence,
+                "accepted_total": g.accepted_total,
+                "dead_lettered_total": g.dead_lettered_total,
+            }
+        document = {
+            "version": SNAPSHOT_VERSION,
+            "start_index": self.start_index,
+            "end_index": self.end_index,
+            "ranges": [[b, e] for b, e in zip(self._bases, self._ends, strict=True)],
+            "groups": groups,
+        }
+        return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def restore(cls, data: bytes, config: QueueConfig | None = None) -> QueueState:
+        document = json.loads(data)
+        if document.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unknown queue snapshot version {document.get('version')!r}")
+        state = cls(config, start_index=document["start_index"])
+        state.end_index = document["end_index"]
+        for base, end in document["ranges"]:
+            state._bases.append(base)
+            state._ends.append(end)
+        for name, g in document["groups"].items():
+            state.groups[name] = Group(
+                cursor=g["cursor"],
+                acquired={i: Holding(c, d, n) for i, c, d, n in g["acquired"]},
+                done=set(g["done"]),
+                deliveries={i: n for i, n in g["deliveries"]},
+                dead_pending={i: DeadLetter(s, r, n) for i, s, r, n in g["dead_pending"]},
+                next_dead_sequence=g["next_dead_sequence"],
+                accepted_total=g["accepted_total"],
+                dead_lettered_total=g["dead_lettered_total"],
+            )
+        return state

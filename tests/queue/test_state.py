@@ -1,0 +1,314 @@
+"""The consumer-group state machine: each Qpid guarantee on its own, snapshots, bad commands,
+and a Hypothesis stateful test that checks the invariants after every step of random
+acquire / accept / release / reject / expire / dead-letter sequences (with snapshot-restore
+standing in for a replica that catches up), then drains everything to completion."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from laminar.queue import (
+    Accept,
+    Acquire,
+    DeadLettered,
+    Expire,
+    QueueConfig,
+    QueueError,
+    QueueState,
+    Reject,
+    Release,
+    decode_command,
+    encode_command,
+)
+
+G = "workers"
+
+
+def state_with(records: int, config: QueueConfig | None = None) -> QueueState:
+    """Records 1..records, with a control entry at index 0 (a leader's no-op)."""
+    state = QueueState(config)
+    state.on_other(0, 1)
+    state.on_records(1, records)
+    return state
+
+
+def acquire(state: QueueState, consumer: str, n: int, now: int, lease: int = 1000) -> list[int]:
+    indexes = state.available(G, n, now)
+    if not indexes:
+        return []
+    result = state.apply(Acquire(G, consumer, tuple(indexes), lease, now))
+    return [g.index for g in result.granted]
+
+
+def test_acquire_hands_out_oldest_first_and_not_twice_while_the_lease_holds() -> None:
+    state = state_with(5)
+    assert acquire(state, "a", 2, now=0) == [1, 2]
+    assert acquire(state, "b", 10, now=500) == [3, 4, 5]
+    assert acquire(state, "c", 10, now=999) == []
+    # a stale choice (made before b's acquire applied) is refused, not double-granted
+    result = state.apply(Acquire(G, "c", (1, 3), 1000, 999))
+    assert result.granted == [] and result.refused == [1, 3]
+
+
+def test_expiry_redelivers_with_a_higher_delivery_count() -> None:
+    state = state_with(2)
+    assert acquire(state, "a", 2, now=0) == [1, 2]
+    result = state.apply(Acquire(G, "b", (1,), 1000, 1000))  # a's lease ends at 1000
+    assert [(g.index, g.deliveries) for g in result.granted] == [(1, 2)]
+    assert state.describe(G)["acquired"] == 1  # 2 expired and is free again
+
+
+def test_accept_is_final_and_idempotent() -> None:
+    state = state_with(3)
+    acquire(state, "a", 3, now=0)
+    assert state.apply(Accept(G, "a", (1, 2))).done == [1, 2]
+    assert state.apply(Accept(G, "a", (1,))).done == [1]  # again: harmless
+    assert state.groups[G].cursor == 3
+    state.apply(Expire(G, 10_000))
+    assert state.available(G, 10, 10_000) == [3]
+
+
+def test_only_the_holder_may_accept_release_or_reject() -> None:
+    state = state_with(1)
+    acquire(state, "a", 1, now=0)
+    for command in (Accept(G, "b", (1,)), Release(G, "b", (1,)), Reject(G, "b", (1,))):
+        assert state.apply(command).refused == [1]
+    assert state.groups[G].acquired[1].consumer == "a"
+
+
+def test_release_redelivers_and_repeating_it_is_harmless() -> None:
+    state = state_with(1)
+    acquire(state, "a", 1, now=0)
+    assert state.apply(Release(G, "a", (1,))).done == [1]
+    assert state.apply(Release(G, "a", (1,))).done == [1]
+    result = state.apply(Acquire(G, "b", (1,), 1000, 1))
+    assert [(g.index, g.deliveries) for g in result.granted] == [(1, 2)]
+
+
+def test_reject_dead_letters_exactly_once_then_the_group_forgets() -> None:
+    state = state_with(2)
+    acquire(state, "a", 2, now=0)
+    result = state.apply(Reject(G, "a", (2,), "bad payload"))
+    assert result.dead_lettered == [2]
+    assert state.apply(Reject(G, "a", (2,))).dead_lettered == []  # repeated: nothing new
+    pending = state.groups[G].dead_pending
+    assert list(pending) == [2] and pending[2].sequence == 0 and pending[2].reason == "bad payload"
+    assert state.available(G, 10, 5_000) == [1]  # 1 expired; 2 is never offered again
+    assert state.apply(DeadLettered(G, (2,))).done == [2]
+    assert state.apply(DeadLettered(G, (2,))).done == []
+    assert state.describe(G)["dead_lettered"] == 1
+
+
+def test_past_max_deliveries_a_message_is_dead_lettered() -> None:
+    state = state_with(1, QueueConfig(max_deliveries=2))
+    now = 0
+    for expected in (1, 2):
+        result = state.apply(Acquire(G, "a", (1,), 10, now))
+        assert [g.deliveries for g in result.granted] == [expected]
+        now += 10
+    result = state.apply(Expire(G, now))
+    assert result.dead_lettered == [1]
+    assert state.groups[G].dead_pending[1].reason == "max_deliveries"
+    assert state.available(G, 5, now) == []
+
+
+def test_flow_control_per_consumer_and_per_group() -> None:
+    state = state_with(10, QueueConfig(max_acquired_per_consumer=3, max_acquired_per_group=5))
+    assert acquire(state, "a", 10, now=0) == [1, 2, 3]
+    assert state.room(G, "a") == 0
+    assert acquire(state, "b", 10, now=0) == [4, 5]
+    assert state.room(G, "c") == 0
+    state.apply(Accept(G, "a", (1,)))
+    assert state.room(G, "c") == 1
+
+
+def test_cursor_skips_control_entries_and_compacts_done_indexes() -> None:
+    state = QueueState()
+    state.on_records(0, 2)
+    state.on_other(2, 1)  # a control entry between two record batches
+    state.on_records(3, 2)
+    indexes = acquire(state, "a", 10, now=0)
+    assert indexes == [0, 1, 3, 4]
+    state.apply(Accept(G, "a", (4, 3, 1, 0)))
+    group = state.groups[G]
+    assert group.cursor == 5 and not group.done and not group.acquired
+
+
+def test_groups_are_independent_and_start_at_the_log_start() -> None:
+    state = state_with(2)
+    acquire(state, "a", 2, now=0)
+    state.apply(Accept(G, "a", (1, 2)))
+    assert state.available("other", 10, 0) == [1, 2]
+
+
+def test_retention_trims_the_messages_of_every_group() -> None:
+    state = state_with(6)
+    acquire(state, "a", 2, now=0)
+    state.trim(4)
+    assert state.groups[G].cursor == 4 and not state.groups[G].acquired
+    assert state.available(G, 10, 0) == [4, 5, 6]
+
+
+def test_snapshot_round_trip_is_canonical() -> None:
+    state = state_with(5)
+    acquire(state, "a", 3, now=0)
+    state.apply(Accept(G, "a", (2,)))
+    state.apply(Reject(G, "a", (3,), "why"))
+    data = state.snapshot()
+    assert QueueState.restore(data).snapshot() == data
+
+
+def test_commands_round_trip_and_bad_ones_are_refused() -> None:
+    for command in (
+        Acquire(G, "c-1", (1, 2), 500, 7),
+        Accept(G, "c-1", (1,)),
+        Release(G, "c-1", (2,)),
+        Reject(G, "c-1", (2,), "no"),
+        Expire(G, 9),
+        DeadLettered(G, (2,)),
+    ):
+        assert decode_command(encode_command(command)) == command
+    state = state_with(1)
+    before = state.snapshot()
+    for bad in (
+        Accept("..", "c", (1,)),
+        Accept(G, "", (1,)),
+        Accept(G, "c", ()),
+        Accept(G, "c", (-1,)),
+        Acquire(G, "c", (1,), 0, 0),
+        Reject(G, "c", (1,), ""),
+    ):
+        with pytest.raises(QueueError):
+            state.apply(bad)
+    assert state.snapshot() == before
+    with pytest.raises(QueueError):
+        decode_command(b'{"kind": "explode"}')
+
+
+# ---- random sequences against the invariants ----------------------------------------------
+
+CONSUMERS = ("c1", "c2", "c3")
+RECORDS = 30
+
+
+class GroupMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = state_with(1, QueueConfig(max_deliveries=3, max_acquired_per_group=8))
+        self.appended = 1  # records 1..appended exist
+        self.now = 0
+        self.accepted: set[int] = set()
+        self.dead: dict[int, int] = {}  # index -> times dead-lettered (confirmed)
+        self.ever_pending: set[int] = set()
+        self.leases: dict[int, tuple[str, int]] = {}  # the model: index -> (holder, deadline)
+
+    @rule(count=st.integers(1, 5))
+    def produce(self, count: int) -> None:
+        if self.appended + count <= RECORDS:
+            self.state.on_records(self.appended + 1, count)
+            self.appended += count
+
+    @rule(consumer=st.sampled_from(CONSUMERS), n=st.integers(1, 4), lease=st.integers(1, 50))
+    def acquire(self, consumer: str, n: int, lease: int) -> None:
+        indexes = self.state.available(G, n, self.now)
+        if not indexes:
+            return
+        result = self.state.apply(Acquire(G, consumer, tuple(indexes), lease, self.now))
+        for granted in result.granted:
+            holder = self.leases.get(granted.index)
+            assert holder is None or holder[1] <= self.now, f"two holders of {granted.index}"
+            self.leases[granted.index] = (consumer, granted.deadline_ms)
+            assert granted.index not in self.accepted, "an accepted message came back"
+            assert granted.index not in self.dead, "a dead-lettered message came back"
+            assert granted.index not in self.ever_pending, "a dead-lettered message came back"
+
+    def _held(self, consumer: str) -> list[int]:
+        return sorted(i for i, h in self.state.groups[G].acquired.items() if h.consumer == consumer)
+
+    @precondition(lambda self: G in self.state.groups)
+    @rule(consumer=st.sampled_from(CONSUMERS), data=st.data())
+    def settle(self, consumer: str, data: st.DataObject) -> None:
+        held = self._held(consumer)
+        if not held:
+            return
+        picked = tuple(data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True)))
+        kind = data.draw(st.sampled_from(["accept", "release", "reject"]))
+        for index in picked:
+            self.leases.pop(index, None)
+        if kind == "accept":
+            result = self.state.apply(Accept(G, consumer, picked))
+            self.accepted.update(result.done)
+        elif kind == "release":
+            self.state.apply(Release(G, consumer, picked))
+        else:
+            self.state.apply(Reject(G, consumer, picked, "rejected"))
+
+    @rule(ms=st.integers(1, 40))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+
+    @precondition(lambda self: G in self.state.groups)
+    @rule()
+    def expire(self) -> None:
+        self.state.apply(Expire(G, self.now))
+
+    @precondition(lambda self: G in self.state.groups and self.state.groups[G].dead_pending)
+    @rule()
+    def dead_letter(self) -> None:
+        pending = self.state.groups[G].dead_pending
+        first = min(pending, key=lambda i: pending[i].sequence)
+        result = self.state.apply(DeadLettered(G, (first,)))
+        for index in result.done:
+            self.dead[index] = self.dead.get(index, 0) + 1
+
+    @rule()
+    def replica_catches_up(self) -> None:
+        restored = QueueState.restore(self.state.snapshot(), self.state.config)
+        assert restored.snapshot() == self.state.snapshot()
+        self.state = restored
+
+    @invariant()
+    def invariants(self) -> None:
+        group = self.state.groups.get(G)
+        if group is None:
+            return
+        self.ever_pending.update(group.dead_pending)
+        holders = set(group.acquired)
+        assert not holders & self.accepted, "an accepted message is held"
+        assert not holders & set(group.dead_pending), "a dead-letter-pending message is held"
+        assert all(n == 1 for n in self.dead.values()), "dead-lettered twice"
+        assert not self.accepted & set(self.dead), "accepted and dead-lettered"
+        sequences = [d.sequence for d in group.dead_pending.values()]
+        assert len(sequences) == len(set(sequences))
+        assert group.cursor <= self.appended + 1
+        assert all(i >= group.cursor for i in group.done | holders)
+
+    def teardown(self) -> None:
+        """Drain: every record ends accepted or dead-lettered, exactly once."""
+        for _ in range(10 * RECORDS):
+            self.now += 1000
+            self.state.apply(Expire(G, self.now))
+            pending = self.state.groups[G].dead_pending if G in self.state.groups else {}
+            for index in sorted(pending, key=lambda i: pending[i].sequence):
+                self.state.apply(DeadLettered(G, (index,)))
+                self.dead[index] = self.dead.get(index, 0) + 1
+            indexes = self.state.available(G, 8, self.now)
+            if not indexes:
+                if not pending:
+                    break
+                continue
+            result = self.state.apply(Acquire(G, "drain", tuple(indexes), 10, self.now))
+            granted = tuple(g.index for g in result.granted)
+            if granted:
+                self.accepted.update(self.state.apply(Accept(G, "drain", granted)).done)
+        finished = sorted(self.accepted | set(self.dead))
+        assert finished == list(range(1, self.appended + 1)), "a message was lost"
+        assert not self.accepted & set(self.dead)
+        assert all(n == 1 for n in self.dead.values())
+
+
+GroupMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+test_random_group_sequences = GroupMachine.TestCase
