@@ -20,7 +20,7 @@ from laminar.log import (
     split_batches,
     verify_batch,
 )
-from laminar.log.batch import stamp_header
+from laminar.log.batch import records_from, stamp_header
 
 header_names = st.text(min_size=0, max_size=8)
 records = st.builds(
@@ -120,3 +120,19 @@ def test_split_batches():
     assert [bytes(b) for b in split_batches(b"".join(batches))] == batches
     with pytest.raises(BatchFramingError, match="past the end"):
         list(split_batches(b"".join(batches)[:-1]))
+
+
+def test_records_from_skips_control_batches_and_earlier_records_and_caps() -> None:
+    def stamped(batch: bytes, base: int) -> bytes:
+        _, digest = verify_batch(batch, 1 << 20)
+        return stamp_header(batch, base, 1, digest) + batch[72:]
+
+    first = stamped(encode_batch([Record(value=b"a"), Record(value=b"b")]), 0)
+    control = stamped(encode_batch([Record(value=None, key=b"noop")], control=True), 2)
+    last = stamped(encode_batch([Record(value=b"c"), Record(value=b"d")]), 3)
+    data = first + control + last
+    records, end, capped = records_from(data, 1, 10)
+    assert [r.value for r in records] == [b"b", b"c", b"d"] and (end, capped) == (5, False)
+    records, end, capped = records_from(data, 1, 2)
+    assert [r.index for r in records] == [1, 3] and (end, capped) == (4, True)
+    assert records_from(b"", 7, 10) == ([], None, False)

@@ -43,10 +43,9 @@ from yarl import URL
 from laminar.log.batch import (
     Record,
     StoredRecord,
-    decode_batch,
     encode_batch,
     parse_header,
-    split_batches,
+    records_from,
 )
 from laminar.log.errors import BatchError
 from laminar.placement import Candidate, partition_key, rank
@@ -188,27 +187,10 @@ def decode_read_body(
     skipped; at most `max_records` records are kept, and `next_index` then points just after
     the last one kept. Raises `BatchError` on a damaged batch.
     """
-    records: list[StoredRecord] = []
-    end: int | None = None  # one past the last index covered by the batches seen
-    full = False
-    for batch in split_batches(data):
-        header = parse_header(batch)
-        if header.is_control:
-            end = header.next_index
-            continue
-        decoded = decode_batch(batch)
-        for record in decoded:
-            if from_index is not None and record.index < from_index:
-                continue
-            if len(records) >= max_records:
-                full = True
-                break
-            records.append(record)
-        if full:
-            break
-        end = header.next_index
+    records, end, full = records_from(data, from_index or 0, max_records)
     if full:
-        nxt = records[-1].index + 1
+        assert end is not None
+        nxt = end
     elif next_index is not None:
         nxt = next_index
     elif end is not None:

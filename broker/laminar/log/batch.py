@@ -301,6 +301,28 @@ def decode_batches(data: Buffer) -> Iterable[StoredRecord]:
         yield from decode_batch(batch)
 
 
+def records_from(
+    data: Buffer, from_index: int, max_records: int
+) -> tuple[list[StoredRecord], int | None, bool]:
+    """The records of concatenated whole batches (a read's answer) at or after `from_index`,
+    control batches skipped, at most `max_records`. Also returns where reading goes on: just
+    after the last record kept when `max_records` cut it short (the third value, True), else
+    the end of the last batch (None when `data` is empty)."""
+    records: list[StoredRecord] = []
+    end: int | None = None
+    for batch in split_batches(data):
+        header = parse_header(batch)
+        if not header.is_control:
+            for record in decode_batch(batch):
+                if record.index < from_index:
+                    continue
+                if len(records) >= max_records:
+                    return records, records[-1].index + 1, True
+                records.append(record)
+        end = header.next_index
+    return records, end, False
+
+
 def _take(view: memoryview, pos: int, length: int, end: int) -> tuple[bytes | None, int]:
     if length == NULL_LENGTH:
         return None, pos

@@ -22,9 +22,9 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from ..log.batch import (
     Record,
-    decode_batches,
     encode_batch,
     parse_header,
+    records_from,
     split_batches,
     verify_batch,
 )
@@ -599,25 +599,9 @@ class Api:
     def _json_read(
         self, replica: Replica, data: bytes, from_index: int, max_records: int
     ) -> web.Response:
-        records: list[dict[str, Any]] = []
-        next_index = from_index
-        for batch in split_batches(data):
-            header = parse_header(batch)
-            if header.is_control:
-                next_index = header.next_index
-                continue
-            full = True
-            for record in decode_batches(batch):
-                if record.index < from_index:
-                    continue
-                if len(records) >= max_records:
-                    full = False
-                    break
-                records.append(_record_json(record))
-                next_index = record.index + 1
-            if not full:
-                break
-            next_index = max(next_index, header.next_index)
+        stored, end, _ = records_from(data, from_index, max_records)
+        records = [_record_json(record) for record in stored]
+        next_index = from_index if end is None else max(end, from_index)
         body = {
             "records": records,
             "next_index": next_index,
