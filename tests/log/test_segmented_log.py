@@ -471,3 +471,15 @@ def test_remove_through_drops_only_segments_wholly_at_or_below_the_index(directo
     assert log.remove_through(bases[2]).removed_base_indexes == ()  # inside segment 3
     assert log.remove_through(10**9).removed_base_indexes == bases[2:-1]  # never the active
     assert log.segment_base_indexes == bases[-1:]
+
+
+def test_batch_headers_walk_every_segment_from_the_batch_holding_an_index(directory_factory):
+    log = SegmentedLog.open(directory_factory(), SMALL)
+    fill(log, 60, records=3, term=4)
+    assert len(log.segment_base_indexes) > 2
+    headers = list(log.batch_headers(7))  # inside the batch [6, 9)
+    assert [h.base_index for h in headers] == list(range(6, log.next_index, 3))
+    assert all(h.record_count == 3 and h.term == 4 for h in headers)
+    assert list(log.batch_headers(log.next_index)) == []
+    with pytest.raises(IndexOutOfRangeError):
+        list(log.batch_headers(-1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -377,6 +377,19 @@ class SegmentedLog:
         self._check_index(from_index)
         limit = self.next_index if end_index is None else min(end_index, self.next_index)
         return self._segment_of(from_index).read(from_index, max_bytes, limit)
+
+    def batch_headers(self, from_index: int) -> Iterator[BatchHeader]:
+        """The headers of the stored batches from the one holding `from_index`, reading 72
+        bytes each: payloads are neither read nor verified (bookkeeping, never serving)."""
+        if from_index >= self.next_index:
+            return
+        self._check_index(from_index)
+        first = bisect_right(self._bases, from_index) - 1
+        for number, segment in enumerate(self._segments[first:]):
+            start = segment.slot_of(from_index) if number == 0 else 0
+            positions = segment.index.positions
+            for slot in range(start, len(positions)):
+                yield parse_header(segment.store.read(positions[slot], BATCH_HEADER_BYTES))
 
     def read(self, index: int) -> ReadResult:
         """The one batch holding `index`."""

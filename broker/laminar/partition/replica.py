@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..log.batch import BatchHeader, parse_header, split_batches
+from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
@@ -30,7 +30,6 @@ from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
-SCAN_CHUNK_BYTES = 8 << 20
 
 
 class NotLeader(Exception):
@@ -239,19 +238,13 @@ class Replica:
         self.pending_bytes = 0
 
     def _rebuild_producers(self) -> None:
-        """Producer batches from the newest segments and the unstable tail of our log."""
+        """Producer batches from the headers in the newest segments (only headers are read)
+        and the unstable tail of our log."""
         self.producers.clear()
         bases = self.log.segment_base_indexes
-        index = bases[max(0, len(bases) - PRODUCER_SCAN_SEGMENTS)]
-        index = max(index, self.log.start_index)
-        while index < self.log.next_index:
-            result = self.log.read_range(index, SCAN_CHUNK_BYTES)
-            for batch in split_batches(result.data):
-                header = parse_header(batch)
-                self.producers.record_header(header, header.base_index)
-            if result.next_index <= index:
-                break
-            index = result.next_index
+        start = max(bases[max(0, len(bases) - PRODUCER_SCAN_SEGMENTS)], self.log.start_index)
+        for header in self.log.batch_headers(start):
+            self.producers.record_header(header, header.base_index)
         for entry in self.raft.log.unstable:
             self.producers.record_header(parse_header(entry.data), entry.index)
 
