@@ -40,7 +40,7 @@ from ..metadata import (
 from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
 from ..partition.replica import CommitLost, NotLeader, Overloaded, Replica, SequenceConflict
 from .metrics import BrokerMetrics
-from .node import Broker
+from .node import Broker, View, view_leaders
 
 log = logging.getLogger(__name__)
 BATCH_TYPE = "application/vnd.laminar.batch"
@@ -93,7 +93,7 @@ class Api:
         self.token = broker.config.token
         self.timeout_s = broker.config.request_timeout_ms / 1000
         self._session: ClientSession | None = None
-        self._view: tuple[float, dict[str, list[dict[str, Any]]]] | None = None
+        self._view: tuple[float, View] | None = None
         self._collector: asyncio.Task[None] | None = None
 
     # ---- application -----------------------------------------------------------------------
@@ -314,7 +314,7 @@ class Api:
         partitions = body.get("partitions")
         return partitions if isinstance(partitions, list) else None
 
-    async def cluster_view(self, *, fresh: bool = False) -> dict[str, list[dict[str, Any]]]:
+    async def cluster_view(self, *, fresh: bool = False) -> View:
         """Every alive member's hosted replicas (for routing: cached for VIEW_TTL_S)."""
         now = time.monotonic()
         if not fresh and self._view is not None and now - self._view[0] < VIEW_TTL_S:
@@ -407,18 +407,17 @@ class Api:
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
         view = await self.cluster_view(fresh=True)
-        reports: dict[int, list[tuple[str, dict[str, Any]]]] = {}
-        for node, hosted in view.items():
+        leaders = view_leaders(view)
+        reports: dict[int, dict[str, Any]] = {}  # any replica's report, when no leader's
+        for hosted in view.values():
             for item in hosted:
                 if item.get("topic") == name:
-                    reports.setdefault(int(item["partition"]), []).append((node, item))
+                    reports.setdefault(int(item["partition"]), item)
         states = []
         for partition in range(topic.partitions):
-            found = reports.get(partition, [])
-            leaders = [item for node, item in found if item.get("role") == "leader"]
-            best = max(leaders, key=lambda item: int(item["term"]), default=None)
+            best = leaders.get(f"{name}/{partition}")
             leader = best["leader"] if best is not None else None
-            source = best or (found[0][1] if found else None)
+            source = best or reports.get(partition)
             address = self.broker.api_address_of(leader)
             states.append(
                 {
@@ -457,13 +456,7 @@ class Api:
 
     async def _leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
         """Where to send a request for a partition this broker does not host."""
-        view = await self.cluster_view()
-        best: dict[str, Any] | None = None
-        for hosted in view.values():
-            for item in hosted:
-                leads = f"{item['topic']}/{item['partition']}" == group and item["role"] == "leader"
-                if leads and (best is None or item["term"] > best["term"]):
-                    best = item
+        best = view_leaders(await self.cluster_view()).get(group)
         return self._redirect(request, best["leader"] if best else None, group)
 
     async def append(self, request: web.Request) -> web.Response:

@@ -20,10 +20,11 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
@@ -298,30 +299,20 @@ class Broker:
         self._was_member.discard(replica.group)
         replica.destroy()
 
-    def collect_removed(self, view: dict[str, list[dict[str, object]]]) -> list[str]:
+    def collect_removed(self, view: View) -> list[str]:
         """Drop replicas whose group's leader (in `view`, every member's hosted replicas) no
         longer counts us as a member, seen twice in a row: a removed replica may never learn
         of its removal from Raft (the leader stops talking to it once the change commits)."""
-        leaders: dict[str, dict[str, object]] = {}
-        for node, hosted in view.items():
-            if node == self.id:
-                continue
-            for item in hosted:
-                if item.get("role") != "leader":
-                    continue
-                group = f"{item['topic']}/{item['partition']}"
-                best = leaders.get(group)
-                if best is None or int(str(item["term"])) > int(str(best["term"])):
-                    leaders[group] = item
+        leaders = view_leaders({n: h for n, h in view.items() if n != self.id})
         excluded = set()
         now = _now_ms()
         for group, replica in self.replicas.items():
             report = leaders.get(group)
             if report is None or replica.raft.role is Role.LEADER:
                 continue
-            members = set(report["voters"]) | set(report["learners"])  # type: ignore[call-overload]
+            members = set(report["voters"]) | set(report["learners"])
             old_enough = now - self._hosted_at_ms.get(group, now) > 10_000
-            current = int(str(report["term"])) >= replica.raft.term
+            current = int(report["term"]) >= replica.raft.term
             if self.id not in members and current and old_enough:
                 excluded.add(group)
         dropped = sorted(excluded & self._excluded)
@@ -527,10 +518,11 @@ class Broker:
         self.timers["round_seconds"] += time.perf_counter() - started
         return True
 
+    def _replica_of(self, group: str) -> Replica | None:
+        return self.meta if group == METADATA_GROUP else self.replicas.get(group)
+
     def _storage(self, group: str) -> LogStorage | None:
-        if group == METADATA_GROUP:
-            return self.meta.storage if self.meta is not None else None
-        replica = self.replicas.get(group)
+        replica = self._replica_of(group)
         return replica.storage if replica is not None else None
 
     def _send(self, messages: Iterable[Message]) -> None:
@@ -557,7 +549,7 @@ class Broker:
             if raft.role is Role.CANDIDATE and (before is None or before.term != raft.term):
                 self.counters["elections"] += 1
             self._status[group] = GroupStatus(raft.role, raft.lead, raft.term)
-            replica = self.replicas.get(group) if group != METADATA_GROUP else self.meta
+            replica = self._replica_of(group)
             if replica is not None:
                 replica.on_leadership()
                 if self.id in raft.conf.members():
@@ -568,10 +560,7 @@ class Broker:
     def _apply(self, group: str, first: int, last: int) -> None:
         if group == METADATA_GROUP:
             self._apply_metadata(first, last)
-            if self.meta is not None:
-                self.meta.on_committed(first, last)
-            return
-        replica = self.replicas.get(group)
+        replica = self._replica_of(group)
         if replica is not None:
             replica.on_committed(first, last)
 
@@ -834,6 +823,25 @@ class Broker:
         if self.meta_applied_index < 0:
             return False, "metadata not loaded"
         return True, "ready"
+
+
+#: every member's hosted replicas, as `GET /v1/nodes/{id}/partitions` reports them
+View = Mapping[str, list[dict[str, Any]]]
+
+
+def view_leaders(view: View) -> dict[str, dict[str, Any]]:
+    """Per group ("topic/partition"): the report of the replica that claims leadership in the
+    highest term."""
+    leaders: dict[str, dict[str, Any]] = {}
+    for hosted in view.values():
+        for item in hosted:
+            if item.get("role") != "leader":
+                continue
+            group = f"{item['topic']}/{item['partition']}"
+            best = leaders.get(group)
+            if best is None or int(item["term"]) > int(best["term"]):
+                leaders[group] = item
+    return leaders
 
 
 def _valid_int(value: object, high: int) -> bool:
