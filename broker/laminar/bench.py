@@ -91,16 +91,10 @@ class ProduceOptions:
 async def ensure_topic(client: AsyncClient, topic: str, partitions: int, rf: int) -> int:
     """Create the topic if missing; wait until every partition has a leader; its partitions."""
     try:
-        described = await client.describe_topic(topic)
+        await client.describe_topic(topic)
     except NotFound:
         await client.create_topic(topic, partitions=partitions, replication_factor=rf)
-        described = await client.describe_topic(topic)
-    deadline = time.monotonic() + 60
-    while not all(p.leader for p in described.partition_states):
-        if time.monotonic() > deadline:
-            raise LaminarError(503, "unavailable", f"{topic} has partitions without a leader")
-        await asyncio.sleep(0.1)
-        described = await client.describe_topic(topic)
+    described = await client.wait_for_leaders(topic)
     return len(described.partition_states)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from .client import AsyncClient, Producer
@@ -14,16 +13,6 @@ from .local_cluster import LocalCluster
 
 DEMO_PREFIX = "127.0.2"  # not the addresses of `laminar local-cluster up` (127.0.0.x)
 TOPIC = "demo"
-
-
-async def _wait_for_leaders(client: AsyncClient, topic: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        described = await client.describe_topic(topic)
-        if all(p.leader for p in described.partition_states):
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} has partitions without a leader after {timeout_s} s")
 
 
 def status_table(rows: list[list[str]]) -> str:
@@ -35,7 +24,7 @@ def status_table(rows: list[list[str]]) -> str:
 async def _run(cluster: LocalCluster, messages: int) -> None:
     async with AsyncClient(cluster.urls) as client:
         await client.create_topic(TOPIC, partitions=3, replication_factor=3)
-        await _wait_for_leaders(client, TOPIC)
+        await client.wait_for_leaders(TOPIC, timeout_s=30)
         print(f"created topic {TOPIC!r}: 3 partitions, each on 3 brokers (Raft)")
         async with Producer(client, TOPIC, linger_ms=2) as producer:
             sent = [

@@ -51,7 +51,7 @@ class LocalNode:
     def alive(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
-        return self.pid is not None and _pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid)
 
 
 class LocalCluster:
@@ -266,7 +266,8 @@ def probe(url: str, token: str | None = None, timeout_s: float = 1.0) -> int | N
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is process `pid` running (a zombie is not)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

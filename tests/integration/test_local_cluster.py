@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.local_cluster import LocalCluster, probe
+from laminar.local_cluster import LocalCluster, pid_alive, probe
 
 from .conftest import loopback_prefix
 
@@ -23,15 +22,6 @@ LAMINAR = [sys.executable, "-m", "laminar"]
 def brokers_of(data_dir: Path) -> list[int]:
     document = json.loads((data_dir / "cluster.json").read_text())
     return [node["pid"] for node in document["nodes"].values()]
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][:1] == "Z"
 
 
 def test_detached_up_status_down(tmp_path: Path) -> None:
@@ -79,7 +69,7 @@ def test_detached_up_status_down(tmp_path: Path) -> None:
             timeout=60,
         )
     assert down.returncode == 0 and "stopped 2 brokers" in down.stdout
-    assert all(gone(pid) for pid in brokers_of(data_dir))
+    assert all(not pid_alive(pid) for pid in brokers_of(data_dir))
     for line in (data_dir / "n1" / "broker.log").read_text().splitlines()[-3:]:
         assert "Traceback" not in line
 
@@ -117,7 +107,7 @@ def test_foreground_up_stops_on_ctrl_c(tmp_path: Path) -> None:
         pids = brokers_of(data_dir)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
-        assert all(gone(pid) for pid in pids)
+        assert all(not pid_alive(pid) for pid in pids)
     finally:
         if process.poll() is None:
             process.kill()

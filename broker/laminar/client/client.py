@@ -398,6 +398,22 @@ class AsyncClient:
         answer = await self._call("GET", f"/v1/topics/{quote(name, safe='')}")
         return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
 
+    async def wait_for_leaders(self, name: str, timeout_s: float = 60) -> TopicDescription:
+        """Describe `name` until every partition has a leader (a new topic's elections take a
+        moment); raises `Unavailable` after `timeout_s`."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            described = await self.describe_topic(name)
+            if all(p.leader for p in described.partition_states):
+                return described
+            if asyncio.get_running_loop().time() > deadline:
+                raise Unavailable(
+                    503,
+                    "unavailable",
+                    f"{name} has partitions without a leader after {timeout_s} s",
+                )
+            await asyncio.sleep(0.1)
+
     async def alter_topic(
         self,
         name: str,
