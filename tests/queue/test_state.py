@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from laminar.queue import (
     Accept,
     Acquire,
+    Configure,
     DeadLettered,
     Expire,
     QueueConfig,
@@ -20,6 +21,7 @@ from laminar.queue import (
     QueueState,
     Reject,
     Release,
+    Renew,
     decode_command,
     encode_command,
 )
@@ -139,9 +141,43 @@ def test_cursor_skips_control_entries_and_compacts_done_indexes() -> None:
 
 def test_groups_are_independent_and_start_at_the_log_start() -> None:
     state = state_with(2)
+    state.apply(Expire("other", 0))  # any command creates its group
     acquire(state, "a", 2, now=0)
     state.apply(Accept(G, "a", (1, 2)))
     assert state.available("other", 10, 0) == [1, 2]
+
+
+def test_ranges_below_every_cursor_are_forgotten_and_new_groups_start_there() -> None:
+    state = QueueState()
+    for base in range(0, 40, 2):  # record batches interleaved with queue commands
+        state.on_records(base, 1)
+        state.on_other(base + 1, 1)
+    for index in range(0, 30, 2):
+        state.apply(Acquire(G, "a", (index,), 1000, 0))
+        state.apply(Accept(G, "a", (index,)))
+    assert state.groups[G].cursor == 30
+    assert state.start_index == 30 and list(state.records_from(0)) == [30, 32, 34, 36, 38]
+    assert state.available("late", 10, 0) == [30, 32, 34, 36, 38]
+
+
+def test_renew_extends_only_the_holders_live_leases() -> None:
+    state = state_with(3)
+    acquire(state, "a", 2, now=0, lease=100)
+    result = state.apply(Renew(G, "a", (1, 2, 3), 500, 50))
+    assert result.done == [1, 2] and result.refused == [3]
+    assert state.available(G, 10, 200) == [3]  # 1 and 2 now held until 550
+    assert state.apply(Renew(G, "b", (1,), 500, 60)).refused == [1]
+    assert state.apply(Renew(G, "a", (1,), 500, 600)).refused == [1]  # ran out at 550
+
+
+def test_configure_changes_max_deliveries_and_survives_a_snapshot() -> None:
+    state = state_with(1)
+    state.apply(Configure(2))
+    for now in (0, 100):
+        acquire(state, "a", 1, now=now, lease=50)
+        state.apply(Release(G, "a", (1,)))
+    assert state.groups[G].dead_pending[1].reason == "max_deliveries"
+    assert QueueState.restore(state.snapshot()).config.max_deliveries == 2
 
 
 def test_retention_trims_the_messages_of_every_group() -> None:

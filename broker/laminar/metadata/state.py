@@ -22,7 +22,11 @@ MAX_PARTITIONS = 10_000
 MAX_REPLICATION_FACTOR = 7
 MAX_WEIGHT = 1_000_000
 #: topic configuration keys: the log's knobs, validated by building a LogConfig
-TOPIC_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
+LOG_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
+#: topic settings of its consumer groups (laminar.queue), beside the log's
+QUEUE_CONFIG_KEYS = frozenset({"max_deliveries"})
+MAX_DELIVERIES_LIMIT = 1_000_000
+TOPIC_CONFIG_KEYS = LOG_CONFIG_KEYS | QUEUE_CONFIG_KEYS
 SNAPSHOT_VERSION = 1
 
 
@@ -126,8 +130,10 @@ def _check_config(config: object) -> dict[str, Any]:
         raise MetadataError(
             "invalid", f"unknown config keys {unknown}; known: {sorted(TOPIC_CONFIG_KEYS)}"
         )
+    if "max_deliveries" in config:
+        _check_int("max_deliveries", config["max_deliveries"], 1, MAX_DELIVERIES_LIMIT)
     try:
-        LogConfig(**config)
+        LogConfig(**{k: v for k, v in config.items() if k in LOG_CONFIG_KEYS})
     except (TypeError, ValueError) as e:
         raise MetadataError("invalid", f"invalid config: {e}") from e
     return dict(sorted(config.items()))

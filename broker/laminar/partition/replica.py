@@ -21,33 +21,18 @@ from ..log.config import LogConfig
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import FileDirectory
+from ..queue.applier import QueueApplier
 from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
+from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from .groups import ConsumerGroups
 
 #: Batches remembered per producer id for deduplication (as Kafka does).
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
-
-
-class NotLeader(Exception):
-    def __init__(self, leader: str | None) -> None:
-        super().__init__(f"not the leader (leader: {leader})")
-        self.leader = leader
-
-
-class Overloaded(Exception):
-    """Too many bytes await their commit on this replica."""
-
-
-class SequenceConflict(Exception):
-    """A producer sequence that is neither the next one nor a recent duplicate."""
-
-
-class CommitLost(Exception):
-    """The append was not committed: the leader changed before it was."""
 
 
 @dataclass(slots=True)
@@ -115,8 +100,10 @@ class Replica:
         *,
         group: str | None = None,
         max_pending_bytes: int = 64 << 20,
+        queues: bool = True,
     ) -> None:
-        """`group`: the Raft group name (default "topic/partition")."""
+        """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
+        groups (data partitions do; the metadata group does not)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
@@ -140,6 +127,9 @@ class Replica:
         self.pending_bytes = 0
         self._readers: list[asyncio.Future[None]] = []
         self._led_term = -1  # the term this replica last led in (its producer table's)
+        self.groups = (
+            ConsumerGroups(self.raft, self.log, QueueApplier(self.storage)) if queues else None
+        )
         self.closed = False
 
     # ---- state -----------------------------------------------------------------------------
@@ -214,6 +204,8 @@ class Replica:
                     pending.future.set_result(base)
                 else:
                     pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
+        if self.groups is not None:
+            self.groups.on_committed(last)
         self._wake_readers()
 
     def on_leadership(self) -> None:
@@ -231,6 +223,8 @@ class Replica:
             self._fail_pending(f"no longer the leader (leader: {raft.lead})")
 
     def _fail_pending(self, why: str) -> None:
+        if self.groups is not None:
+            self.groups.fail_all(why)
         for pending in self.pending.values():
             if not pending.future.done():
                 pending.future.set_exception(CommitLost(f"{self.group}: {why}"))

@@ -3,6 +3,7 @@
 from .state import (
     Accept,
     Acquire,
+    Configure,
     DeadLettered,
     Expire,
     Granted,
@@ -12,6 +13,7 @@ from .state import (
     QueueState,
     Reject,
     Release,
+    Renew,
     Result,
     decode_command,
     encode_command,
@@ -21,6 +23,7 @@ from .state import (
 __all__ = [
     "Accept",
     "Acquire",
+    "Configure",
     "DeadLettered",
     "Expire",
     "Granted",
@@ -30,6 +33,7 @@ __all__ = [
     "QueueState",
     "Reject",
     "Release",
+    "Renew",
     "Result",
     "decode_command",
     "encode_command",

@@ -16,7 +16,9 @@ everywhere. The Qpid guarantees, per group:
   redeliveries.
 
 A group's `cursor` is the first record index it has not finished; indexes below it need no
-memory, so the state does not grow with history (`snapshot` is canonical JSON).
+memory, and record ranges below every group's cursor are forgotten, so the state does not grow
+with history (`snapshot` is canonical JSON). A new group starts at `start_index`: the log
+start, or where the slowest existing group is.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 import re
 from bisect import bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
@@ -95,6 +97,26 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Renew:
+    """Extend the leases `consumer` still holds on `indexes` to `now_ms + lease_ms`."""
+
+    group: str
+    consumer: str
+    indexes: tuple[int, ...]
+    lease_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """The topic's queue settings changed (the leader proposes this when it sees the change,
+    so every replica switches at the same log index)."""
+
+    max_deliveries: int
+    group: str = ""  # unused: settings apply to every group
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """End every lease of the group whose deadline is at or before `now_ms`."""
 
@@ -110,9 +132,11 @@ class DeadLettered:
     indexes: tuple[int, ...]
 
 
-QueueCommand = Acquire | Accept | Release | Reject | Expire | DeadLettered
+QueueCommand = Acquire | Accept | Release | Reject | Renew | Expire | DeadLettered | Configure
 _KINDS: dict[str, type[QueueCommand]] = {
     "acquire": Acquire,
+    "renew": Renew,
+    "configure": Configure,
     "accept": Accept,
     "release": Release,
     "reject": Reject,
@@ -151,17 +175,21 @@ def _check_indexes(indexes: object) -> None:
 
 def validate(command: QueueCommand) -> None:
     """Raise QueueError for a command no state could apply (names, types, ranges)."""
+    if isinstance(command, Configure):
+        if not isinstance(command.max_deliveries, int) or command.max_deliveries < 1:
+            raise QueueError("invalid", "max_deliveries must be a positive integer")
+        return
     if not isinstance(command.group, str) or not GROUP_NAME.fullmatch(command.group):
         raise QueueError("invalid", f"group name {command.group!r} must match {GROUP_NAME.pattern}")
-    if isinstance(command, Acquire | Accept | Release | Reject) and (
+    if isinstance(command, Acquire | Accept | Release | Reject | Renew) and (
         not isinstance(command.consumer, str) or not CONSUMER_ID.fullmatch(command.consumer)
     ):
         raise QueueError(
             "invalid", f"consumer id {command.consumer!r} must match {CONSUMER_ID.pattern}"
         )
-    if isinstance(command, Acquire | Accept | Release | Reject | DeadLettered):
+    if isinstance(command, Acquire | Accept | Release | Reject | Renew | DeadLettered):
         _check_indexes(command.indexes)
-    if isinstance(command, Acquire) and (
+    if isinstance(command, Acquire | Renew) and (
         not isinstance(command.lease_ms, int) or command.lease_ms < 1
     ):
         raise QueueError("invalid", "lease_ms must be a positive integer")
@@ -346,8 +374,11 @@ class QueueState:
         """Apply a committed command; deterministic, and a command that cannot act on an
         index (not held, held by another, already done) leaves it alone and says so."""
         validate(command)
-        group = self.group(command.group)
         result = Result()
+        if isinstance(command, Configure):
+            self.config = replace(self.config, max_deliveries=command.max_deliveries)
+            return result
+        group = self.group(command.group)
         if isinstance(command, Acquire):
             self._expire(group, command.now_ms, result)
             lease = min(command.lease_ms, self.config.max_lease_ms)
@@ -396,6 +427,19 @@ class QueueState:
                 else:
                     self._returned(group, index, holding.deliveries, "max_deliveries", result)
                 result.done.append(index)
+        elif isinstance(command, Renew):
+            lease = min(command.lease_ms, self.config.max_lease_ms)
+            for index in command.indexes:
+                holding = group.acquired.get(index)
+                if (
+                    holding is None
+                    or holding.consumer != command.consumer
+                    or holding.deadline_ms <= command.now_ms
+                ):
+                    result.refused.append(index)  # not yours, or your lease already ran out
+                else:
+                    holding.deadline_ms = command.now_ms + lease
+                    result.done.append(index)
         elif isinstance(command, Expire):
             self._expire(group, command.now_ms, result)
         else:
@@ -405,7 +449,21 @@ class QueueState:
                     group.dead_lettered_total += 1
                     result.done.append(index)
         self._advance(group)
+        self._prune()
         return result
+
+    def _prune(self) -> None:
+        """Forget record ranges below every group's cursor: memory follows the backlog, not
+        the history (a group created later starts at `start_index`)."""
+        if not self.groups or not self._ends:
+            return
+        floor = min(group.cursor for group in self.groups.values())
+        if self._ends[0] > floor:
+            return
+        keep = bisect_right(self._ends, floor)
+        del self._bases[:keep]
+        del self._ends[:keep]
+        self.start_index = max(self.start_index, floor)
 
     def _expire(self, group: Group, now_ms: int, result: Result) -> None:
         expired = sorted(i for i, h in group.acquired.items() if h.deadline_ms <= now_ms)
@@ -473,6 +531,7 @@ class QueueState:
             "version": SNAPSHOT_VERSION,
             "start_index": self.start_index,
             "end_index": self.end_index,
+            "max_deliveries": self.config.max_deliveries,
             "ranges": [[b, e] for b, e in zip(self._bases, self._ends, strict=True)],
             "groups": groups,
         }
@@ -483,6 +542,7 @@ class QueueState:
         document = json.loads(data)
         if document.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"unknown queue snapshot version {document.get('version')!r}")
+        config = replace(config or QueueConfig(), max_deliveries=document["max_deliveries"])
         state = cls(config, start_index=document["start_index"])
         state.end_index = document["end_index"]
         for base, end in document["ranges"]:

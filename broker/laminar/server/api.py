@@ -38,7 +38,10 @@ from ..metadata import (
     SetWeight,
 )
 from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
-from ..partition.replica import CommitLost, NotLeader, Overloaded, Replica, SequenceConflict
+from ..partition.errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from ..partition.replica import Replica
+from .groups_api import GroupsApi
+from .http import ApiError, record_json, unavailable
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -58,32 +61,6 @@ STATUS_CODES = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        body = {"error": {"code": self.code, "message": self.message, **self.extra}}
-        return web.json_response(body, status=self.status, headers=self.headers)
-
-
-def unavailable(message: str) -> ApiError:
-    return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
 
 
 class Api:
@@ -120,6 +97,7 @@ class Api:
         r.add_delete("/v1/topics/{topic}", self.delete_topic)
         r.add_post("/v1/topics/{topic}/partitions/{partition}/records", self.append)
         r.add_get("/v1/topics/{topic}/partitions/{partition}/records", self.read)
+        GroupsApi(self).add_routes(r)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -593,7 +571,7 @@ class Api:
         self, replica: Replica, data: bytes, from_index: int, max_records: int
     ) -> web.Response:
         stored, end, _ = records_from(data, from_index, max_records)
-        records = [_record_json(record) for record in stored]
+        records = [record_json(record) for record in stored]
         next_index = from_index if end is None else max(end, from_index)
         body = {
             "records": records,
@@ -667,28 +645,3 @@ def _json_record(n: int, item: Any) -> Record:
         headers=tuple(header_items),
         timestamp_ms=timestamp,
     )
-
-
-def _record_json(record: Any) -> dict[str, Any]:
-    try:
-        out: dict[str, Any] = {
-            "index": record.index,
-            "timestamp_ms": record.timestamp_ms,
-            "key": None if record.key is None else record.key.decode(),
-            "value": None if record.value is None else record.value.decode(),
-            "headers": {name: value.decode() for name, value in record.headers},
-        }
-    except UnicodeDecodeError:
-        return {
-            "index": record.index,
-            "timestamp_ms": record.timestamp_ms,
-            "encoding": "base64",
-            "key": _b64(record.key),
-            "value": _b64(record.value),
-            "headers": {name: base64.b64encode(value).decode() for name, value in record.headers},
-        }
-    return out
-
-
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode()

@@ -23,9 +23,11 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..client import AsyncClient
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
 from ..metadata import (
@@ -41,10 +43,13 @@ from ..metadata import (
     metadata_voters,
     validate,
 )
-from ..metadata.state import MAX_PARTITIONS, MAX_REPLICATION_FACTOR
+from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
+from ..partition.errors import NotLeader, Overloaded
+from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
-from ..partition.replica import NotLeader, Replica
+from ..partition.replica import Replica
 from ..placement import Candidate, place
+from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
@@ -54,6 +59,7 @@ from ..raft.storage import stored_entries
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
 from ..swim.runtime import SwimNode, format_address
 from .config import BrokerConfig
+from .dead_letters import DeadLetterMover
 from .transport import PeerTransport
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,7 @@ METADATA_COMPACT_ENTRIES = 256
 NODE_FILE = "node.json"
 SYNC_THREADS = 4
 RETENTION_INTERVAL_MS = 2_000
+DEFAULT_MAX_DELIVERIES = QueueConfig().max_deliveries
 
 
 class BrokerError(Exception):
@@ -122,6 +129,8 @@ class Broker:
         self._hosted_at_ms: dict[str, int] = {}
         self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
         self._retained_at_ms = 0
+        self._movers: dict[str, asyncio.Task[None]] = {}  # dead-letter tasks, by group
+        self._client: AsyncClient | None = None
         self._next_sync_ms = 0
         self._replaying = False  # re-applying the metadata log at start
         self._stopping = False
@@ -180,11 +189,14 @@ class Broker:
         self._wake.set()
         if self.swim is not None:
             await self.swim.stop(leave=graceful)
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._movers.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._client is not None:
+            await self._client.close()
         await self.transport.stop()
         for replica in self._all_replicas():
             replica.close()
@@ -209,7 +221,7 @@ class Broker:
 
     def _log_config(self, overrides: dict[str, object] | None = None) -> LogConfig:
         settings: dict[str, object] = {"segment_bytes": self.config.segment_bytes}
-        settings.update(overrides or {})
+        settings.update((k, v) for k, v in (overrides or {}).items() if k in LOG_CONFIG_KEYS)
         settings["fsync"] = self.config.fsync
         return LogConfig(**settings)  # type: ignore[arg-type]
 
@@ -233,6 +245,7 @@ class Broker:
             self.raft_config,
             bootstrap,
             group=METADATA_GROUP,
+            queues=False,
         )
         self.meta = replica
         self.multi.add(replica.raft)
@@ -490,6 +503,8 @@ class Broker:
                 storage.apply_snapshot(ready.snapshot)
                 if group == METADATA_GROUP:
                     self._restore_metadata()
+                elif (replica := self.replicas.get(group)) and replica.groups is not None:
+                    replica.groups.reset()
             if ready.entries:
                 storage.append(ready.entries)
                 to_sync.append(storage)
@@ -691,6 +706,7 @@ class Broker:
             if raft.role is Role.LEADER and topic_state is not None:
                 target = place(replica.group, candidates, topic_state.replication_factor)
                 self._reconcile(replica, target, alive, followers=frozenset())
+                self._queue_duties(replica, topic_state)
             elif (
                 replica.group in self._was_member
                 and self.id not in raft.conf.members()
@@ -698,17 +714,49 @@ class Broker:
             ):
                 self._drop(replica)
 
+    def _queue_duties(self, replica: Replica, topic: Topic) -> None:
+        """A partition leader's part in its consumer groups: settings, lease expiry, and
+        moving dead letters to `<topic>.dlq`."""
+        groups = replica.groups
+        assert groups is not None
+        try:
+            groups.configure(int(topic.config.get("max_deliveries", DEFAULT_MAX_DELIVERIES)))
+            groups.expire_due(now_ms())  # the leases' clock: wall time
+        except (NotLeader, Overloaded):
+            return
+        if groups.dead_letters() and replica.group not in self._movers:
+            mover = DeadLetterMover(self.internal_client(), replica, topic)
+            task = asyncio.get_running_loop().create_task(mover.run(self.state.topics))
+            self._movers[replica.group] = task
+            task.add_done_callback(partial(self._mover_done, replica.group))
+
+    def _mover_done(self, group: str, task: asyncio.Task[None]) -> None:
+        self._movers.pop(group, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: dead-letter mover failed", group, exc_info=task.exception())
+
+    def internal_client(self) -> AsyncClient:
+        """A client of this cluster (through this broker's API) for the broker's own needs."""
+        if self._client is None:
+            self._client = AsyncClient([f"http://{self.api_addr}"], token=self.config.token)
+        return self._client
+
     def _apply_retention(self, replica: Replica) -> None:
         """Remove whole committed segments past the topic's retention: first record the
         snapshot point at their end (replicas needing older entries get a snapshot)."""
         config = replica.log.config
         if config.retention_bytes is None and config.retention_ms is None:
             return
-        point = replica.log.retention_point(limit_index=replica.commit_index)
+        groups = replica.groups
+        assert groups is not None
+        # the snapshot carries the consumer groups as applied (at or after the point)
+        applied = min(replica.commit_index, groups.applier.applied_index)
+        point = replica.log.retention_point(limit_index=applied)
         if point is None or point < replica.log.start_index:
             return
-        replica.storage.compact(point)
+        replica.storage.compact(point, groups.applier.snapshot_data())
         report = replica.log.remove_through(point)
+        groups.applier.trim()
         removed = len(report.removed_base_indexes)
         log.info("%s: retention removed %d segments", replica.group, removed)
 

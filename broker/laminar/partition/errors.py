@@ -1,0 +1,19 @@
+"""What a partition replica refuses or fails with (the API maps each to a status)."""
+
+
+class NotLeader(Exception):
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader})")
+        self.leader = leader
+
+
+class Overloaded(Exception):
+    """Too many bytes await their commit on this replica."""
+
+
+class SequenceConflict(Exception):
+    """A producer sequence that is neither the next one nor a recent duplicate."""
+
+
+class CommitLost(Exception):
+    """The append was not committed: the leader changed before it was."""

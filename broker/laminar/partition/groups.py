@@ -1,0 +1,277 @@
+"""The consumer groups of one partition replica (shared queues, DESIGN §4), served by its leader.
+
+Every request becomes a queue command in the partition's own Raft log (`laminar.queue`), and
+is answered once that command is committed and applied here, so what a client was told holds
+after any failover. Every replica applies the same commands (`QueueApplier`); only the leader
+proposes them. The leader stamps commands with its clock (`now_ms`), picks the indexes an
+Acquire asks for from its applied state minus those its own uncommitted Acquires ask for
+(the state machine refuses any index that is no longer free when the command applies), and
+bounds what waits for a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import partial
+
+from ..log.batch import StoredRecord, records_from
+from ..log.errors import IndexOutOfRangeError
+from ..log.segmented_log import SegmentedLog
+from ..queue import (
+    Acquire,
+    Configure,
+    Expire,
+    Granted,
+    QueueCommand,
+    QueueState,
+    Result,
+)
+from ..queue.applier import QueueApplier
+from ..queue.entries import encode_entry
+from ..queue.state import DeadLetter
+from ..raft.raft import ProposalDropped, Raft, Role
+from .errors import CommitLost, NotLeader, Overloaded
+
+#: Queue commands that may wait for their commit on one replica at a time.
+MAX_QUEUE_WAITERS = 10_000
+#: Decoded record batches kept for acquires (consecutive acquires read the same batches).
+BATCH_CACHE_SIZE = 16
+#: An acquire whose every index was taken meanwhile tries again at most this often.
+ACQUIRE_ATTEMPTS = 3
+
+
+@dataclass(slots=True)
+class _Waiter:
+    term: int
+    future: asyncio.Future[Result]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    granted: Granted
+    record: StoredRecord
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ConsumerGroups:
+    def __init__(self, raft: Raft, log: SegmentedLog, applier: QueueApplier) -> None:
+        self.raft = raft
+        self.log = log
+        self.applier = applier
+        self._waiters: dict[int, _Waiter] = {}  # log index of a proposed command -> waiter
+        self._tentative: dict[str, dict[int, str]] = {}  # group -> index -> consumer
+        self._changed: list[asyncio.Future[None]] = []
+        self._expiring: set[str] = set()
+        self._configuring = False
+        self._batches: OrderedDict[int, list[StoredRecord]] = OrderedDict()
+
+    @property
+    def state(self) -> QueueState:
+        return self.applier.state
+
+    # ---- proposing and applying ------------------------------------------------------------
+
+    def propose(self, command: QueueCommand) -> asyncio.Future[Result]:
+        """Propose `command` (leader only): a future for its result once applied here."""
+        raft = self.raft
+        if raft.role is not Role.LEADER:
+            raise NotLeader(raft.lead)
+        if len(self._waiters) >= MAX_QUEUE_WAITERS:
+            raise Overloaded(f"{raft.group}: {len(self._waiters)} queue commands await commit")
+        try:
+            index = raft.propose(encode_entry(command), 1)
+        except ProposalDropped as e:
+            raise NotLeader(raft.lead) from e
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiters[index] = _Waiter(raft.term, future)
+        return future
+
+    def on_committed(self, last: int) -> None:
+        """Entries up to `last` are committed here: apply them, answer their proposers."""
+        for applied in self.applier.catch_up(last):
+            waiter = self._waiters.pop(applied.index, None)
+            if waiter is not None and not waiter.future.done():
+                if self.log.term_at(applied.index) == waiter.term:
+                    waiter.future.set_result(applied.result)
+                else:
+                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+        if self._waiters:
+            # a proposal whose index now holds another (committed) entry was lost
+            for index in [i for i in self._waiters if i <= self.applier.applied_index]:
+                waiter = self._waiters.pop(index)
+                if not waiter.future.done():
+                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+        self._wake()
+
+    def fail_all(self, why: str) -> None:
+        """Leadership changed (or the replica closes): nothing proposed here will be answered."""
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(CommitLost(f"{self.raft.group}: {why}"))
+        self._tentative.clear()
+        self._wake()
+
+    def reset(self) -> None:
+        """A snapshot was installed."""
+        self.applier.reset()
+        self._batches.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, []
+        for future in changed:
+            if not future.done():
+                future.set_result(None)
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return after the next applied commit (or `timeout_s`)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changed.append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if future in self._changed:
+                self._changed.remove(future)
+
+    # ---- serving ---------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        group: str,
+        consumer: str,
+        max_messages: int,
+        lease_ms: int,
+        wait_s: float,
+        max_bytes: int,
+    ) -> list[Delivery]:
+        """Up to `max_messages` messages nobody holds, oldest first, held for `lease_ms`;
+        long-polls up to `wait_s` while there are none (or flow control allows none)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        attempts = 0
+        while True:
+            if self.raft.role is not Role.LEADER:
+                raise NotLeader(self.raft.lead)
+            now = now_ms()
+            records = self._pick(group, consumer, max_messages, max_bytes, now)
+            if records:
+                held = self._tentative.setdefault(group, {})
+                for index in records:
+                    held[index] = consumer
+                try:
+                    command = Acquire(group, consumer, tuple(records), lease_ms, now)
+                    result = await self.propose(command)
+                finally:
+                    for index in records:
+                        held.pop(index, None)
+                if result.granted:
+                    return [Delivery(g, records[g.index]) for g in result.granted]
+                attempts += 1
+                if attempts < ACQUIRE_ATTEMPTS:
+                    continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await self.wait_change(remaining)
+
+    def _pick(
+        self, group: str, consumer: str, limit: int, max_bytes: int, now: int
+    ) -> dict[int, StoredRecord]:
+        """The records an Acquire should ask for, oldest first, within flow control and
+        `max_bytes` (at least one record)."""
+        held = self._tentative.get(group, {})
+        mine = sum(1 for c in held.values() if c == consumer)
+        config = self.state.config
+        in_group = len(held) + (len(g.acquired) if (g := self.state.groups.get(group)) else 0)
+        limit = min(
+            limit,
+            self.state.room(group, consumer) - mine,
+            config.max_acquired_per_group - in_group,
+        )
+        if limit <= 0:
+            return {}
+        indexes = [i for i in self.state.available(group, limit + len(held), now) if i not in held]
+        picked: dict[int, StoredRecord] = {}
+        size = 0
+        for index in indexes[:limit]:
+            record = self.record(index)
+            if record is None:
+                continue
+            size += len(record.value or b"") + len(record.key or b"")
+            if picked and size > max_bytes:
+                break
+            picked[index] = record
+        return picked
+
+    def record(self, index: int) -> StoredRecord | None:
+        for base, records in self._batches.items():
+            if base <= index < base + len(records):
+                return records[index - base]
+        try:
+            data = self.log.read(index).data
+        except IndexOutOfRangeError:
+            return None  # removed by retention; the state forgets it at the next trim
+        records, _, _ = records_from(data, 0, 1 << 31)
+        if not records or not records[0].index <= index <= records[-1].index:
+            return None
+        self._batches[records[0].index] = records
+        while len(self._batches) > BATCH_CACHE_SIZE:
+            self._batches.popitem(last=False)
+        return records[index - records[0].index]
+
+    # ---- the leader's own duties (the broker's control loop calls these) -------------------
+
+    def expire_due(self, now: int) -> list[asyncio.Future[Result]]:
+        """Propose Expire for every group with a lease that ran out (one at a time)."""
+        proposed = []
+        for name, group in sorted(self.state.groups.items()):
+            if name in self._expiring or not group.acquired:
+                continue
+            if min(h.deadline_ms for h in group.acquired.values()) > now:
+                continue
+            future = self.propose(Expire(name, now))
+            self._expiring.add(name)
+            future.add_done_callback(partial(self._settled, name))
+            proposed.append(future)
+        return proposed
+
+    def configure(self, max_deliveries: int) -> None:
+        """Propose the topic's max_deliveries when the applied state has another."""
+        if self._configuring or self.state.config.max_deliveries == max_deliveries:
+            return
+        future = self.propose(Configure(max_deliveries))
+        self._configuring = True
+
+        def done(finished: asyncio.Future[Result]) -> None:
+            self._configuring = False
+            _retrieve(finished)
+
+        future.add_done_callback(done)
+
+    def _settled(self, group: str, future: asyncio.Future[Result]) -> None:
+        self._expiring.discard(group)
+        _retrieve(future)
+
+    def dead_letters(self) -> list[tuple[str, int, DeadLetter]]:
+        """(group, index, dead letter) waiting for their dead-letter append, by group, then
+        in the order of their sequence numbers."""
+        out: list[tuple[str, int, DeadLetter]] = []
+        for name, group in sorted(self.state.groups.items()):
+            ordered = sorted(group.dead_pending.items(), key=lambda item: item[1].sequence)
+            out.extend((name, index, letter) for index, letter in ordered)
+        return out
+
+
+def _retrieve(future: asyncio.Future[Result]) -> None:
+    """Mark a fire-and-forget proposal's failure as seen (it is retried by the next round)."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,189 @@
+"""The shared-queue endpoints of the HTTP API (DESIGN §5, docs/api.md "Shared queues").
+
+`/v1/topics/{topic}/partitions/{p}/groups/{group}`: acquire, accept, release, reject, renew
+(POST) and describe (GET). Only the partition's leader serves them (others redirect); each
+answers once its queue command is committed and applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..partition.errors import CommitLost, NotLeader, Overloaded
+from ..partition.groups import ConsumerGroups, now_ms
+from ..partition.replica import Replica
+from ..queue import Accept, QueueError, Reject, Release, Renew, Result
+from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
+from .http import ApiError, record_json, unavailable
+
+if TYPE_CHECKING:
+    from .api import Api
+
+MAX_ACQUIRE = 10_000
+DEFAULT_ACQUIRE = 100
+DEFAULT_LEASE_MS = 30_000
+MAX_LEASE_MS = 3_600_000
+MAX_ACQUIRE_BYTES = 16 << 20
+DEFAULT_ACQUIRE_BYTES = 1 << 20
+MAX_WAIT_MS = 60_000
+PREFIX = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
+SETTLE_FIELDS = frozenset({"consumer", "indexes"})
+
+
+class GroupsApi:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_get(PREFIX, self.describe)
+        router.add_post(PREFIX + "/acquire", self.acquire)
+        for action in ("accept", "release", "reject", "renew"):
+            router.add_post(f"{PREFIX}/{action}", self.settle)
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    async def _leader(self, request: web.Request) -> tuple[Replica, ConsumerGroups, str]:
+        api = self.api
+        topic, partition = api._partition(request)
+        group = request.match_info["group"]
+        if not GROUP_NAME.fullmatch(group):
+            raise ApiError(
+                400, "bad_request", f"group name {group[:50]!r} must match {GROUP_NAME.pattern}"
+            )
+        replica = api.broker.replica(topic, partition)
+        if replica is None:
+            raise await api._leader_elsewhere(request, f"{topic}/{partition}")
+        if not replica.is_leader or replica.groups is None:
+            raise api._redirect(request, replica.raft.lead, replica.group)
+        return replica, replica.groups, group
+
+    async def _body(self, request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
+        body = await self.api._json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "bad_request", "the body must be a JSON object")
+        unknown = set(body) - allowed
+        if unknown:
+            raise ApiError(400, "bad_request", f"unknown fields {sorted(unknown)}")
+        return body
+
+    async def _commit(
+        self, request: web.Request, replica: Replica, command: QueueCommand
+    ) -> Result:
+        groups = replica.groups
+        assert groups is not None
+        try:
+            future = groups.propose(command)
+        except NotLeader as e:
+            raise self.api._redirect(request, e.leader, replica.group) from e
+        except Overloaded as e:
+            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
+        self.api.broker.wake()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.api.timeout_s)
+        except TimeoutError as e:
+            raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
+        except CommitLost as e:
+            raise unavailable(f"{e}; retrying is harmless") from e
+
+    # ---- handlers --------------------------------------------------------------------------
+
+    async def acquire(self, request: web.Request) -> web.Response:
+        replica, groups, group = await self._leader(request)
+        fields = frozenset({"consumer", "max", "lease_ms", "wait_ms", "max_bytes"})
+        body = await self._body(request, fields)
+        consumer = body.get("consumer")
+        if consumer is None:
+            consumer = "c-" + secrets.token_hex(8)
+        _check_consumer(consumer)
+        max_messages = _int(body, "max", DEFAULT_ACQUIRE, 1, MAX_ACQUIRE)
+        lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
+        wait_ms = _int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
+        max_bytes = _int(body, "max_bytes", DEFAULT_ACQUIRE_BYTES, 1, MAX_ACQUIRE_BYTES)
+        self.api.broker.wake()
+        task = groups.acquire(group, consumer, max_messages, lease_ms, wait_ms / 1000, max_bytes)
+        try:
+            deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
+        except NotLeader as e:
+            raise self.api._redirect(request, e.leader, replica.group) from e
+        except Overloaded as e:
+            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
+        except TimeoutError as e:
+            raise ApiError(504, "timeout", "the acquire did not commit in time") from e
+        except CommitLost as e:
+            raise unavailable(f"{e}; acquire again") from e
+        messages = []
+        for delivery in deliveries:
+            item = record_json(delivery.record)
+            item["deliveries"] = delivery.granted.deliveries
+            item["lease_deadline_ms"] = delivery.granted.deadline_ms
+            messages.append(item)
+        return web.json_response({"consumer": consumer, "messages": messages})
+
+    async def settle(self, request: web.Request) -> web.Response:
+        action = request.path.rsplit("/", 1)[1]
+        replica, _, group = await self._leader(request)
+        allowed = SETTLE_FIELDS | {"reject": {"reason"}, "renew": {"lease_ms"}}.get(action, set())
+        body = await self._body(request, frozenset(allowed))
+        if "consumer" not in body:
+            raise ApiError(400, "bad_request", "consumer is required (the id acquire returned)")
+        consumer = body["consumer"]
+        _check_consumer(consumer)
+        indexes = body.get("indexes")
+        if (
+            not isinstance(indexes, list)
+            or not indexes
+            or len(indexes) > MAX_SCAN
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in indexes)
+            or not all(0 <= i < 2**63 for i in indexes)
+        ):
+            raise ApiError(
+                400, "bad_request", f"indexes must be a list of 1..{MAX_SCAN} record indexes"
+            )
+        command: QueueCommand
+        if action == "accept":
+            command = Accept(group, consumer, tuple(indexes))
+        elif action == "release":
+            command = Release(group, consumer, tuple(indexes))
+        elif action == "reject":
+            reason = body.get("reason", "rejected")
+            if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
+                raise ApiError(400, "bad_request", "reason must be a string of 1..200 characters")
+            command = Reject(group, consumer, tuple(indexes), reason)
+        else:
+            lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
+            command = Renew(group, consumer, tuple(indexes), lease_ms, now_ms())
+        try:
+            result = await self._commit(request, replica, command)
+        except QueueError as e:
+            raise ApiError(400, "bad_request", str(e)) from e
+        answer: dict[str, Any] = {"done": result.done, "refused": result.refused}
+        if isinstance(command, Renew):
+            answer["lease_deadline_ms"] = command.now_ms + min(command.lease_ms, MAX_LEASE_MS)
+        return web.json_response(answer)
+
+    async def describe(self, request: web.Request) -> web.Response:
+        replica, groups, group = await self._leader(request)
+        return web.json_response(
+            {
+                "topic": replica.topic,
+                "partition": replica.partition,
+                "group": group,
+                **groups.state.describe(group),
+            }
+        )
+
+
+def _check_consumer(consumer: object) -> None:
+    if not isinstance(consumer, str) or not CONSUMER_ID.fullmatch(consumer):
+        raise ApiError(400, "bad_request", f"consumer must match {CONSUMER_ID.pattern}")
+
+
+def _int(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = body.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ApiError(400, "bad_request", f"{name} must be an integer in [{low}, {high}]")
+    return value

@@ -1,0 +1,59 @@
+"""HTTP pieces shared by the API's handlers: JSON errors and the JSON rendering of records."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        body = {"error": {"code": self.code, "message": self.message, **self.extra}}
+        return web.json_response(body, status=self.status, headers=self.headers)
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
+
+
+def record_json(record: Any) -> dict[str, Any]:
+    try:
+        out: dict[str, Any] = {
+            "index": record.index,
+            "timestamp_ms": record.timestamp_ms,
+            "key": None if record.key is None else record.key.decode(),
+            "value": None if record.value is None else record.value.decode(),
+            "headers": {name: value.decode() for name, value in record.headers},
+        }
+    except UnicodeDecodeError:
+        return {
+            "index": record.index,
+            "timestamp_ms": record.timestamp_ms,
+            "encoding": "base64",
+            "key": _b64(record.key),
+            "value": _b64(record.value),
+            "headers": {name: base64.b64encode(value).decode() for name, value in record.headers},
+        }
+    return out
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
