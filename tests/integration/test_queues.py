@@ -286,6 +286,14 @@ async def test_rejected_message_is_dead_lettered_exactly_once(cluster: LocalClus
         assert described["partitions"] == 2
         assert await acquire(http, topic, 1, group, "b", max=10, wait_ms=500) == []
         assert await read_values(http, f"{topic}.dlq", 0) == []
+        leader_url = (await http.ok("GET", f"/v1/topics/{topic}"))["partition_states"][1][
+            "leader_url"
+        ]
+        async with session.get(leader_url + "/metrics") as answer:
+            text = await answer.text()
+        labels = f'group="{group}",partition="1",topic="{topic}"'
+        assert f"laminar_group_dead_lettered{{{labels}}} 1.0" in text
+        assert f"laminar_group_accepted{{{labels}}} 2.0" in text
 
 
 async def test_max_deliveries_dead_letters_a_message_nobody_finishes(

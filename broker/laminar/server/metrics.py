@@ -54,6 +54,7 @@ class _BrokerCollector(Collector):
             term.add_metric(values, replica.raft.term)
             inflight.add_metric(values, len(replica.pending))
         yield from (role, commit, end, start, size, term, inflight)
+        yield from _group_metrics(broker)
         members = GaugeMetricFamily(
             "laminar_swim_members", "members by SWIM state", labels=["state"]
         )
@@ -117,3 +118,28 @@ class BrokerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _group_metrics(broker: Broker) -> Iterator[Metric]:
+    """Consumer groups of the partitions this broker leads (the leader's applied state)."""
+    labels = ["topic", "partition", "group"]
+    families = {
+        name: GaugeMetricFamily(f"laminar_group_{name}", text, labels=labels)
+        for name, text in (
+            ("pending", "messages not handed out (or free again)"),
+            ("acquired", "messages held under a lease"),
+            ("dead_letter_pending", "dead letters waiting for their append"),
+            ("accepted", "messages accepted (total)"),
+            ("dead_lettered", "messages moved to the dead-letter topic (total)"),
+        )
+    }
+    for replica in sorted(broker.replicas.values(), key=lambda r: r.group):
+        if replica.groups is None or replica.raft.role is not Role.LEADER:
+            continue
+        for group in sorted(replica.groups.state.groups):
+            described = replica.groups.state.describe(group)
+            values = [replica.topic, str(replica.partition), group]
+            for name, family in families.items():
+                family.add_metric(values, described[name])
+    yield from families.values()
+
