@@ -9,7 +9,7 @@ from pathlib import Path
 
 from laminar.log import FileDirectory, LogConfig, Record, SegmentedLog, encode_batch
 from laminar.queue import Accept, Acquire, QueueCommand, Reject
-from laminar.queue.applier import QueueApplier
+from laminar.queue.applier import CHECKPOINT_FILE, QueueApplier
 from laminar.queue.entries import decode_entry, encode_entry
 from laminar.raft import ConfState, Entry, HardState, Snapshot
 from laminar.raft.log_storage import LogStorage
@@ -113,3 +113,24 @@ def test_retention_snapshot_carries_the_groups_and_an_installed_one_restarts_the
     follower_groups.catch_up(follower.last_index())
     assert follower_groups.state.describe(G) == expected
     assert follower_groups.snapshot_data() == restarted.snapshot_data()
+
+
+def test_a_checkpoint_spares_the_replay_after_a_restart(tmp_path: Path) -> None:
+    storage = open_storage(tmp_path)
+    writer = Writer(storage)
+    storage.set_hard_state(replace(storage.hard_state, term=1))  # saved: the term changed
+    applier = QueueApplier(storage, checkpoint_indexes=10)
+    for _ in range(5):
+        indexes = writer.records(3)
+        writer.command(Acquire(G, "c", tuple(indexes), 60_000, 0))
+        writer.command(Accept(G, "c", tuple(indexes)))
+    writer.commit()
+    applier.catch_up(storage.last_index())
+    assert storage.load_file(CHECKPOINT_FILE) == applier.snapshot_data()
+    storage.log.close()  # a crash: the commit index was never saved (it is saved lazily)
+
+    reopened = open_storage(tmp_path)
+    assert reopened.hard_state.commit == -1
+    restarted = QueueApplier(reopened)
+    assert restarted.state.describe(G)["accepted"] == 15
+    assert restarted.catch_up(reopened.last_index()) == []  # nothing applied twice

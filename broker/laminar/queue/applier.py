@@ -10,6 +10,12 @@ The broker and the simulator drive it the same way:
 * `snapshot_data()` when the log is compacted (the snapshot point must be at or below the
   applied index, which it is when compacting at or below the commit);
 * `reset()` after installing a snapshot; `trim()` after retention removed segments.
+
+So that a restart does not replay the whole log when retention rarely (or never) compacts
+it, the state is also checkpointed to `queue.checkpoint` beside the log every
+CHECKPOINT_INDEXES applied indexes; a restart starts from the newer of that and the snapshot.
+A checkpoint may be ahead of what survived of the local log after a crash: it only ever
+holds committed entries, which the leader sends again and `apply_entry` skips.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from ..raft.log_storage import LogStorage
 from .entries import apply_entry
 from .state import QueueCommand, QueueConfig, QueueState, Result
 
+CHECKPOINT_FILE = "queue.checkpoint"
+CHECKPOINT_INDEXES = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class Applied:
@@ -29,17 +38,29 @@ class Applied:
 
 
 class QueueApplier:
-    def __init__(self, storage: LogStorage, config: QueueConfig | None = None) -> None:
+    def __init__(
+        self,
+        storage: LogStorage,
+        config: QueueConfig | None = None,
+        *,
+        checkpoint_indexes: int = CHECKPOINT_INDEXES,
+    ) -> None:
         self.storage = storage
         self.config = config or QueueConfig()
+        self.checkpoint_indexes = checkpoint_indexes
         self.state = self._initial_state()
+        self._checkpointed = self.state.end_index
         self.catch_up(storage.hard_state.commit)
 
     def _initial_state(self) -> QueueState:
-        data = self.storage.snap.data
-        if data:
-            return QueueState.restore(data, self.config)
-        return QueueState(self.config, start_index=self.storage.first_index())
+        states = [
+            QueueState.restore(data, self.config)
+            for data in (self.storage.snap.data, self.storage.load_file(CHECKPOINT_FILE))
+            if data
+        ]
+        if not states:
+            return QueueState(self.config, start_index=self.storage.first_index())
+        return max(states, key=lambda state: state.end_index)
 
     @property
     def applied_index(self) -> int:
@@ -65,7 +86,14 @@ class QueueApplier:
             done = apply_entry(queue, header.base_index, header.record_count, batch)
             if done is not None:
                 applied.append(Applied(header.base_index, *done))
+        if queue.groups and queue.end_index - self._checkpointed >= self.checkpoint_indexes:
+            self.checkpoint()
         return applied
+
+    def checkpoint(self) -> None:
+        """Save the state beside the log (a restart replays only what follows)."""
+        self.storage.save_file(CHECKPOINT_FILE, self.state.snapshot())
+        self._checkpointed = self.state.end_index
 
     def snapshot_data(self) -> bytes:
         return self.state.snapshot()
@@ -73,6 +101,7 @@ class QueueApplier:
     def reset(self) -> None:
         """A snapshot was installed: start over from its data."""
         self.state = self._initial_state()
+        self._checkpointed = self.state.end_index
 
     def trim(self) -> None:
         """Retention moved the log start: those messages are gone for every group."""

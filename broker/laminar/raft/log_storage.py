@@ -72,6 +72,16 @@ class LogStorage:
         if sync:
             self.directory.sync()
 
+    def save_file(self, name: str, data: bytes) -> None:
+        """Atomically and durably replace a file of the state machine's beside the log."""
+        if name in (STATE_FILE, SNAPSHOT_FILE):
+            raise ValueError(f"{name} belongs to the Raft storage")
+        self._replace(name, data)
+
+    def load_file(self, name: str) -> bytes | None:
+        """A file written by `save_file`, or None."""
+        return self._read(name) if name in self.directory.names() else None
+
     def _load(self) -> tuple[HardState, Snapshot]:
         document = json.loads(self._read(STATE_FILE))
         hs, snap = document["hard_state"], document["snapshot"]
