@@ -418,3 +418,80 @@ async def test_a_lease_holds_across_a_leader_kill_then_expires(tmp_path: Path) -
             assert described["accepted"] == 10 and described["acquired"] == 0
     finally:
         cluster.stop()
+
+
+# ---- the client's group consumer and the CLI ---------------------------------------------------
+
+
+async def test_group_consumer_works_through_every_partition_renews_and_rejects(
+    cluster: LocalCluster,
+) -> None:
+    from laminar.client import AsyncClient, GroupConsumer, Producer
+
+    topic, group, count = "jobs", "runners", 300
+    async with AsyncClient(cluster.urls, timeout_s=20) as client:
+        await client.create_topic(topic, partitions=3, replication_factor=3)
+        await client.wait_for_leaders(topic)
+        async with Producer(client, topic) as producer:
+            for n in range(count):
+                name = f"job-{n}" + ("-bad" if n % 50 == 7 else "")
+                await producer.send(name.encode(), key=str(n).encode())
+        seen: Counter[str] = Counter()
+        slow_deliveries: list[int] = []
+        consumer = GroupConsumer(client, topic, group, lease_ms=1500, wait_ms=200)
+
+        async def handle(delivery: Any) -> None:
+            value = delivery.value.decode()
+            seen[value] += 1
+            if value == "job-3":  # outlives its lease twice over: renewals keep it ours
+                slow_deliveries.append(delivery.deliveries)
+                await asyncio.sleep(3.5)
+            if value.endswith("-bad"):
+                raise ValueError("cannot run " + value)
+            if sum(seen.values()) >= count:
+                asyncio.get_running_loop().call_soon(asyncio.ensure_future, consumer.close())
+
+        async with consumer:
+            await asyncio.wait_for(consumer.run(handle, concurrency=8), 120)
+        assert len(seen) == count and max(seen.values()) == 1, seen.most_common(3)
+        assert slow_deliveries == [1]
+        bad = [f"job-{n}-bad" for n in range(7, count, 50)]
+        totals: Counter[str] = Counter()
+        for partition in range(3):
+            described = await client.describe_group(topic, partition, group)
+            totals.update(accepted=described.accepted, dead=described.dead_lettered)
+            assert described.acquired == 0 and described.pending == 0
+        assert totals == {"accepted": count - len(bad), "dead": len(bad)}
+        dead: list[str] = []
+        for partition in range(3):
+            result = await client.read(f"{topic}.dlq", partition, 0, max_records=1000)
+            for record in result.records:
+                reason = dict(record.headers)["laminar.dlq.reason"].decode()
+                assert reason.startswith("ValueError: cannot run")
+                dead.append((record.value or b"").decode())
+        assert sorted(dead) == sorted(bad)
+
+
+def test_queue_cli_consumes_and_describes(cluster: LocalCluster) -> None:
+    import json
+    import subprocess
+    import sys
+
+    topic, group = "cli-queue", "ops"
+
+    def laminar(*args: str, stdin: str = "") -> str:
+        command = [sys.executable, "-m", "laminar", *args, "--brokers", ",".join(cluster.urls)]
+        result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    laminar("topic", "create", topic, "--partitions", "1", "--replication-factor", "3")
+    laminar("produce", topic, "--partition", "0", stdin="a\nb\nc\n")
+    first = laminar("queue", "consume", topic, group, "--count", "2", "--json", "--wait-ms", "5000")
+    values = [json.loads(line)["value"] for line in first.splitlines()]
+    assert values == ["a", "b"]
+    described = json.loads(laminar("queue", "describe", topic, group, "--json"))
+    (partition,) = described["partitions"]
+    assert (partition["accepted"], partition["pending"], partition["acquired"]) == (2, 1, 0)
+    rejected = laminar("queue", "consume", topic, group, "--count", "1", "--reject", "--json")
+    assert [json.loads(line)["value"] for line in rejected.splitlines()] == ["c"]

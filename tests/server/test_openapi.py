@@ -33,6 +33,12 @@ ENDPOINTS = {
     ("delete", "/v1/topics/{topic}"),
     ("post", "/v1/topics/{topic}/partitions/{p}/records"),
     ("get", "/v1/topics/{topic}/partitions/{p}/records"),
+    ("get", "/v1/topics/{topic}/partitions/{p}/groups/{group}"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/acquire"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/accept"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/release"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/reject"),
+    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/renew"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -178,6 +184,10 @@ def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> Non
         ("partition_states",): "TopicDescription",
         ("records", "producer_id"): "AppendRequest",
         ("records", "next_index"): "ReadResult",
+        ("lease_ms", "wait_ms"): "AcquireRequest",
+        ("consumer", "messages"): "AcquireResult",
+        ("done", "refused"): "SettleResult",
+        ("cursor", "dead_letter_pending"): "GroupDescription",
     }
     seen = set()
     for example in json_examples(API_SPEC.read_text()):
@@ -201,3 +211,56 @@ def test_bodies_of_the_contract_validate(doc: dict[str, Any]) -> None:
     schema_validator(doc, "TopicList").validate(
         {"topics": [{"name": "t", "partitions": 1, "replication_factor": 3, "config": {}}]}
     )
+
+
+def test_queue_endpoints_are_leader_calls_with_the_contract_statuses(doc: dict[str, Any]) -> None:
+    prefix = "/v1/topics/{topic}/partitions/{p}/groups/{group}"
+    for action in ("acquire", "accept", "release", "reject", "renew"):
+        op = operations(doc)[("post", f"{prefix}/{action}")]
+        assert set(op["requestBody"]["content"]) == {"application/json"}, action
+        for status in ("200", "307", "400", "401", "404", "429", "503", "504"):
+            assert status in op["responses"], (action, status)
+    describe = operations(doc)[("get", prefix)]
+    assert {"200", "307", "404", "503"} <= set(describe["responses"])
+
+
+def test_queue_names_follow_the_contract_patterns(doc: dict[str, Any]) -> None:
+    group, consumer = schema_validator(doc, "GroupName"), schema_validator(doc, "ConsumerId")
+    for good in ("g", "billing.v1", "A_b-c", "x" * 200):
+        assert group.is_valid(good) and consumer.is_valid(good), good
+    assert consumer.is_valid("host-1:42") and not group.is_valid("host-1:42")
+    for bad in ("", ".g", "-g", "a/b", "x" * 201, "sp ace", ":x"):
+        assert not group.is_valid(bad) and not consumer.is_valid(bad), bad
+
+
+def test_queue_bodies_of_the_contract_validate(doc: dict[str, Any]) -> None:
+    acquire = schema_validator(doc, "AcquireRequest")
+    acquire.validate({})
+    acquire.validate({"consumer": "c", "max": 10000, "lease_ms": 3600000, "wait_ms": 60000})
+    for bad in ({"max": 0}, {"max": 10001}, {"lease_ms": 0}, {"wait_ms": 60001}, {"max_bytes": 0}):
+        assert not acquire.is_valid(bad), bad
+    message = {
+        "index": 3,
+        "deliveries": 1,
+        "lease_deadline_ms": 10,
+        "timestamp_ms": 1,
+        "key": None,
+        "value": "v",
+        "headers": {},
+    }
+    schema_validator(doc, "AcquireResult").validate({"consumer": "c", "messages": [message]})
+    assert not schema_validator(doc, "QueueMessage").is_valid({**message, "deliveries": 0})
+    settle = schema_validator(doc, "SettleRequest")
+    settle.validate({"consumer": "c", "indexes": [1, 2]})
+    assert not settle.is_valid({"consumer": "c", "indexes": []})
+    assert not settle.is_valid({"indexes": [1]})
+    reject = schema_validator(doc, "RejectRequest")
+    reject.validate({"consumer": "c", "indexes": [1], "reason": "bad input"})
+    assert not reject.is_valid({"consumer": "c", "indexes": [1], "reason": ""})
+    assert not reject.is_valid({"consumer": "c", "indexes": [1], "reason": "x" * 201})
+    renew = schema_validator(doc, "RenewRequest")
+    renew.validate({"consumer": "c", "indexes": [1], "lease_ms": 1000})
+    assert not renew.is_valid({"consumer": "c", "indexes": [1]})
+    renewed = schema_validator(doc, "RenewResult")
+    renewed.validate({"done": [1], "refused": [], "lease_deadline_ms": 5})
+    assert not renewed.is_valid({"done": [1], "refused": []})

@@ -11,12 +11,14 @@ async with AsyncClient(["http://127.0.0.1:9001"]) as client:
     async with Consumer(client, "orders") as consumer:
         async for partition, record in consumer:
             ...
+    async with GroupConsumer(client, "orders", "billing") as queue:  # a shared queue
+        await queue.run(handle, concurrency=8)  # returns: accept; raises: reject
 ```
 """
 
 from laminar.log.batch import Record, StoredRecord
 
-from .client import AsyncClient, decode_read_body, read_replicas
+from .client import AsyncClient, check_consumer, check_group, decode_read_body, read_replicas
 from .consumer import Consumer, ConsumerTransport
 from .errors import (
     BadRequest,
@@ -31,16 +33,21 @@ from .errors import (
     Unavailable,
     error_from_response,
 )
+from .group import Delivery, GroupConsumer, GroupTransport, Retry, default_consumer_id
 from .models import (
+    Acquired,
     AppendResult,
     ClusterInfo,
+    GroupDescription,
     HostedPartition,
     Member,
     NodeAdminState,
     NodePartitions,
     PartitionState,
+    QueueMessage,
     ReadResult,
     RecordMetadata,
+    Settled,
     TopicDescription,
     TopicInfo,
 )
@@ -49,6 +56,7 @@ from .producer import Producer, ProducerTransport
 from .sync import Client, SyncProducer
 
 __all__ = [
+    "Acquired",
     "AppendResult",
     "AsyncClient",
     "BadRequest",
@@ -57,6 +65,10 @@ __all__ = [
     "Conflict",
     "Consumer",
     "ConsumerTransport",
+    "Delivery",
+    "GroupConsumer",
+    "GroupDescription",
+    "GroupTransport",
     "HostedPartition",
     "LaminarError",
     "Member",
@@ -69,9 +81,12 @@ __all__ = [
     "PayloadTooLarge",
     "Producer",
     "ProducerTransport",
+    "QueueMessage",
     "ReadResult",
     "Record",
     "RecordMetadata",
+    "Retry",
+    "Settled",
     "StickyPartitioner",
     "StoredRecord",
     "SyncProducer",
@@ -80,7 +95,10 @@ __all__ = [
     "TopicInfo",
     "Unauthorized",
     "Unavailable",
+    "check_consumer",
+    "check_group",
     "decode_read_body",
+    "default_consumer_id",
     "error_from_response",
     "key_hash",
     "partition_for",

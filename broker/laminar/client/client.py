@@ -31,6 +31,7 @@ import asyncio
 import base64
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -60,13 +61,16 @@ from .errors import (
     error_from_response,
 )
 from .models import (
+    Acquired,
     AppendResult,
     ClusterInfo,
+    GroupDescription,
     Member,
     NodeAdminState,
     NodePartitions,
     PartitionState,
     ReadResult,
+    Settled,
     TopicDescription,
     TopicInfo,
 )
@@ -83,6 +87,17 @@ CLUSTER_TTL_S = 10.0
 MAX_INDEX = 2**63 - 1
 DEFAULT_MAX_RECORDS = 1000
 DEFAULT_MAX_BYTES = 1 << 20
+# Shared queues (docs/api.md, "Shared queues").
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+DEFAULT_ACQUIRE_MAX = 100
+MAX_ACQUIRE = 10_000
+DEFAULT_LEASE_MS = 30_000
+MAX_LEASE_MS = 3_600_000
+MAX_WAIT_MS = 60_000
+MAX_ACQUIRE_BYTES = 16 << 20
+MAX_SETTLE_INDEXES = 100_000
+MAX_REASON_CHARS = 200
 
 RecordsOrBatch = Sequence[Record] | bytes | bytearray | memoryview
 
@@ -254,6 +269,47 @@ def _check_producer(producer_id: int | None, sequence: int | None) -> None:
         raise ValueError(f"producer_id {producer_id} is not in 1..2^63-1")
     if sequence is None or not 0 <= sequence <= MAX_INDEX:
         raise ValueError(f"an idempotent append needs a sequence in 0..2^63-1, got {sequence}")
+
+
+def check_group(group: str) -> None:
+    """Raise ValueError unless `group` is a valid consumer group name."""
+    if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
+        raise ValueError(f"bad group name {group!r}: want {GROUP_NAME.pattern}")
+
+
+def check_consumer(consumer: str) -> None:
+    """Raise ValueError unless `consumer` is a valid consumer id."""
+    if not isinstance(consumer, str) or not CONSUMER_ID.fullmatch(consumer):
+        raise ValueError(f"bad consumer id {consumer!r}: want {CONSUMER_ID.pattern}")
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} is not an integer in {low}..{high}")
+
+
+def _check_indexes(indexes: Sequence[int]) -> list[int]:
+    checked = list(indexes)
+    if not 1 <= len(checked) <= MAX_SETTLE_INDEXES:
+        raise ValueError(f"give 1..{MAX_SETTLE_INDEXES} indexes, not {len(checked)}")
+    for index in checked:
+        _check_range("index", index, 0, MAX_INDEX)
+    return checked
+
+
+def _json_object(answer: _Answer) -> Mapping[str, Any]:
+    data = answer.json()
+    if not isinstance(data, Mapping):
+        raise LaminarError(
+            answer.status, "corrupt_response", f"no JSON object in the answer from {answer.url}"
+        )
+    return data
+
+
+def _corrupt(answer: _Answer, error: Exception) -> LaminarError:
+    return LaminarError(
+        answer.status, "corrupt_response", f"undecodable answer from {answer.url}: {error}"
+    )
 
 
 class AsyncClient:
@@ -543,6 +599,151 @@ class AsyncClient:
     @staticmethod
     def _records_path(topic: str, partition: int) -> str:
         return f"/v1/topics/{quote(topic, safe='')}/partitions/{int(partition)}/records"
+
+    # ------------------------------------------------------------------ shared queues
+
+    async def acquire(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        *,
+        consumer: str | None = None,
+        max_messages: int = DEFAULT_ACQUIRE_MAX,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        wait_ms: int = 0,
+        max_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Acquired:
+        """Acquire up to `max_messages` free messages of `group` on the partition, oldest
+        first, each held for `lease_ms`; long-polls up to `wait_ms` while none is free.
+
+        Without `consumer` the broker makes an id up (`Acquired.consumer`): settle and renew
+        with it. Served by the partition leader. The call is retried like a read; a retry after
+        a connection that broke mid-call can leave what the lost attempt acquired held until
+        its lease ends (then it is delivered again).
+        """
+        check_group(group)
+        if consumer is not None:
+            check_consumer(consumer)
+        _check_range("max_messages", max_messages, 1, MAX_ACQUIRE)
+        _check_range("lease_ms", lease_ms, 1, MAX_LEASE_MS)
+        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        body: dict[str, Any] = {"max": max_messages, "lease_ms": lease_ms}
+        if consumer is not None:
+            body["consumer"] = consumer
+        if wait_ms:
+            body["wait_ms"] = wait_ms
+        if max_bytes is not None:
+            _check_range("max_bytes", max_bytes, 1, MAX_ACQUIRE_BYTES)
+            body["max_bytes"] = max_bytes
+        timeout = (self._timeout_s if timeout_s is None else timeout_s) + wait_ms / 1000
+        answer = await self._call(
+            "POST",
+            self._group_path(topic, partition, group, "acquire"),
+            json_body=body,
+            target=_Target("leader", topic, partition),
+            timeout_s=timeout,
+        )
+        data = _json_object(answer)
+        try:
+            return Acquired.from_json(data, topic=topic, partition=partition, consumer=consumer)
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(answer, e) from e
+
+    async def accept(
+        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+    ) -> Settled:
+        """Accept messages `consumer` holds: the group forgets them (never delivered again).
+        Repeating is harmless (`done` again); indexes not held by `consumer` are `refused`."""
+        return await self._settle("accept", topic, partition, group, consumer, indexes, {})
+
+    async def release(
+        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+    ) -> Settled:
+        """Give held messages back: they are delivered again (deliveries + 1)."""
+        return await self._settle("release", topic, partition, group, consumer, indexes, {})
+
+    async def reject(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        reason: str | None = None,
+    ) -> Settled:
+        """Dead-letter held messages: appended once to `<topic>.dlq` (same partition) with
+        `laminar.dlq.reason` = `reason` (1..200 characters; broker default "rejected")."""
+        extra: dict[str, Any] = {}
+        if reason is not None:
+            if not 1 <= len(reason) <= MAX_REASON_CHARS:
+                raise ValueError(f"reason must be 1..{MAX_REASON_CHARS} characters")
+            extra["reason"] = reason
+        return await self._settle("reject", topic, partition, group, consumer, indexes, extra)
+
+    async def renew(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        lease_ms: int,
+    ) -> Settled:
+        """Extend the leases of held messages to `lease_ms` from now (`lease_deadline_ms`);
+        indexes `consumer` no longer holds are `refused`."""
+        _check_range("lease_ms", lease_ms, 1, MAX_LEASE_MS)
+        extra = {"lease_ms": lease_ms}
+        return await self._settle("renew", topic, partition, group, consumer, indexes, extra)
+
+    async def describe_group(self, topic: str, partition: int, group: str) -> GroupDescription:
+        """`GET .../groups/{group}`: the group's cursor and message counts on the partition."""
+        check_group(group)
+        answer = await self._call(
+            "GET",
+            self._group_path(topic, partition, group),
+            target=_Target("leader", topic, partition),
+        )
+        data = _json_object(answer)
+        try:
+            return GroupDescription.from_json(
+                {"topic": topic, "partition": partition, "group": group, **data}
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(answer, e) from e
+
+    async def _settle(
+        self,
+        action: Literal["accept", "release", "reject", "renew"],
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        extra: Mapping[str, Any],
+    ) -> Settled:
+        check_group(group)
+        check_consumer(consumer)
+        body = {"consumer": consumer, "indexes": _check_indexes(indexes), **extra}
+        answer = await self._call(
+            "POST",
+            self._group_path(topic, partition, group, action),
+            json_body=body,
+            target=_Target("leader", topic, partition),
+        )
+        try:
+            return Settled.from_json(_json_object(answer))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(answer, e) from e
+
+    @staticmethod
+    def _group_path(topic: str, partition: int, group: str, action: str = "") -> str:
+        path = (
+            f"/v1/topics/{quote(topic, safe='')}/partitions/{int(partition)}"
+            f"/groups/{quote(group, safe='')}"
+        )
+        return f"{path}/{action}" if action else path
 
     # ------------------------------------------------------------------ routing cache
 

@@ -1,15 +1,16 @@
-"""Client-side `laminar` commands: topic administration, produce, consume, cluster status and
-node administration, all through `AsyncClient` (docs/api.md).
+"""Client-side `laminar` commands: topic administration, produce, consume, shared queues,
+cluster status and node administration, all through `AsyncClient` (docs/api.md).
 
-`add_commands(subparsers)` adds `topic`, `produce`, `consume`, `cluster` and `node` to the
+`add_commands(subparsers)` adds `topic`, `produce`, `consume`, `queue`, `cluster` and `node` to the
 `laminar` parser; `run(args)` runs one of them and returns its exit status (None when
 `args.command` is not one of these). Every command takes `--brokers URL,...` (default
 `$LAMINAR_BROKERS`, else http://127.0.0.11:7070), `--token-file` (default `$LAMINAR_TOKEN_FILE`),
 `--timeout` and, when it prints data, `--json`.
 
 Exit status: 0 done; 1 the cluster answered with an error or could not be reached (one line on
-stderr: `laminar: ...`), or a local file could not be read; 2 usage (bad arguments); 130 Ctrl-C
-(`consume` exits 0 on Ctrl-C: stopping it is how `--follow` ends).
+stderr: `laminar: ...`), or a local file could not be read, or `queue accept|release|reject`
+had indexes refused; 2 usage (bad arguments); 130 Ctrl-C (`consume` and `queue consume` exit 0
+on Ctrl-C: stopping them is how they end).
 """
 
 from __future__ import annotations
@@ -32,9 +33,18 @@ from urllib.parse import urlsplit
 
 from laminar.log.batch import StoredRecord
 
-from .client import AsyncClient
+from .client import DEFAULT_LEASE_MS, MAX_LEASE_MS, AsyncClient, check_consumer, check_group
 from .errors import LaminarError, NotFound, OutOfRange, Unauthorized
-from .models import NodeAdminState, PartitionState, RecordMetadata, TopicDescription, TopicInfo
+from .group import Delivery, GroupConsumer
+from .models import (
+    GroupDescription,
+    NodeAdminState,
+    PartitionState,
+    RecordMetadata,
+    Settled,
+    TopicDescription,
+    TopicInfo,
+)
 from .producer import Producer
 
 DEFAULT_BROKERS = "http://127.0.0.11:7070"
@@ -53,7 +63,11 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-COMMANDS = frozenset({"topic", "produce", "consume", "cluster", "node"})
+QUEUE_MAX_IN_FLIGHT = 100  # messages `queue consume` holds ahead of printing them
+QUEUE_PEEK_LIMIT = 1000  # what `queue consume --release` holds at most (all until it ends)
+MAX_REASON_CHARS = 200
+
+COMMANDS = frozenset({"topic", "produce", "consume", "queue", "cluster", "node"})
 _HANDLER = "laminar_client_handler"
 _PARSER = "laminar_client_parser"
 
@@ -101,6 +115,19 @@ def _wait_ms(text: str) -> int:
     if value > MAX_WAIT_MS:
         raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_WAIT_MS}")
     return value
+
+
+def _lease_ms(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_LEASE_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_LEASE_MS}")
+    return value
+
+
+def _reason(text: str) -> str:
+    if not 1 <= len(text) <= MAX_REASON_CHARS:
+        raise argparse.ArgumentTypeError(f"a reason has 1..{MAX_REASON_CHARS} characters")
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -298,6 +325,8 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="long-poll wait of each read (default: %(default)s)",
     )
 
+    _add_queue_commands(subparsers, leaf)
+
     cluster = subparsers.add_parser("cluster", help="cluster status")
     clusters = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     leaf(clusters, "status", _cluster_status, "members, partition leadership, topics")
@@ -311,6 +340,101 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     weight = leaf(nodes, "weight", _node_weight, "set the broker's placement weight")
     weight.add_argument("id")
     weight.add_argument("weight", type=_weight, help="0..1000000 (0: hosts nothing)")
+
+
+def _add_queue_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    leaf: Callable[..., argparse.ArgumentParser],
+) -> None:
+    queue = subparsers.add_parser(
+        "queue", help="shared queues: consumer groups acquiring and settling messages"
+    )
+    queues = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    describe = leaf(queues, "describe", _queue_describe, "show a consumer group per partition")
+    describe.add_argument("topic")
+    describe.add_argument("group")
+    describe.add_argument(
+        "--partition",
+        "-p",
+        type=_non_negative_int,
+        nargs="+",
+        action="extend",
+        metavar="P",
+        help="only these partitions (default: all)",
+    )
+
+    consume = leaf(
+        queues,
+        "consume",
+        _queue_consume,
+        "acquire messages of a group, print them ('partition index deliveries key value' lines)"
+        " and accept them (or --reject / --release them); until --count or Ctrl-C",
+        "print one JSON object per message (as the API's acquire shows it, plus its partition)",
+    )
+    consume.add_argument("topic")
+    consume.add_argument("group")
+    consume.add_argument(
+        "--count", type=_positive_int, metavar="N", help="stop after N messages (default: never)"
+    )
+    consume.add_argument(
+        "--lease-ms",
+        type=_lease_ms,
+        default=DEFAULT_LEASE_MS,
+        metavar="MS",
+        help="lease of each message, renewed while held (default: %(default)s)",
+    )
+    consume.add_argument(
+        "--wait-ms",
+        type=_wait_ms,
+        default=DEFAULT_WAIT_MS,
+        metavar="MS",
+        help="long-poll wait of each acquire (default: %(default)s)",
+    )
+    consume.add_argument(
+        "--consumer", metavar="ID", help="consumer id (default: <host>-<pid>-<random>)"
+    )
+    settle = consume.add_mutually_exclusive_group()
+    settle.add_argument(
+        "--reject", action="store_true", help="dead-letter each message instead of accepting it"
+    )
+    settle.add_argument(
+        "--release",
+        action="store_true",
+        help=(
+            "only look: hold the messages printed and release them all at the end (at most "
+            f"{QUEUE_PEEK_LIMIT} without --count); each release counts as a delivery"
+        ),
+    )
+    consume.add_argument(
+        "--reason", type=_reason, metavar="TEXT", help="dead-letter reason with --reject"
+    )
+
+    for action, help_text in (
+        ("accept", "accept held messages: done, never delivered again"),
+        ("release", "release held messages: delivered again"),
+        ("reject", "reject held messages: dead-lettered to <topic>.dlq"),
+    ):
+        command = leaf(
+            queues,
+            action,
+            _queue_settle,
+            help_text,
+            'print {"done": [...], "refused": [...]}',
+        )
+        command.add_argument("topic")
+        command.add_argument("group")
+        command.add_argument(
+            "--partition", "-p", type=_non_negative_int, required=True, metavar="P"
+        )
+        command.add_argument(
+            "--consumer", required=True, metavar="ID", help="the consumer holding them"
+        )
+        command.add_argument("indexes", type=_non_negative_int, nargs="+", metavar="INDEX")
+        if action == "reject":
+            command.add_argument(
+                "--reason", type=_reason, metavar="TEXT", help="(default: rejected)"
+            )
+        command.set_defaults(queue_action=action)
 
 
 # ---------------------------------------------------------------------------- running
@@ -344,7 +468,7 @@ def run(args: argparse.Namespace) -> int | None:
         _error(str(e))
         return EXIT_ERROR
     except KeyboardInterrupt:
-        if args.command == "consume":
+        if _ends_by_interrupt(args):
             return 0
         _error("interrupted")
         return EXIT_INTERRUPTED
@@ -353,7 +477,15 @@ def run(args: argparse.Namespace) -> int | None:
         # interpreter's final flush of stdout from failing again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 0 if args.command == "consume" else EXIT_ERROR
+        return 0 if _ends_by_interrupt(args) else EXIT_ERROR
+
+
+def _ends_by_interrupt(args: argparse.Namespace) -> bool:
+    """Commands that run until Ctrl-C: that is how they end, not a failure."""
+    command = args.command
+    return command == "consume" or (
+        command == "queue" and getattr(args, "queue_command", None) == "consume"
+    )
 
 
 async def _main(
@@ -927,6 +1059,145 @@ async def _consume(client: AsyncClient, args: argparse.Namespace) -> int:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------- shared queues
+
+
+def _check_ids(group: str, consumer: str | None = None) -> None:
+    try:
+        check_group(group)
+        if consumer is not None:
+            check_consumer(consumer)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+_GROUP_COLUMNS = (
+    ("cursor", "CURSOR"),
+    ("pending", "PENDING"),
+    ("acquired", "ACQUIRED"),
+    ("dead_letter_pending", "DLQ PENDING"),
+    ("accepted", "ACCEPTED"),
+    ("dead_lettered", "DEAD-LETTERED"),
+)
+
+
+async def _queue_describe(client: AsyncClient, args: argparse.Namespace) -> int:
+    _check_ids(args.group)
+    count = (await client.describe_topic(args.topic)).partitions
+    partitions = sorted(set(args.partition)) if args.partition else list(range(count))
+    for p in partitions:
+        if p >= count:
+            raise CommandError(f"topic {args.topic} has no partition {p} (0..{count - 1})")
+
+    async def describe(p: int) -> GroupDescription | None:
+        try:
+            return await client.describe_group(args.topic, p, args.group)
+        except NotFound:
+            return None  # the group never used this partition
+
+    found = [d for d in await asyncio.gather(*map(describe, partitions)) if d is not None]
+    if not found:
+        raise CommandError(f"no group {args.group} on topic {args.topic}")
+    rows = [
+        {"partition": d.partition, **{name: getattr(d, name) for name, _ in _GROUP_COLUMNS}}
+        for d in found
+    ]
+    if args.json:
+        _print_json({"topic": args.topic, "group": args.group, "partitions": rows})
+        return 0
+    print(f"group {args.group} on topic {args.topic}")
+    lines: list[list[object]] = [[r["partition"], *(r[n] for n, _ in _GROUP_COLUMNS)] for r in rows]
+    if len(rows) > 1:
+        totals = [sum(r[n] for r in rows) for n, _ in _GROUP_COLUMNS[1:]]
+        lines.append(["all", "-", *totals])
+    print(table(("PARTITION", *(h for _, h in _GROUP_COLUMNS)), lines))
+    return 0
+
+
+def delivery_json(delivery: Delivery) -> dict[str, Any]:
+    """A message as the API's acquire shows it, plus its partition."""
+    m = delivery.message
+    record = StoredRecord(m.index, m.timestamp_ms, m.key, m.value, m.headers)
+    item = record_json(m.partition, record)
+    item["deliveries"] = m.deliveries
+    item["lease_deadline_ms"] = delivery.lease_deadline_ms
+    return item
+
+
+async def _queue_consume(client: AsyncClient, args: argparse.Namespace) -> int:
+    _check_ids(args.group, args.consumer)
+    if args.reason is not None and not args.reject:
+        raise UsageError("--reason goes with --reject")
+    await client.describe_topic(args.topic)  # a clear error first
+    if args.release:  # hold everything printed: nothing comes twice
+        limit = args.count or QUEUE_PEEK_LIMIT
+        max_in_flight = limit
+    else:
+        limit = args.count
+        max_in_flight = min(args.count or QUEUE_MAX_IN_FLIGHT, QUEUE_MAX_IN_FLIGHT)
+    consumer = GroupConsumer(
+        client,
+        args.topic,
+        args.group,
+        consumer=args.consumer,
+        lease_ms=args.lease_ms,
+        wait_ms=args.wait_ms,
+        max_in_flight=max_in_flight,
+        batch=min(max_in_flight, 1000),
+        limit=limit,
+    )
+    settling: list[asyncio.Task[bool]] = []
+    refused = 0
+    async with consumer:
+        async for delivery in consumer:
+            if args.json:
+                line = json.dumps(delivery_json(delivery))
+            else:
+                line = (
+                    f"{delivery.partition} {delivery.index} {delivery.deliveries} "
+                    f"{_text(delivery.key)} {_text(delivery.value)}"
+                )
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            if args.reject:
+                settling.append(asyncio.ensure_future(delivery.reject(args.reason)))
+            elif not args.release:
+                settling.append(asyncio.ensure_future(delivery.accept()))
+            if len(settling) >= QUEUE_MAX_IN_FLIGHT:
+                refused += sum(not ok for ok in await asyncio.gather(*settling))
+                settling.clear()
+        refused += sum(not ok for ok in await asyncio.gather(*settling))
+    if refused:
+        verb = "reject" if args.reject else "accept"
+        _warn(f"could not {verb} {refused} message(s): their lease ran out (they come again)")
+    return 0
+
+
+async def _queue_settle(client: AsyncClient, args: argparse.Namespace) -> int:
+    _check_ids(args.group, args.consumer)
+    action = args.queue_action
+    call = (args.topic, args.partition, args.group, args.consumer, args.indexes)
+    settled: Settled
+    if action == "accept":
+        settled = await client.accept(*call)
+    elif action == "release":
+        settled = await client.release(*call)
+    else:
+        settled = await client.reject(*call, reason=args.reason)
+    if args.json:
+        _print_json({"done": list(settled.done), "refused": list(settled.refused)})
+    else:
+        past = {"accept": "accepted", "release": "released", "reject": "rejected"}[action]
+        print(f"{past} {len(settled.done)}" + "".join(f" {i}" for i in settled.done))
+    if settled.refused:
+        _warn(
+            f"refused {len(settled.refused)} (not held by {args.consumer}):"
+            + "".join(f" {i}" for i in settled.refused)
+        )
+        return EXIT_ERROR
     return 0
 
 

@@ -6,6 +6,7 @@ whole answer stays available as `raw` for fields a newer broker adds.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -225,4 +226,133 @@ class NodeAdminState:
             node=str(data["node"]),
             draining=bool(data.get("draining", False)),
             weight=int(data.get("weight", 1)),
+        )
+
+
+# ---------------------------------------------------------------------------- shared queues
+
+
+def _payload(value: Any, encoded: bool) -> bytes | None:
+    """A key, value or header value of a JSON message: base64 when `encoded`, else UTF-8."""
+    if value is None:
+        return None
+    if encoded:
+        return base64.b64decode(str(value), validate=True)
+    return str(value).encode()
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMessage:
+    """A message acquired from a consumer group: held by the acquiring consumer until
+    `lease_deadline_ms` (broker clock, ms since the epoch) unless renewed or settled.
+    `deliveries` is 1 on the first delivery and grows by 1 on each redelivery."""
+
+    index: int
+    deliveries: int
+    lease_deadline_ms: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    partition: int
+    topic: str
+
+    @classmethod
+    def from_json(cls, data: JSON, *, topic: str, partition: int) -> QueueMessage:
+        encoded = data.get("encoding") == "base64"
+        headers = data.get("headers") or {}
+        return cls(
+            topic=topic,
+            partition=partition,
+            index=int(data["index"]),
+            deliveries=int(data.get("deliveries", 1)),
+            lease_deadline_ms=int(data.get("lease_deadline_ms", 0)),
+            timestamp_ms=int(data.get("timestamp_ms", 0)),
+            key=_payload(data.get("key"), encoded),
+            value=_payload(data.get("value"), encoded),
+            headers=tuple(
+                (str(name), _payload(value, encoded) or b"") for name, value in headers.items()
+            ),
+        )
+
+    def header(self, name: str) -> bytes | None:
+        """The value of the first header called `name`, or None."""
+        return next((v for k, v in self.headers if k == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """An acquire's answer: the consumer id holding the messages (the one sent, or the one the
+    broker made up) and the messages, oldest first (possibly none)."""
+
+    consumer: str
+    messages: list[QueueMessage]
+
+    @classmethod
+    def from_json(
+        cls, data: JSON, *, topic: str, partition: int, consumer: str | None = None
+    ) -> Acquired:
+        return cls(
+            consumer=str(data.get("consumer") or consumer or ""),
+            messages=[
+                QueueMessage.from_json(m, topic=topic, partition=partition)
+                for m in data.get("messages") or ()
+            ],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """An accept/release/reject/renew answer. `done`: settled (or renewed) now or before;
+    `refused`: not held by this consumer. `lease_deadline_ms`: the new deadline (renew only)."""
+
+    done: tuple[int, ...]
+    refused: tuple[int, ...]
+    lease_deadline_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, data: JSON) -> Settled:
+        deadline = data.get("lease_deadline_ms")
+        return cls(
+            done=_ints(data.get("done")),
+            refused=_ints(data.get("refused")),
+            lease_deadline_ms=None if deadline is None else int(deadline),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A consumer group on one partition. `cursor`: the first index the group has not
+    finished; `acquired`: held now; `pending`: not handed out yet or free again;
+    `dead_letter_pending`: rejected, not yet in the dead-letter topic; `accepted` and
+    `dead_lettered`: totals."""
+
+    topic: str
+    partition: int
+    group: str
+    cursor: int
+    acquired: int
+    pending: int
+    dead_letter_pending: int
+    accepted: int
+    dead_lettered: int
+    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: JSON) -> GroupDescription:
+        return cls(
+            topic=str(data.get("topic", "")),
+            partition=int(data.get("partition", 0)),
+            group=str(data.get("group", "")),
+            cursor=int(data.get("cursor", 0)),
+            acquired=int(data.get("acquired", 0)),
+            pending=int(data.get("pending", 0)),
+            dead_letter_pending=int(data.get("dead_letter_pending", 0)),
+            accepted=int(data.get("accepted", 0)),
+            dead_lettered=int(data.get("dead_lettered", 0)),
+            raw=data,
         )

@@ -19,14 +19,24 @@ from typing import Any, TypeVar
 
 from laminar.log.batch import Record
 
-from .client import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_TIMEOUT_S, AsyncClient
+from .client import (
+    DEFAULT_ACQUIRE_MAX,
+    DEFAULT_LEASE_MS,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_RECORDS,
+    DEFAULT_TIMEOUT_S,
+    AsyncClient,
+)
 from .models import (
+    Acquired,
     AppendResult,
     ClusterInfo,
+    GroupDescription,
     NodeAdminState,
     NodePartitions,
     ReadResult,
     RecordMetadata,
+    Settled,
     TopicDescription,
     TopicInfo,
 )
@@ -194,6 +204,70 @@ class Client:
                 timeout_s=timeout_s,
             )
         )
+
+    # ------------------------------------------------------------------ shared queues
+
+    def acquire(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        *,
+        consumer: str | None = None,
+        max_messages: int = DEFAULT_ACQUIRE_MAX,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        wait_ms: int = 0,
+        max_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Acquired:
+        return self.run(
+            self._async.acquire(
+                topic,
+                partition,
+                group,
+                consumer=consumer,
+                max_messages=max_messages,
+                lease_ms=lease_ms,
+                wait_ms=wait_ms,
+                max_bytes=max_bytes,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def accept(
+        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+    ) -> Settled:
+        return self.run(self._async.accept(topic, partition, group, consumer, indexes))
+
+    def release(
+        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+    ) -> Settled:
+        return self.run(self._async.release(topic, partition, group, consumer, indexes))
+
+    def reject(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        reason: str | None = None,
+    ) -> Settled:
+        return self.run(self._async.reject(topic, partition, group, consumer, indexes, reason))
+
+    def renew(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        lease_ms: int,
+    ) -> Settled:
+        return self.run(self._async.renew(topic, partition, group, consumer, indexes, lease_ms))
+
+    def describe_group(self, topic: str, partition: int, group: str) -> GroupDescription:
+        return self.run(self._async.describe_group(topic, partition, group))
 
     # ------------------------------------------------------------------ producing
 

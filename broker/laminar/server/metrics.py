@@ -142,4 +142,3 @@ def _group_metrics(broker: Broker) -> Iterator[Metric]:
             for name, family in families.items():
                 family.add_metric(values, described[name])
     yield from families.values()
-
