@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from laminar.log.batch import Record
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
@@ -50,7 +52,7 @@ def test_client_example_runs(tmp_path: Path, capsys) -> None:
     from laminar.client import AsyncClient
     from tests.integration.conftest import make_cluster
 
-    (example,) = [block for block in code_blocks("python") if "AsyncClient" in block]
+    (example,) = [block for block in code_blocks("python") if "Producer(client" in block]
     cluster = make_cluster(tmp_path / "cluster", 1)
     try:
         body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
@@ -69,6 +71,34 @@ def test_client_example_runs(tmp_path: Path, capsys) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("RecordMetadata(partition=0, index=")
     assert lines[1].startswith("0 ") and lines[1].endswith(" b'hello'")
+
+
+def test_queue_example_runs(tmp_path: Path, capsys) -> None:
+    from laminar.client import AsyncClient
+    from tests.integration.conftest import make_cluster
+
+    (example,) = [block for block in code_blocks("python") if "GroupConsumer" in block]
+    cluster = make_cluster(tmp_path / "cluster", 1)
+    try:
+        body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
+        source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
+        namespace: dict[str, object] = {}
+        exec(source, namespace)
+
+        async def run() -> None:
+            async with AsyncClient(cluster.urls) as client:
+                await client.create_topic("orders", partitions=1, replication_factor=1)
+                await client.wait_for_leaders("orders")
+                await client.append("orders", 0, [Record(value=b"work")])
+            await asyncio.wait_for(namespace["example"](), 60)  # type: ignore[operator]
+            async with AsyncClient(cluster.urls) as client:
+                described = await client.describe_group("orders", 0, "billing")
+            assert described.accepted == 1
+
+        asyncio.run(run())
+    finally:
+        cluster.stop()
+    assert capsys.readouterr().out.strip() == "0 1 1 b'work'"
 
 
 def test_log_example_runs(tmp_path: Path, capsys) -> None:
