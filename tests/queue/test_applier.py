@@ -134,3 +134,34 @@ def test_a_checkpoint_spares_the_replay_after_a_restart(tmp_path: Path) -> None:
     restarted = QueueApplier(reopened)
     assert restarted.state.describe(G)["accepted"] == 15
     assert restarted.catch_up(reopened.last_index()) == []  # nothing applied twice
+
+
+def test_entries_handed_over_when_written_apply_like_the_log_after_a_truncation(
+    tmp_path: Path,
+) -> None:
+    storage = open_storage(tmp_path)
+    storage.set_hard_state(replace(storage.hard_state, term=1))
+    applier = QueueApplier(storage)
+
+    def write(entries: list[Entry]) -> None:
+        storage.append(entries)
+        applier.written(entries)
+
+    records = encode_batch([Record(value=b"m")] * 4, now_ms=0)
+    write([Entry(0, 4, 1, records)])
+    write([Entry(4, 1, 1, encode_entry(Acquire(G, "a", (0, 1), 60_000, 0)))])
+    write([Entry(5, 1, 1, encode_entry(Accept(G, "a", (0,))))])  # never committed
+    applier.catch_up(4)
+    # a new leader overwrites index 5 on: its entries replace ours
+    write(
+        [
+            Entry(5, 1, 2, encode_entry(Reject(G, "a", (1,), "no"))),
+            Entry(6, 4, 2, records),
+        ]
+    )
+    storage.set_hard_state(replace(storage.hard_state, term=2, commit=9))
+    applied = applier.catch_up(9)
+    assert [type(a.command) for a in applied] == [Reject]
+    from_log = QueueApplier(storage)  # reads everything from the log
+    assert applier.snapshot_data() == from_log.snapshot_data()
+    assert applier.state.describe(G)["dead_letter_pending"] == 1

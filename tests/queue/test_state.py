@@ -5,6 +5,8 @@ standing in for a replica that catches up), then drains everything to completion
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -319,6 +321,9 @@ class GroupMachine(RuleBasedStateMachine):
         assert not self.accepted & set(self.dead), "accepted and dead-lettered"
         sequences = [d.sequence for d in group.dead_pending.values()]
         assert len(sequences) == len(set(sequences))
+        # the derived bookkeeping follows the holdings
+        assert group.held == Counter(h.consumer for h in group.acquired.values())
+        assert all(group.next_deadline_ms <= h.deadline_ms for h in group.acquired.values())
         assert group.cursor <= self.appended + 1
         assert all(i >= group.cursor for i in group.done | holders)
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..log.batch import parse_header
 from ..raft.log_storage import LogStorage
+from ..raft.messages import Entry
 from .entries import apply_entry
 from .state import QueueCommand, QueueConfig, QueueState, Result
 
@@ -50,6 +52,8 @@ class QueueApplier:
         self.checkpoint_indexes = checkpoint_indexes
         self.state = self._initial_state()
         self._checkpointed = self.state.end_index
+        #: entries written but not applied yet: index -> (count, the batch if control)
+        self._written: dict[int, tuple[int, bytes | None]] = {}
         self.catch_up(storage.hard_state.commit)
 
     def _initial_state(self) -> QueueState:
@@ -66,9 +70,20 @@ class QueueApplier:
     def applied_index(self) -> int:
         return self.state.end_index - 1
 
+    def written(self, entries: list[Entry]) -> None:
+        """Entries just written to the log (replacing any from the first one's index on):
+        applying them later needs no read (a restart or a snapshot reads the log instead)."""
+        if not entries:
+            return
+        first = entries[0].index
+        if self._written and max(self._written) >= first:
+            self._written = {i: e for i, e in self._written.items() if i < first}
+        for entry in entries:
+            control = parse_header(entry.data).is_control  # (a leader's kinds say NORMAL)
+            self._written[entry.index] = (entry.count, entry.data if control else None)
+
     def catch_up(self, last: int) -> list[Applied]:
         """Apply the committed entries up to `last` not applied yet, in order."""
-        log = self.storage.log
         queue = self.state
         first = self.storage.first_index()
         if queue.end_index < first:
@@ -77,8 +92,26 @@ class QueueApplier:
             queue.trim(first)
         last = min(last, self.storage.last_index())
         applied: list[Applied] = []
-        if queue.end_index > last:
-            return applied
+        written = self._written
+        while queue.end_index <= last:
+            index = queue.end_index
+            known = written.pop(index, None)
+            if known is None:
+                self._read_through(last, applied)
+                break
+            done = apply_entry(queue, index, known[0], known[1])
+            if done is not None:
+                applied.append(Applied(index, *done))
+        if written and min(written) <= queue.end_index - 1:
+            self._written = {i: e for i, e in written.items() if i >= queue.end_index}
+        if queue.groups and queue.end_index - self._checkpointed >= self.checkpoint_indexes:
+            self.checkpoint()
+        return applied
+
+    def _read_through(self, last: int, applied: list[Applied]) -> None:
+        """Apply up to `last` from the log itself (headers; control batches whole)."""
+        log = self.storage.log
+        queue = self.state
         for header in log.batch_headers(queue.end_index):
             if header.base_index > last:
                 break
@@ -86,9 +119,6 @@ class QueueApplier:
             done = apply_entry(queue, header.base_index, header.record_count, batch)
             if done is not None:
                 applied.append(Applied(header.base_index, *done))
-        if queue.groups and queue.end_index - self._checkpointed >= self.checkpoint_indexes:
-            self.checkpoint()
-        return applied
 
     def checkpoint(self) -> None:
         """Save the state beside the log (a restart replays only what follows)."""
@@ -102,6 +132,7 @@ class QueueApplier:
         """A snapshot was installed: start over from its data."""
         self.state = self._initial_state()
         self._checkpointed = self.state.end_index
+        self._written.clear()
 
     def trim(self) -> None:
         """Retention moved the log start: those messages are gone for every group."""

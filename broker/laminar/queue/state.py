@@ -168,9 +168,11 @@ def decode_command(data: bytes) -> QueueCommand:
 def _check_indexes(indexes: object) -> None:
     if not isinstance(indexes, tuple) or not indexes or len(indexes) > MAX_SCAN:
         raise QueueError("invalid", f"indexes must be a non-empty list of at most {MAX_SCAN}")
-    for index in indexes:
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 2**63:
-            raise QueueError("invalid", f"index {index!r} is not a record index")
+    if not all(type(index) is int for index in indexes):
+        bad = next(i for i in indexes if type(i) is not int)
+        raise QueueError("invalid", f"index {bad!r} is not a record index")
+    if min(indexes) < 0 or max(indexes) >= 2**63:
+        raise QueueError("invalid", f"index {min(indexes)}..{max(indexes)} out of range")
 
 
 def validate(command: QueueCommand) -> None:
@@ -228,9 +230,27 @@ class Group:
     next_dead_sequence: int = 0
     accepted_total: int = 0
     dead_lettered_total: int = 0
+    #: derived from `acquired` (not in snapshots): messages held per consumer, and a lower
+    #: bound of the lease deadlines (expiry scans only once it has passed)
+    held: dict[str, int] = field(default_factory=dict, compare=False)
+    next_deadline_ms: float = field(default=float("inf"), compare=False)
 
     def held_by(self, consumer: str) -> int:
-        return sum(1 for h in self.acquired.values() if h.consumer == consumer)
+        return self.held.get(consumer, 0)
+
+    def hold(self, index: int, holding: Holding) -> None:
+        self.acquired[index] = holding
+        self.held[holding.consumer] = self.held.get(holding.consumer, 0) + 1
+        self.next_deadline_ms = min(self.next_deadline_ms, holding.deadline_ms)
+
+    def unhold(self, index: int) -> Holding:
+        holding = self.acquired.pop(index)
+        left = self.held[holding.consumer] - 1
+        if left:
+            self.held[holding.consumer] = left
+        else:
+            del self.held[holding.consumer]
+        return holding
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +319,7 @@ class QueueState:
                 group.done = {i for i in group.done if i >= start_index}
                 group.deliveries = {i: n for i, n in group.deliveries.items() if i >= start_index}
                 for index in [i for i in group.acquired if i < start_index]:
-                    del group.acquired[index]
+                    group.unhold(index)
             self._advance(group)
 
     def is_record(self, index: int) -> bool:
@@ -393,7 +413,7 @@ class QueueState:
                 room -= 1
                 deliveries = group.deliveries.pop(index, 0) + 1
                 deadline = command.now_ms + lease
-                group.acquired[index] = Holding(command.consumer, deadline, deliveries)
+                group.hold(index, Holding(command.consumer, deadline, deliveries))
                 result.granted.append(Granted(index, deliveries, deadline))
         elif isinstance(command, Accept):
             for index in command.indexes:
@@ -401,7 +421,7 @@ class QueueState:
                 if index in group.done or index < group.cursor:
                     result.done.append(index)  # accepting twice is harmless
                 elif holding is not None and holding.consumer == command.consumer:
-                    del group.acquired[index]
+                    group.unhold(index)
                     group.done.add(index)
                     group.accepted_total += 1
                     result.done.append(index)
@@ -421,7 +441,7 @@ class QueueState:
                     )
                     (result.done if settled else result.refused).append(index)
                     continue
-                del group.acquired[index]
+                group.unhold(index)
                 if isinstance(command, Reject):
                     self._dead_letter(group, index, command.reason, holding.deliveries, result)
                 else:
@@ -466,10 +486,15 @@ class QueueState:
         self.start_index = max(self.start_index, floor)
 
     def _expire(self, group: Group, now_ms: int, result: Result) -> None:
+        if now_ms < group.next_deadline_ms:
+            return
         expired = sorted(i for i, h in group.acquired.items() if h.deadline_ms <= now_ms)
         for index in expired:
-            holding = group.acquired.pop(index)
+            holding = group.unhold(index)
             self._returned(group, index, holding.deliveries, "max_deliveries", result)
+        group.next_deadline_ms = min(
+            (h.deadline_ms for h in group.acquired.values()), default=float("inf")
+        )
 
     def _returned(
         self, group: Group, index: int, deliveries: int, reason: str, result: Result
@@ -549,9 +574,8 @@ class QueueState:
             state._bases.append(base)
             state._ends.append(end)
         for name, g in document["groups"].items():
-            state.groups[name] = Group(
+            group = state.groups[name] = Group(
                 cursor=g["cursor"],
-                acquired={i: Holding(c, d, n) for i, c, d, n in g["acquired"]},
                 done=set(g["done"]),
                 deliveries={i: n for i, n in g["deliveries"]},
                 dead_pending={i: DeadLetter(s, r, n) for i, s, r, n in g["dead_pending"]},
@@ -559,4 +583,6 @@ class QueueState:
                 accepted_total=g["accepted_total"],
                 dead_lettered_total=g["dead_lettered_total"],
             )
+            for index, consumer, deadline, deliveries in g["acquired"]:
+                group.hold(index, Holding(consumer, deadline, deliveries))
         return state

@@ -508,6 +508,8 @@ class Broker:
             if ready.entries:
                 storage.append(ready.entries)
                 to_sync.append(storage)
+                if (replica := self.replicas.get(group)) and replica.groups is not None:
+                    replica.groups.applier.written(ready.entries)
         self._send(early)
         # Committed entries are durable on a majority already (the leader counts its own
         # log only once persisted) and written here: answer their appends now, not
