@@ -254,7 +254,20 @@ class GroupMachine(RuleBasedStateMachine):
         indexes = self.state.available(G, n, self.now)
         if not indexes:
             return
-        result = self.state.apply(Acquire(G, consumer, tuple(indexes), lease, self.now))
+        self.acquire_exactly(consumer, tuple(indexes), lease)
+
+    @rule(consumer=st.sampled_from(CONSUMERS), data=st.data(), lease=st.integers(1, 50))
+    def acquire_some(self, consumer: str, data: st.DataObject, lease: int) -> None:
+        """An acquire the leader chose beside others in flight: any subset, any order, stale
+        indexes (held, finished, beyond the log) mixed in."""
+        candidates = self.state.available(G, 8, self.now) + list(range(0, self.appended + 3))
+        picked = data.draw(
+            st.lists(st.sampled_from(candidates), min_size=1, max_size=6, unique=True)
+        )
+        self.acquire_exactly(consumer, tuple(picked), lease)
+
+    def acquire_exactly(self, consumer: str, indexes: tuple[int, ...], lease: int) -> None:
+        result = self.state.apply(Acquire(G, consumer, indexes, lease, self.now))
         for granted in result.granted:
             holder = self.leases.get(granted.index)
             assert holder is None or holder[1] <= self.now, f"two holders of {granted.index}"
@@ -321,6 +334,15 @@ class GroupMachine(RuleBasedStateMachine):
         assert not self.accepted & set(self.dead), "accepted and dead-lettered"
         sequences = [d.sequence for d in group.dead_pending.values()]
         assert len(sequences) == len(set(sequences))
+        # what the leader offers is exactly what a scan of every record finds free
+        scanned = [
+            i
+            for i in self.state.records_from(group.cursor)
+            if i not in group.done
+            and i not in group.dead_pending
+            and (i not in group.acquired or group.acquired[i].deadline_ms <= self.now)
+        ]
+        assert self.state.available(G, 1000, self.now) == scanned
         # the derived bookkeeping follows the holdings
         assert group.held == Counter(h.consumer for h in group.acquired.values())
         assert all(group.next_deadline_ms <= h.deadline_ms for h in group.acquired.values())

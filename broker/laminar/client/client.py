@@ -39,6 +39,7 @@ from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
 import aiohttp
+import orjson
 from yarl import URL
 
 from laminar.log.batch import (
@@ -135,7 +136,7 @@ class _Answer:
         if not self.body:
             return None
         try:
-            return json.loads(self.body)
+            return orjson.loads(self.body)
         except ValueError:
             return None
 

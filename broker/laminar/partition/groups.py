@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -70,6 +71,9 @@ class ConsumerGroups:
         self._expiring: set[str] = set()
         self._configuring = False
         self._batches: OrderedDict[int, list[StoredRecord]] = OrderedDict()
+        self._last_batch: list[StoredRecord] = []
+        #: called after each proposal (the broker wakes its driver to persist it)
+        self.on_propose: Callable[[], None] = _nothing
 
     @property
     def state(self) -> QueueState:
@@ -90,6 +94,7 @@ class ConsumerGroups:
             raise NotLeader(raft.lead) from e
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiters[index] = _Waiter(raft.term, future)
+        self.on_propose()
         return future
 
     def on_committed(self, last: int) -> None:
@@ -122,6 +127,7 @@ class ConsumerGroups:
         """A snapshot was installed."""
         self.applier.reset()
         self._batches.clear()
+        self._last_batch = []
         self._wake()
 
     def _wake(self) -> None:
@@ -213,8 +219,12 @@ class ConsumerGroups:
         return picked
 
     def record(self, index: int) -> StoredRecord | None:
+        last = self._last_batch
+        if last and last[0].index <= index <= last[-1].index:
+            return last[index - last[0].index]
         for base, records in self._batches.items():
             if base <= index < base + len(records):
+                self._last_batch = records
                 return records[index - base]
         try:
             data = self.log.read(index).data
@@ -224,6 +234,7 @@ class ConsumerGroups:
         if not records or not records[0].index <= index <= records[-1].index:
             return None
         self._batches[records[0].index] = records
+        self._last_batch = records
         while len(self._batches) > BATCH_CACHE_SIZE:
             self._batches.popitem(last=False)
         return records[index - records[0].index]
@@ -269,6 +280,10 @@ class ConsumerGroups:
             ordered = sorted(group.dead_pending.items(), key=lambda item: item[1].sequence)
             out.extend((name, index, letter) for index, letter in ordered)
         return out
+
+
+def _nothing() -> None:
+    pass
 
 
 def _retrieve(future: asyncio.Future[Result]) -> None:

@@ -28,6 +28,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
@@ -224,8 +225,11 @@ class Group:
     acquired: dict[int, Holding] = field(default_factory=dict)
     #: finished (accepted or dead-lettered) indexes at or above the cursor
     done: set[int] = field(default_factory=set)
-    #: delivery counts of messages given out before and now free again
+    #: free messages below `frontier`: given out before and back (their delivery counts), or
+    #: passed over by an acquire (0)
     deliveries: dict[int, int] = field(default_factory=dict)
+    #: every record index from here on has never been handed out
+    frontier: int = -1
     dead_pending: dict[int, DeadLetter] = field(default_factory=dict)
     next_dead_sequence: int = 0
     accepted_total: int = 0
@@ -318,6 +322,7 @@ class QueueState:
                 group.cursor = start_index
                 group.done = {i for i in group.done if i >= start_index}
                 group.deliveries = {i: n for i, n in group.deliveries.items() if i >= start_index}
+                group.frontier = max(group.frontier, start_index)
                 for index in [i for i in group.acquired if i < start_index]:
                     group.unhold(index)
             self._advance(group)
@@ -338,7 +343,7 @@ class QueueState:
         """The group (created at the log start on first use)."""
         found = self.groups.get(name)
         if found is None:
-            found = self.groups[name] = Group(self.start_index)
+            found = self.groups[name] = Group(self.start_index, frontier=self.start_index)
             self._advance(found)
         return found
 
@@ -364,15 +369,19 @@ class QueueState:
 
     def available(self, name: str, limit: int, now_ms: int) -> list[int]:
         """Up to `limit` record indexes the group could hand out at `now_ms`, oldest first
-        (the leader proposes an Acquire of these; flow control applies at the leader)."""
+        (the leader proposes an Acquire of these; flow control applies at the leader): those
+        free again below the frontier (and leases run out by `now_ms`), then new ones."""
+        limit = min(limit, MAX_SCAN)
         group = self.groups.get(name)
-        cursor = group.cursor if group is not None else self.start_index
-        out: list[int] = []
-        for scanned, index in enumerate(self.records_from(cursor)):
-            if len(out) >= limit or scanned >= MAX_SCAN:
-                break
-            if group is None or self._free(group, index, now_ms):
-                out.append(index)
+        if group is None:
+            return list(islice(self.records_from(self.start_index), limit))
+        back = list(group.deliveries)
+        if now_ms >= group.next_deadline_ms:
+            back += [i for i, h in group.acquired.items() if h.deadline_ms <= now_ms]
+        back.sort()
+        out = back[:limit]
+        if len(out) < limit:
+            out += islice(self.records_from(max(group.frontier, group.cursor)), limit - len(out))
         return out
 
     def room(self, name: str, consumer: str) -> int:
@@ -415,6 +424,7 @@ class QueueState:
                 deadline = command.now_ms + lease
                 group.hold(index, Holding(command.consumer, deadline, deliveries))
                 result.granted.append(Granted(index, deliveries, deadline))
+            self._move_frontier(group, result.granted)
         elif isinstance(command, Accept):
             for index in command.indexes:
                 holding = group.acquired.get(index)
@@ -437,7 +447,7 @@ class QueueState:
                         index in group.done
                         or index in group.dead_pending
                         or index < group.cursor
-                        or group.deliveries.get(index) is not None
+                        or group.deliveries.get(index, 0) > 0
                     )
                     (result.done if settled else result.refused).append(index)
                     continue
@@ -484,6 +494,20 @@ class QueueState:
         del self._bases[:keep]
         del self._ends[:keep]
         self.start_index = max(self.start_index, floor)
+
+    def _move_frontier(self, group: Group, granted: list[Granted]) -> None:
+        """Past the new ones granted; new ones passed over are free below it (count 0)."""
+        start = max(group.frontier, group.cursor)
+        fresh = {g.index for g in granted if g.index >= start}
+        if not fresh:
+            return
+        end = max(fresh) + 1
+        for index in self.records_from(start):
+            if index >= end:
+                break
+            if index not in fresh:
+                group.deliveries[index] = 0
+        group.frontier = end
 
     def _expire(self, group: Group, now_ms: int, result: Result) -> None:
         if now_ms < group.next_deadline_ms:
@@ -549,6 +573,7 @@ class QueueState:
                     for i, d in sorted(g.dead_pending.items())
                 ],
                 "next_dead_sequence": g.next_dead_sequence,
+                "frontier": g.frontier,
                 "accepted_total": g.accepted_total,
                 "dead_lettered_total": g.dead_lettered_total,
             }
@@ -580,6 +605,7 @@ class QueueState:
                 deliveries={i: n for i, n in g["deliveries"]},
                 dead_pending={i: DeadLetter(s, r, n) for i, s, r, n in g["dead_pending"]},
                 next_dead_sequence=g["next_dead_sequence"],
+                frontier=g["frontier"],
                 accepted_total=g["accepted_total"],
                 dead_lettered_total=g["dead_lettered_total"],
             )

@@ -41,7 +41,7 @@ from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
 from ..partition.errors import CommitLost, NotLeader, Overloaded, SequenceConflict
 from ..partition.replica import Replica
 from .groups_api import GroupsApi
-from .http import ApiError, record_json, unavailable
+from .http import ApiError, json_response, record_json, unavailable
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -163,13 +163,13 @@ class Api:
     # ---- health ----------------------------------------------------------------------------
 
     async def healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
         ready, reason = self.broker.is_ready()
         if ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
+            return json_response({"status": "ready"})
+        return json_response({"status": "not_ready", "reason": reason}, status=503)
 
     async def metrics_text(self, _: web.Request) -> web.Response:
         body, content_type = self.metrics.render()
@@ -255,7 +255,7 @@ class Api:
                     "draining": node in broker.state.draining,
                 }
             )
-        return web.json_response(
+        return json_response(
             {
                 "cluster_id": broker.config.cluster_id,
                 "node_id": broker.id,
@@ -267,14 +267,14 @@ class Api:
     async def node_partitions(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         if node == self.broker.id:
-            return web.json_response({"node_id": node, "partitions": self.broker.hosted()})
+            return json_response({"node_id": node, "partitions": self.broker.hosted()})
         address = self.broker.api_address_of(node)
         if address is None:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
         hosted = await self._fetch_hosted(node, address)
         if hosted is None:
             raise unavailable(f"{node} did not answer")
-        return web.json_response({"node_id": node, "partitions": hosted})
+        return json_response({"node_id": node, "partitions": hosted})
 
     async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
         if self._session is None:
@@ -326,12 +326,12 @@ class Api:
     async def drain(self, request: web.Request) -> web.Response:
         node = self._node(request)
         await self._metadata(request, SetDraining(node, True))
-        return web.json_response(self._node_body(node))
+        return json_response(self._node_body(node))
 
     async def undrain(self, request: web.Request) -> web.Response:
         node = self._node(request)
         await self._metadata(request, SetDraining(node, False))
-        return web.json_response(self._node_body(node))
+        return json_response(self._node_body(node))
 
     async def weight(self, request: web.Request) -> web.Response:
         node = self._node(request)
@@ -340,7 +340,7 @@ class Api:
         if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
             raise ApiError(400, "bad_request", f"weight must be an integer in [0, {MAX_WEIGHT}]")
         await self._metadata(request, SetWeight(node, weight))
-        return web.json_response(self._node_body(node))
+        return json_response(self._node_body(node))
 
     # ---- topics ----------------------------------------------------------------------------
 
@@ -355,7 +355,7 @@ class Api:
 
     async def list_topics(self, _: web.Request) -> web.Response:
         names = sorted(self.broker.state.topics)
-        return web.json_response({"topics": [self._topic_body(n) for n in names]})
+        return json_response({"topics": [self._topic_body(n) for n in names]})
 
     async def create_topic(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -372,13 +372,13 @@ class Api:
             body.get("config", {}),
         )
         await self._metadata(request, command)
-        return web.json_response(await self._describe(command.name), status=201)
+        return json_response(await self._describe(command.name), status=201)
 
     async def describe_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         if name not in self.broker.state.topics:
             raise ApiError(404, "not_found", f"no topic {name}")
-        return web.json_response(await self._describe(name))
+        return json_response(await self._describe(name))
 
     async def _describe(self, name: str) -> dict[str, Any]:
         topic = self.broker.state.topics.get(name)
@@ -421,7 +421,7 @@ class Api:
             raise ApiError(400, "bad_request", 'send an object with "partitions" and/or "config"')
         command = AlterTopic(name, body.get("partitions"), body.get("config"))
         await self._metadata(request, command)
-        return web.json_response(await self._describe(name))
+        return json_response(await self._describe(name))
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -490,7 +490,7 @@ class Api:
             raise unavailable(f"{e}; retry (idempotent producers are deduplicated)") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
-        return web.json_response(
+        return json_response(
             {"base_index": base, "count": header.record_count, "duplicate": duplicate}
         )
 
@@ -579,7 +579,7 @@ class Api:
             "commit_index": replica.commit_index,
             "log_start": replica.log_start,
         }
-        return web.json_response(body, headers=self._position_headers(replica, next_index))
+        return json_response(body, headers=self._position_headers(replica, next_index))
 
 
 # ---- JSON records --------------------------------------------------------------------------

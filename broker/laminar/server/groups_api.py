@@ -18,7 +18,7 @@ from ..partition.groups import ConsumerGroups, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
-from .http import ApiError, record_json, unavailable
+from .http import ApiError, json_response, record_json, unavailable
 
 if TYPE_CHECKING:
     from .api import Api
@@ -81,7 +81,6 @@ class GroupsApi:
             raise self.api._redirect(request, e.leader, replica.group) from e
         except Overloaded as e:
             raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
-        self.api.broker.wake()
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.api.timeout_s)
         except TimeoutError as e:
@@ -103,7 +102,6 @@ class GroupsApi:
         lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
         wait_ms = _int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
         max_bytes = _int(body, "max_bytes", DEFAULT_ACQUIRE_BYTES, 1, MAX_ACQUIRE_BYTES)
-        self.api.broker.wake()
         task = groups.acquire(group, consumer, max_messages, lease_ms, wait_ms / 1000, max_bytes)
         try:
             deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
@@ -121,7 +119,7 @@ class GroupsApi:
             item["deliveries"] = delivery.granted.deliveries
             item["lease_deadline_ms"] = delivery.granted.deadline_ms
             messages.append(item)
-        return web.json_response({"consumer": consumer, "messages": messages})
+        return json_response({"consumer": consumer, "messages": messages})
 
     async def settle(self, request: web.Request) -> web.Response:
         action = request.path.rsplit("/", 1)[1]
@@ -163,11 +161,11 @@ class GroupsApi:
         answer: dict[str, Any] = {"done": result.done, "refused": result.refused}
         if isinstance(command, Renew):
             answer["lease_deadline_ms"] = command.now_ms + min(command.lease_ms, MAX_LEASE_MS)
-        return web.json_response(answer)
+        return json_response(answer)
 
     async def describe(self, request: web.Request) -> web.Response:
         replica, groups, group = await self._leader(request)
-        return web.json_response(
+        return json_response(
             {
                 "topic": replica.topic,
                 "partition": replica.partition,

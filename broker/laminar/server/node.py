@@ -299,6 +299,8 @@ class Broker:
             max_pending_bytes=self.config.max_pending_bytes_per_partition,
         )
         self.replicas[replica.group] = replica
+        if replica.groups is not None:
+            replica.groups.on_propose = self.wake
         self._hosted_at_ms[replica.group] = _now_ms()
         self.multi.add(replica.raft)
         log.info("%s hosts %s (conf %s)", self.id, replica.group, replica.raft.conf)
