@@ -375,3 +375,35 @@ class GroupMachine(RuleBasedStateMachine):
 
 GroupMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 test_random_group_sequences = GroupMachine.TestCase
+
+
+def test_a_renew_that_shortens_a_lease_expires_at_the_new_deadline() -> None:
+    state = state_with(1)
+    acquire(state, "a", 1, now=0, lease=1000)
+    state.apply(Renew(G, "a", (1,), 100, 400))  # now ends at 500, not 1000
+    state.apply(Expire(G, 600))
+    assert state.groups[G].deliveries == {1: 1} and state.groups[G].held == {}
+    assert QueueState.restore(state.snapshot()).snapshot() == state.snapshot()
+
+
+def test_accepting_a_dead_lettered_message_is_refused_before_and_after_its_append() -> None:
+    state = state_with(3, QueueConfig(max_deliveries=1))
+    acquire(state, "b", 1, now=0, lease=1000)  # holds 1: the cursor stays below 2 and 3
+    acquire(state, "a", 2, now=0, lease=10)
+    state.apply(Expire(G, 10))  # 2 and 3 came back at the limit: dead letters
+    assert state.apply(Accept(G, "a", (2,))).refused == [2]
+    state.apply(DeadLettered(G, (2, 3)))
+    assert state.apply(Accept(G, "a", (2, 3))).refused == [2, 3]
+    assert state.apply(Accept(G, "b", (1,))).done == [1]
+    # below the cursor the group no longer tells accepted from dead-lettered
+    assert state.groups[G].cursor == 4 and not state.groups[G].dead_done
+
+
+def test_lowering_max_deliveries_dead_letters_free_messages_already_past_it() -> None:
+    state = state_with(2)
+    for now in (0, 100, 200):
+        acquire(state, "a", 1, now=now, lease=50)
+        state.apply(Release(G, "a", (1,)))
+    result = state.apply(Configure(2))
+    assert result.dead_lettered == [1]
+    assert state.available(G, 10, 300) == [2]

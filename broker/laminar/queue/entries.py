@@ -16,7 +16,8 @@ QUEUE_KEY = b"queue"
 
 
 def encode_entry(command: QueueCommand) -> bytes:
-    return encode_batch([Record(key=QUEUE_KEY, value=encode_command(command))], control=True)
+    record = Record(key=QUEUE_KEY, value=encode_command(command), timestamp_ms=0)
+    return encode_batch([record], now_ms=0, control=True)
 
 
 def decode_entry(batch: bytes | memoryview) -> QueueCommand | None:

@@ -225,6 +225,8 @@ class Group:
     acquired: dict[int, Holding] = field(default_factory=dict)
     #: finished (accepted or dead-lettered) indexes at or above the cursor
     done: set[int] = field(default_factory=set)
+    #: those of `done` that were dead-lettered (an accept of one is refused)
+    dead_done: set[int] = field(default_factory=set)
     #: free messages below `frontier`: given out before and back (their delivery counts), or
     #: passed over by an acquire (0)
     deliveries: dict[int, int] = field(default_factory=dict)
@@ -321,6 +323,7 @@ class QueueState:
             if group.cursor < start_index:
                 group.cursor = start_index
                 group.done = {i for i in group.done if i >= start_index}
+                group.dead_done = {i for i in group.dead_done if i >= start_index}
                 group.deliveries = {i: n for i, n in group.deliveries.items() if i >= start_index}
                 group.frontier = max(group.frontier, start_index)
                 for index in [i for i in group.acquired if i < start_index]:
@@ -358,6 +361,7 @@ class QueueState:
             if cursor not in group.done:
                 break
             group.done.discard(cursor)
+            group.dead_done.discard(cursor)
             cursor += 1
         group.cursor = cursor
 
@@ -406,6 +410,11 @@ class QueueState:
         result = Result()
         if isinstance(command, Configure):
             self.config = replace(self.config, max_deliveries=command.max_deliveries)
+            for group in self.groups.values():  # free ones already past a lowered limit
+                for index in sorted(group.deliveries):
+                    if group.deliveries[index] >= command.max_deliveries:
+                        count = group.deliveries[index]
+                        self._dead_letter(group, index, "max_deliveries", count, result)
             return result
         group = self.group(command.group)
         if isinstance(command, Acquire):
@@ -428,7 +437,9 @@ class QueueState:
         elif isinstance(command, Accept):
             for index in command.indexes:
                 holding = group.acquired.get(index)
-                if index in group.done or index < group.cursor:
+                if index in group.dead_pending or index in group.dead_done:
+                    result.refused.append(index)  # dead-lettered: not accepted
+                elif index in group.done or index < group.cursor:
                     result.done.append(index)  # accepting twice is harmless
                 elif holding is not None and holding.consumer == command.consumer:
                     group.unhold(index)
@@ -468,7 +479,8 @@ class QueueState:
                 ):
                     result.refused.append(index)  # not yours, or your lease already ran out
                 else:
-                    holding.deadline_ms = command.now_ms + lease
+                    holding.deadline_ms = command.now_ms + lease  # may shorten it too
+                    group.next_deadline_ms = min(group.next_deadline_ms, holding.deadline_ms)
                     result.done.append(index)
         elif isinstance(command, Expire):
             self._expire(group, command.now_ms, result)
@@ -476,6 +488,7 @@ class QueueState:
             for index in command.indexes:
                 if group.dead_pending.pop(index, None) is not None:
                     group.done.add(index)
+                    group.dead_done.add(index)
                     group.dead_lettered_total += 1
                     result.done.append(index)
         self._advance(group)
@@ -567,6 +580,7 @@ class QueueState:
                     for i, h in sorted(g.acquired.items())
                 ],
                 "done": sorted(g.done),
+                "dead_done": sorted(g.dead_done),
                 "deliveries": sorted([i, n] for i, n in g.deliveries.items()),
                 "dead_pending": [
                     [i, d.sequence, d.reason, d.deliveries]
@@ -602,6 +616,7 @@ class QueueState:
             group = state.groups[name] = Group(
                 cursor=g["cursor"],
                 done=set(g["done"]),
+                dead_done=set(g["dead_done"]),
                 deliveries={i: n for i, n in g["deliveries"]},
                 dead_pending={i: DeadLetter(s, r, n) for i, s, r, n in g["dead_pending"]},
                 next_dead_sequence=g["next_dead_sequence"],

@@ -1,8 +1,10 @@
 """`python -m laminar.sim --seed N` replays one seed; `--seeds A:B` runs [A, B).
 
 `--placement` runs the placement scenario (joins, a drain, a weight change and a crash,
-with 50 partitions following rendezvous placement) instead of the Raft fault mix. Exits
-non-zero if any seed violates an invariant, printing the seed and its last events.
+with 50 partitions following rendezvous placement) instead of the Raft fault mix; `--queue`
+runs the shared-queue scenario (consumers acquiring, accepting, releasing, rejecting and
+crashing on top of the fault mix). Exits non-zero if any seed violates an invariant,
+printing the seed and its last events.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from dataclasses import replace
 
 from .cluster import InvariantViolation, SimConfig, run_seed
 from .placement_cluster import run_placement_seed
+from .queue_sim import SCENARIO as QUEUE_SCENARIO
+from .queue_sim import run_queue_seed
 
 
-def _run(args: tuple[int, SimConfig, bool]) -> tuple[int, str | None, dict[str, int]]:
-    seed, config, placement = args
+def _run(args: tuple[int, SimConfig, str]) -> tuple[int, str | None, dict[str, int]]:
+    seed, config, scenario = args
     try:
-        if placement:
+        if scenario == "placement":
             return seed, None, run_placement_seed(seed)
+        if scenario == "queue":
+            return seed, None, run_queue_seed(seed, config)
         return seed, None, run_seed(seed, config)
     except InvariantViolation as e:
         return seed, str(e), {}
@@ -33,15 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run (replay) one seed and print its stats")
     which.add_argument("--seeds", help="a range A:B of seeds to run")
-    parser.add_argument("--ticks", type=int, default=SimConfig.ticks, help="faulty ticks per run")
+    parser.add_argument("--ticks", type=int, help="faulty ticks per run (default: the scenario's)")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
-    parser.add_argument(
+    scenarios = parser.add_mutually_exclusive_group()
+    scenarios.add_argument(
         "--placement", action="store_true", help="run the placement scenario (slower per seed)"
     )
+    scenarios.add_argument("--queue", action="store_true", help="run the shared-queue scenario")
     args = parser.parse_args(argv)
     # Recovery reports of torn tails are expected here: crashes are the point.
     logging.getLogger("laminar.log").setLevel(logging.ERROR)
-    config = replace(SimConfig(), ticks=args.ticks)
+    scenario = "placement" if args.placement else "queue" if args.queue else "raft"
+    config = QUEUE_SCENARIO if args.queue else SimConfig()
+    if args.ticks is not None:
+        config = replace(config, ticks=args.ticks)
     if args.seed is not None:
         seeds = [args.seed]
     else:
@@ -50,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failures = 0
     totals: dict[str, int] = {}
-    work = [(seed, config, args.placement) for seed in seeds]
+    work = [(seed, config, scenario) for seed in seeds]
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.imap(_run, work, chunksize=4)
