@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from laminar.log import FileDirectory, LogConfig, Record, SegmentedLog, encode_batch
-from laminar.queue import Accept, Acquire, QueueCommand, Reject
+from laminar.queue import Accept, Acquire, QueueCommand, QueueState, Reject
 from laminar.queue.applier import CHECKPOINT_FILE, QueueApplier
-from laminar.queue.entries import decode_entry, encode_entry
+from laminar.queue.entries import QUEUE_KEY, apply_entry, decode_entry, encode_entry
 from laminar.raft import ConfState, Entry, HardState, Snapshot
 from laminar.raft.log_storage import LogStorage
 
@@ -165,3 +165,12 @@ def test_entries_handed_over_when_written_apply_like_the_log_after_a_truncation(
     from_log = QueueApplier(storage)  # reads everything from the log
     assert applier.snapshot_data() == from_log.snapshot_data()
     assert applier.state.describe(G)["dead_letter_pending"] == 1
+
+
+def test_a_malformed_queue_entry_is_skipped_alike_everywhere() -> None:
+    state = QueueState()
+    bad = encode_batch([Record(key=QUEUE_KEY, value=b'{"kind": "accept"}')], control=True)
+    assert apply_entry(state, 0, 1, bad) is None
+    invalid = encode_entry(Accept(G, "no spaces allowed", (1,)))  # well formed, not valid
+    assert apply_entry(state, 1, 1, invalid) is None
+    assert state.end_index == 2 and not state.groups

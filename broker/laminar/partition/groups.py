@@ -32,7 +32,7 @@ from ..queue import (
 )
 from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
-from ..queue.state import DeadLetter
+from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
 from .errors import CommitLost, NotLeader, Overloaded
 
@@ -86,6 +86,7 @@ class ConsumerGroups:
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
+        validate(command)  # a committed command must apply on every replica
         if len(self._waiters) >= MAX_QUEUE_WAITERS:
             raise Overloaded(f"{raft.group}: {len(self._waiters)} queue commands await commit")
         try:

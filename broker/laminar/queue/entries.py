@@ -9,8 +9,19 @@ skipped, so applying is idempotent by index.
 
 from __future__ import annotations
 
+import logging
+
 from ..log.batch import Record, decode_batch, encode_batch, parse_header
-from .state import QueueCommand, QueueState, Result, decode_command, encode_command
+from .state import (
+    QueueCommand,
+    QueueError,
+    QueueState,
+    Result,
+    decode_command,
+    encode_command,
+)
+
+log = logging.getLogger(__name__)
 
 QUEUE_KEY = b"queue"
 
@@ -39,7 +50,12 @@ def apply_entry(
         state.on_records(index, count)
         return None
     state.on_other(index, count)
-    command = decode_entry(batch)
-    if command is None:
+    try:
+        command = decode_entry(batch)
+        if command is None:
+            return None
+        return command, state.apply(command)
+    except QueueError:
+        # never proposed by a correct leader; every replica skips it alike
+        log.error("queue command at %d is malformed: skipped", index)
         return None
-    return command, state.apply(command)

@@ -153,6 +153,7 @@ def encode_command(command: QueueCommand) -> bytes:
 
 
 def decode_command(data: bytes) -> QueueCommand:
+    """Parse a command (`apply` validates it: a malformed one raises QueueError either way)."""
     try:
         document = json.loads(data)
         kind = _KINDS[document.pop("kind")]
@@ -162,7 +163,6 @@ def decode_command(data: bytes) -> QueueCommand:
         command = kind(**document)
     except (ValueError, KeyError, TypeError) as e:
         raise QueueError("invalid", f"malformed queue command: {e}") from e
-    validate(command)
     return command
 
 
@@ -259,7 +259,7 @@ class Group:
         return holding
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Granted:
     index: int
     deliveries: int
@@ -286,6 +286,7 @@ class QueueState:
         #: batches are not records and never appear here)
         self._bases: list[int] = []
         self._ends: list[int] = []
+        self._slot = 0  # the range the last record lookup found
         self.start_index = start_index
         self.end_index = start_index  # one past the last applied log index
         self.groups: dict[str, Group] = {}
@@ -331,8 +332,14 @@ class QueueState:
             self._advance(group)
 
     def is_record(self, index: int) -> bool:
+        slot = self._slot
+        if slot < len(self._bases) and self._bases[slot] <= index < self._ends[slot]:
+            return True  # most lookups fall in the range of the one before
         slot = bisect_right(self._bases, index) - 1
-        return slot >= 0 and index < self._ends[slot]
+        if slot >= 0 and index < self._ends[slot]:
+            self._slot = slot
+            return True
+        return False
 
     def records_from(self, index: int) -> Iterator[int]:
         """Record indexes at or after `index`, in order."""
@@ -421,18 +428,17 @@ class QueueState:
             self._expire(group, command.now_ms, result)
             lease = min(command.lease_ms, self.config.max_lease_ms)
             room = self.room(command.group, command.consumer)
+            now, consumer = command.now_ms, command.consumer
+            deadline = now + lease
+            granted, refused = result.granted, result.refused
             for index in command.indexes:
-                if not self.is_record(index) or not self._free(group, index, command.now_ms):
-                    result.refused.append(index)
-                    continue
-                if room <= 0:
-                    result.refused.append(index)
+                if room <= 0 or not self._free(group, index, now) or not self.is_record(index):
+                    refused.append(index)
                     continue
                 room -= 1
                 deliveries = group.deliveries.pop(index, 0) + 1
-                deadline = command.now_ms + lease
-                group.hold(index, Holding(command.consumer, deadline, deliveries))
-                result.granted.append(Granted(index, deliveries, deadline))
+                group.hold(index, Holding(consumer, deadline, deliveries))
+                granted.append(Granted(index, deliveries, deadline))
             self._move_frontier(group, result.granted)
         elif isinstance(command, Accept):
             for index in command.indexes:

@@ -111,6 +111,8 @@ class GroupsApi:
             raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
         except TimeoutError as e:
             raise ApiError(504, "timeout", "the acquire did not commit in time") from e
+        except QueueError as e:
+            raise ApiError(400, "bad_request", str(e)) from e
         except CommitLost as e:
             raise unavailable(f"{e}; acquire again") from e
         messages = []
