@@ -50,7 +50,7 @@ class _Waiter:
     future: asyncio.Future[Result]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     granted: Granted
     record: StoredRecord

@@ -247,7 +247,8 @@ class Group:
     def hold(self, index: int, holding: Holding) -> None:
         self.acquired[index] = holding
         self.held[holding.consumer] = self.held.get(holding.consumer, 0) + 1
-        self.next_deadline_ms = min(self.next_deadline_ms, holding.deadline_ms)
+        if holding.deadline_ms < self.next_deadline_ms:
+            self.next_deadline_ms = holding.deadline_ms
 
     def unhold(self, index: int) -> Holding:
         holding = self.acquired.pop(index)
@@ -360,16 +361,21 @@ class QueueState:
     def _advance(self, group: Group) -> None:
         """Move the cursor over finished indexes and non-record gaps."""
         cursor = group.cursor
+        done, dead_done = group.done, group.dead_done
         while cursor < self.end_index:
-            if not self.is_record(cursor):
-                slot = bisect_right(self._bases, cursor)
+            slot = bisect_right(self._bases, cursor) - 1
+            if slot < 0 or cursor >= self._ends[slot]:  # a gap: on to the next range
+                slot += 1
                 cursor = self._bases[slot] if slot < len(self._bases) else self.end_index
                 continue
-            if cursor not in group.done:
+            end = self._ends[slot]
+            while cursor < end and cursor in done:  # finished ones of this range
+                done.remove(cursor)
+                cursor += 1
+            if cursor < end:
                 break
-            group.done.discard(cursor)
-            group.dead_done.discard(cursor)
-            cursor += 1
+        if dead_done and cursor != group.cursor:
+            group.dead_done = {i for i in dead_done if i >= cursor}
         group.cursor = cursor
 
     def _free(self, group: Group, index: int, now_ms: int) -> bool:
