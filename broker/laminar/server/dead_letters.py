@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import xxhash
@@ -60,14 +61,15 @@ class DeadLetterMover:
         self.topic = topic
         self.dlq = dead_letter_topic(replica.topic)
 
-    async def run(self, topics: dict[str, Topic]) -> None:
-        """Until nothing is pending or this replica stops leading."""
+    async def run(self, topics: Callable[[], Mapping[str, Topic]]) -> None:
+        """Until nothing is pending or this replica stops leading (`topics`: the cluster's
+        topics as of now)."""
         while self.replica.is_leader and not self.replica.closed:
             pending = [Pending(*item) for item in self.groups.dead_letters()]
             if not pending:
                 return
             try:
-                await self._ensure_topic(topics)
+                await self._ensure_topic(topics())
                 await self._move(pending)
             except (LaminarError, CommitLost, OSError, TimeoutError) as e:
                 log.warning("%s: dead letters wait: %s", self.replica.group, e)
@@ -75,7 +77,7 @@ class DeadLetterMover:
             except (NotLeader, Overloaded):
                 return
 
-    async def _ensure_topic(self, topics: dict[str, Topic]) -> None:
+    async def _ensure_topic(self, topics: Mapping[str, Topic]) -> None:
         existing = topics.get(self.dlq)
         if existing is None:
             try:

@@ -730,7 +730,7 @@ class Broker:
             return
         if groups.dead_letters() and replica.group not in self._movers:
             mover = DeadLetterMover(self.internal_client(), replica, topic)
-            task = asyncio.get_running_loop().create_task(mover.run(self.state.topics))
+            task = asyncio.get_running_loop().create_task(mover.run(lambda: self.state.topics))
             self._movers[replica.group] = task
             task.add_done_callback(partial(self._mover_done, replica.group))
 
