@@ -437,7 +437,16 @@ class QueueState:
             now, consumer = command.now_ms, command.consumer
             deadline = now + lease
             granted, refused = result.granted, result.refused
-            for index in command.indexes:
+            if self._fresh_run(group, command.indexes, room):
+                # the usual case: new records in a row, none handed out before (so none is
+                # held, finished or dead-lettered): no per-index checks needed
+                run = range(command.indexes[0], command.indexes[-1] + 1)
+                group.acquired.update((i, Holding(consumer, deadline, 1)) for i in run)
+                group.held[consumer] = group.held.get(consumer, 0) + len(run)
+                group.next_deadline_ms = min(group.next_deadline_ms, deadline)
+                granted.extend(Granted(i, 1, deadline) for i in run)
+                group.frontier = run.stop
+            for index in () if granted else command.indexes:  # the general case
                 if room <= 0 or not self._free(group, index, now) or not self.is_record(index):
                     refused.append(index)
                     continue
@@ -447,19 +456,29 @@ class QueueState:
                 granted.append(Granted(index, deliveries, deadline))
             self._move_frontier(group, result.granted)
         elif isinstance(command, Accept):
+            consumer = command.consumer
+            acquired, done, finished = group.acquired, group.done, result.done
+            mine = 0
             for index in command.indexes:
-                holding = group.acquired.get(index)
-                if index in group.dead_pending or index in group.dead_done:
+                holding = acquired.get(index)
+                if holding is not None and holding.consumer == consumer:
+                    del acquired[index]  # (held: never finished or dead-lettered too)
+                    done.add(index)
+                    finished.append(index)
+                    mine += 1
+                elif index in group.dead_pending or index in group.dead_done:
                     result.refused.append(index)  # dead-lettered: not accepted
-                elif index in group.done or index < group.cursor:
-                    result.done.append(index)  # accepting twice is harmless
-                elif holding is not None and holding.consumer == command.consumer:
-                    group.unhold(index)
-                    group.done.add(index)
-                    group.accepted_total += 1
-                    result.done.append(index)
+                elif index in done or index < group.cursor:
+                    finished.append(index)  # accepting twice is harmless
                 else:
                     result.refused.append(index)
+            if mine:
+                group.accepted_total += mine
+                left = group.held[consumer] - mine
+                if left:
+                    group.held[consumer] = left
+                else:
+                    del group.held[consumer]
         elif isinstance(command, Release | Reject):
             for index in command.indexes:
                 holding = group.acquired.get(index)
@@ -519,6 +538,21 @@ class QueueState:
         del self._bases[:keep]
         del self._ends[:keep]
         self.start_index = max(self.start_index, floor)
+
+    def _fresh_run(self, group: Group, indexes: tuple[int, ...], room: int) -> bool:
+        """Are `indexes` the next new records, consecutive, within `room`?"""
+        first, last = indexes[0], indexes[-1]
+        return (
+            last - first + 1 == len(indexes) <= room
+            # the first new record: none is passed over
+            and next(self.records_from(max(group.frontier, group.cursor)), None) == first
+            and self._same_range(first, last)
+            and indexes == tuple(range(first, last + 1))
+        )
+
+    def _same_range(self, first: int, last: int) -> bool:
+        slot = bisect_right(self._bases, first) - 1
+        return slot >= 0 and last < self._ends[slot]
 
     def _move_frontier(self, group: Group, granted: list[Granted]) -> None:
         """Past the new ones granted; new ones passed over are free below it (count 0)."""
