@@ -35,6 +35,7 @@ from ..queue.entries import encode_entry
 from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
 from .errors import CommitLost, NotLeader, Overloaded
+from .signal import Signal
 
 #: Queue commands that may wait for their commit on one replica at a time.
 MAX_QUEUE_WAITERS = 10_000
@@ -67,7 +68,7 @@ class ConsumerGroups:
         self.applier = applier
         self._waiters: dict[int, _Waiter] = {}  # log index of a proposed command -> waiter
         self._tentative: dict[str, dict[int, str]] = {}  # group -> index -> consumer
-        self._changed: list[asyncio.Future[None]] = []
+        self._changed = Signal()  # long-polling acquires wait on it
         self._expiring: set[str] = set()
         self._configuring = False
         self._batches: OrderedDict[int, list[StoredRecord]] = OrderedDict()
@@ -113,7 +114,7 @@ class ConsumerGroups:
                 waiter = self._waiters.pop(index)
                 if not waiter.future.done():
                     waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
-        self._wake()
+        self._changed.notify()
 
     def fail_all(self, why: str) -> None:
         """Leadership changed (or the replica closes): nothing proposed here will be answered."""
@@ -122,32 +123,18 @@ class ConsumerGroups:
             if not waiter.future.done():
                 waiter.future.set_exception(CommitLost(f"{self.raft.group}: {why}"))
         self._tentative.clear()
-        self._wake()
+        self._changed.notify()
 
     def reset(self) -> None:
         """A snapshot was installed."""
         self.applier.reset()
         self._batches.clear()
         self._last_batch = []
-        self._wake()
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, []
-        for future in changed:
-            if not future.done():
-                future.set_result(None)
+        self._changed.notify()
 
     async def wait_change(self, timeout_s: float) -> None:
         """Return after the next applied commit (or `timeout_s`)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._changed.append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            if future in self._changed:
-                self._changed.remove(future)
+        await self._changed.wait(timeout_s)
 
     # ---- serving ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
 from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
 from .groups import ConsumerGroups
+from .signal import Signal
 
 #: Batches remembered per producer id for deduplication (as Kafka does).
 PRODUCER_WINDOW = 5
@@ -125,7 +126,7 @@ class Replica:
         self.producers = ProducerTable()
         self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
         self.pending_bytes = 0
-        self._readers: list[asyncio.Future[None]] = []
+        self._committed = Signal()  # long-polling readers wait on it
         self._led_term = -1  # the term this replica last led in (its producer table's)
         self.groups = (
             ConsumerGroups(self.raft, self.log, QueueApplier(self.storage)) if queues else None
@@ -206,7 +207,7 @@ class Replica:
                     pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
         if self.groups is not None:
             self.groups.on_committed(last)
-        self._wake_readers()
+        self._committed.notify()
 
     def on_leadership(self) -> None:
         """Called after each persisted Ready: fail waiting appends of a lost leadership,
@@ -257,23 +258,8 @@ class Replica:
         deadline = loop.time() + timeout_s
         while index > self.commit_index and not self.closed:
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not await self._committed.wait(remaining):
                 return
-            future: asyncio.Future[None] = loop.create_future()
-            self._readers.append(future)
-            try:
-                await asyncio.wait_for(future, remaining)
-            except TimeoutError:
-                return
-            finally:
-                if future in self._readers:
-                    self._readers.remove(future)
-
-    def _wake_readers(self) -> None:
-        readers, self._readers = self._readers, []
-        for future in readers:
-            if not future.done():
-                future.set_result(None)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -282,7 +268,7 @@ class Replica:
             return
         self.closed = True
         self._fail_pending("the replica is closing")
-        self._wake_readers()
+        self._committed.notify()
         self.storage.flush()
         self.log.close()
 
