@@ -34,6 +34,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "broker"))
 
+from machine import fdatasync_per_s  # noqa: E402
+
 from laminar.local_cluster import LocalCluster  # noqa: E402
 
 PREFIX = "127.0.3"
@@ -48,20 +50,11 @@ def log(message: str) -> None:
 
 
 def disk_limits(directory: Path, seconds: float = 2.0) -> dict[str, float]:
+    syncs_per_s = fdatasync_per_s(directory, seconds)
     path = directory / "disk-probe"
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
     try:
-        block = os.urandom(4096)
-        count = 0
-        deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
-        while time.perf_counter() < deadline:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            count += 1
-        syncs_per_s = count / (time.perf_counter() - started)
         chunk = os.urandom(1 << 20)
-        os.ftruncate(fd, 0)
         started = time.perf_counter()
         written = 0
         while written < 256 << 20 and time.perf_counter() - started < 10:
@@ -73,7 +66,7 @@ def disk_limits(directory: Path, seconds: float = 2.0) -> dict[str, float]:
         os.close(fd)
         path.unlink()
     return {
-        "fdatasync_4k_per_s": round(syncs_per_s, 1),
+        "fdatasync_4k_per_s": syncs_per_s,
         "sequential_fdatasync_mb_s": round(seq_mb_s, 1),
     }
 

@@ -56,6 +56,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "broker"))
 
+from machine import fdatasync_per_s  # noqa: E402
+
 from laminar.client import AsyncClient, NotFound  # noqa: E402
 from laminar.local_cluster import LocalCluster, probe  # noqa: E402
 from laminar.log.batch import Record, encode_batch  # noqa: E402
@@ -93,24 +95,6 @@ def lat_summary(values_ms: list[float]) -> dict[str, Any]:
 
 
 # ---- machine limits and CPU accounting ------------------------------------------------------
-
-
-def fsync_probe(directory: Path, seconds: float = 2.0) -> float:
-    """4 KiB write + fdatasync per second on `directory`'s disk."""
-    path = directory / f".fsync-probe-{os.getpid()}"
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
-    try:
-        block = os.urandom(4096)
-        count = 0
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            count += 1
-        return round(count / (time.perf_counter() - started), 1)
-    finally:
-        os.close(fd)
-        path.unlink()
 
 
 def _ticks(pid: int) -> int | None:
@@ -709,7 +693,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"params": {k: v for k, v in vars(a).items()}}
     try:
         with _signals_raise():
-            results["machine"] = {"cpus": os.cpu_count(), "fdatasync_4k_per_s": fsync_probe(root)}
+            results["machine"] = {
+                "cpus": os.cpu_count(),
+                "fdatasync_4k_per_s": fdatasync_per_s(root),
+            }
             log(f"machine: {results['machine']}")
             results["laminar"] = run_laminar(a, root)
             if a.peers:

@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +59,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from machine import fdatasync_per_s  # bench/ (the script's folder)
+from nats_peer import _port_in_use, _read_pid
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -122,19 +124,6 @@ SYSTEMS: dict[str, System] = {
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _read_pid(peers: Path, name: str) -> int | None:
-    try:
-        return int((peers / "pids" / f"{name}.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _comm(pid: int) -> str | None:
@@ -219,21 +208,7 @@ def _run(cmd: Sequence[str], cwd: Path, timeout: float, env: dict[str, str] | No
 
 def machine_limits(directory: Path, seconds: float = 2.0) -> dict[str, Any]:
     """CPU count and small fdatasync'd writes per second on the data disk (as broker_bench)."""
-    path = directory / f".fsync-probe-{os.getpid()}"
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
-    try:
-        block = os.urandom(4096)
-        count = 0
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            count += 1
-        per_s = count / (time.perf_counter() - started)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return {"cpus": os.cpu_count(), "fdatasync_4k_per_s": round(per_s, 1)}
+    return {"cpus": os.cpu_count(), "fdatasync_4k_per_s": fdatasync_per_s(directory, seconds)}
 
 
 # ----------------------------------------------------------------------------- the Go client
