@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from laminar.log.batch import Record
 
@@ -48,56 +49,53 @@ def test_log_demo_command_runs(tmp_path: Path) -> None:
     assert "records_read_back: 1001" in result.stdout
 
 
-def test_client_example_runs(tmp_path: Path, capsys) -> None:
+def run_example(tmp_path: Path, marker: str, before: Any, after: Any = None) -> None:
+    """Run the README's Python block containing `marker` against a one-broker cluster (the
+    block's URL swapped for the cluster's), with `before(client)` / `after(client)` around it."""
     from laminar.client import AsyncClient
     from tests.integration.conftest import make_cluster
 
-    (example,) = [block for block in code_blocks("python") if "Producer(client" in block]
+    (example,) = [block for block in code_blocks("python") if marker in block]
     cluster = make_cluster(tmp_path / "cluster", 1)
     try:
         body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
         source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
-        namespace: dict[str, object] = {}
+        namespace: dict[str, Any] = {}
         exec(source, namespace)
 
         async def run() -> None:
             async with AsyncClient(cluster.urls) as client:
-                await client.create_topic("orders", partitions=1, replication_factor=1)
-            await namespace["example"]()  # type: ignore[operator]
+                await before(client)
+            await asyncio.wait_for(namespace["example"](), 60)
+            if after is not None:
+                async with AsyncClient(cluster.urls) as client:
+                    await after(client)
 
         asyncio.run(run())
     finally:
         cluster.stop()
+
+
+def test_client_example_runs(tmp_path: Path, capsys) -> None:
+    async def before(client: Any) -> None:
+        await client.create_topic("orders", partitions=1, replication_factor=1)
+
+    run_example(tmp_path, "Producer(client", before)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("RecordMetadata(partition=0, index=")
     assert lines[1].startswith("0 ") and lines[1].endswith(" b'hello'")
 
 
 def test_queue_example_runs(tmp_path: Path, capsys) -> None:
-    from laminar.client import AsyncClient
-    from tests.integration.conftest import make_cluster
+    async def before(client: Any) -> None:
+        await client.create_topic("orders", partitions=1, replication_factor=1)
+        await client.wait_for_leaders("orders")
+        await client.append("orders", 0, [Record(value=b"work")])
 
-    (example,) = [block for block in code_blocks("python") if "GroupConsumer" in block]
-    cluster = make_cluster(tmp_path / "cluster", 1)
-    try:
-        body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
-        source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
-        namespace: dict[str, object] = {}
-        exec(source, namespace)
+    async def after(client: Any) -> None:
+        assert (await client.describe_group("orders", 0, "billing")).accepted == 1
 
-        async def run() -> None:
-            async with AsyncClient(cluster.urls) as client:
-                await client.create_topic("orders", partitions=1, replication_factor=1)
-                await client.wait_for_leaders("orders")
-                await client.append("orders", 0, [Record(value=b"work")])
-            await asyncio.wait_for(namespace["example"](), 60)  # type: ignore[operator]
-            async with AsyncClient(cluster.urls) as client:
-                described = await client.describe_group("orders", 0, "billing")
-            assert described.accepted == 1
-
-        asyncio.run(run())
-    finally:
-        cluster.stop()
+    run_example(tmp_path, "GroupConsumer", before, after)
     assert capsys.readouterr().out.strip() == "0 1 1 b'work'"
 
 

@@ -6,16 +6,21 @@ user's `laminar local-cluster` (127.0.0.x) never collide, and every broker is st
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from laminar.client.errors import LaminarError
 from laminar.local_cluster import LocalCluster
 
 TOKEN = "integration-test-token"
+WAIT_S = 60.0
 
 
 def loopback_prefix() -> str:
@@ -48,3 +53,20 @@ def secured_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
     cluster = make_cluster(tmp_path_factory.mktemp("secured"), 1, token=TOKEN)
     yield cluster
     cluster.stop()
+
+
+async def wait_until(
+    what: str, check: Callable[[], Awaitable[object]], timeout_s: float = WAIT_S
+) -> None:
+    """Poll `check` until it returns True (errors of a cluster in motion count as not yet)."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = await check()
+        except (LaminarError, aiohttp.ClientError, OSError) as e:
+            last = e
+        if last is True:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")

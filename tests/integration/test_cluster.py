@@ -18,24 +18,9 @@ from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.placement import Candidate, place
 
-from .conftest import make_cluster
+from .conftest import make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
-WAIT_S = 60.0
-
-
-async def wait_until(what: str, check: object, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()  # type: ignore[operator]
-        except (LaminarError, OSError) as e:
-            last = e
-        if last is True:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 async def leaders_ready(client: AsyncClient, topic: str, rf: int) -> object:

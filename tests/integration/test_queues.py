@@ -20,10 +20,9 @@ import pytest
 
 from laminar.local_cluster import LocalCluster
 
-from .conftest import make_cluster
+from .conftest import WAIT_S, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
-WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -81,20 +80,6 @@ async def create_topic(http: Http, topic: str, partitions: int, **config: Any) -
         return all(p["leader"] and len(p["in_sync"]) == 3 for p in described["partition_states"])
 
     await wait_until(f"leaders of {topic}", leaders)
-
-
-async def wait_until(what: str, check: Any, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()
-        except (aiohttp.ClientError, OSError) as e:
-            last = e
-        if last is True:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 async def produce(http: Http, topic: str, partition: int, values: list[str]) -> list[int]:
