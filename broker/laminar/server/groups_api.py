@@ -8,7 +8,9 @@ answers once its queue command is committed and applied.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -70,23 +72,30 @@ class GroupsApi:
             raise ApiError(400, "bad_request", f"unknown fields {sorted(unknown)}")
         return body
 
+    @contextlib.contextmanager
+    def _answers(self, request: web.Request, replica: Replica) -> Iterator[None]:
+        """The replica's refusals and failures as HTTP errors."""
+        try:
+            yield
+        except NotLeader as e:
+            raise self.api._redirect(request, e.leader, replica.group) from e
+        except Overloaded as e:
+            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
+        except QueueError as e:
+            raise ApiError(400, "bad_request", str(e)) from e
+        except TimeoutError as e:
+            raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
+        except CommitLost as e:
+            raise unavailable(f"{e}; retrying is harmless") from e
+
     async def _commit(
         self, request: web.Request, replica: Replica, command: QueueCommand
     ) -> Result:
         groups = replica.groups
         assert groups is not None
-        try:
+        with self._answers(request, replica):
             future = groups.propose(command)
-        except NotLeader as e:
-            raise self.api._redirect(request, e.leader, replica.group) from e
-        except Overloaded as e:
-            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
-        try:
             return await asyncio.wait_for(asyncio.shield(future), self.api.timeout_s)
-        except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
-        except CommitLost as e:
-            raise unavailable(f"{e}; retrying is harmless") from e
 
     # ---- handlers --------------------------------------------------------------------------
 
@@ -103,18 +112,8 @@ class GroupsApi:
         wait_ms = _int(body, "wait_ms", 0, 0, MAX_WAIT_MS)
         max_bytes = _int(body, "max_bytes", DEFAULT_ACQUIRE_BYTES, 1, MAX_ACQUIRE_BYTES)
         task = groups.acquire(group, consumer, max_messages, lease_ms, wait_ms / 1000, max_bytes)
-        try:
+        with self._answers(request, replica):
             deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
-        except NotLeader as e:
-            raise self.api._redirect(request, e.leader, replica.group) from e
-        except Overloaded as e:
-            raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
-        except TimeoutError as e:
-            raise ApiError(504, "timeout", "the acquire did not commit in time") from e
-        except QueueError as e:
-            raise ApiError(400, "bad_request", str(e)) from e
-        except CommitLost as e:
-            raise unavailable(f"{e}; acquire again") from e
         messages = []
         for delivery in deliveries:
             item = record_json(delivery.record)
@@ -156,10 +155,7 @@ class GroupsApi:
         else:
             lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
             command = Renew(group, consumer, tuple(indexes), lease_ms, now_ms())
-        try:
-            result = await self._commit(request, replica, command)
-        except QueueError as e:
-            raise ApiError(400, "bad_request", str(e)) from e
+        result = await self._commit(request, replica, command)
         answer: dict[str, Any] = {"done": result.done, "refused": result.refused}
         if isinstance(command, Renew):
             answer["lease_deadline_ms"] = command.now_ms + min(command.lease_ms, MAX_LEASE_MS)
