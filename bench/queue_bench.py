@@ -479,6 +479,7 @@ def drain(urls: list[str], a: argparse.Namespace, broker_pids: dict[str, int]) -
         idle = wait_idle(a.idle_wait) if a.idle_wait > 0 else None
         meter.start()
         started = consumers.go()
+        log("drain: consumers go")
         consumers.wait_done(a.max_seconds + 5)
         ended = time.monotonic()
         cpu = meter.stop()

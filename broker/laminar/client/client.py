@@ -51,6 +51,7 @@ from laminar.log.batch import (
 )
 from laminar.log.errors import BatchError
 from laminar.placement import Candidate, partition_key, rank
+from laminar.queue.wire import ACQUIRED_TYPE
 
 from .errors import (
     Conflict,
@@ -643,9 +644,15 @@ class AsyncClient:
             "POST",
             self._group_path(topic, partition, group, "acquire"),
             json_body=body,
+            accept=f"{ACQUIRED_TYPE}, {JSON_CONTENT_TYPE}",
             target=_Target("leader", topic, partition),
             timeout_s=timeout,
         )
+        if answer.headers.get("Content-Type", "").startswith(ACQUIRED_TYPE):
+            try:
+                return Acquired.from_binary(answer.body, topic=topic, partition=partition)
+            except BatchError as e:
+                raise _corrupt(answer, e) from e
         data = _json_object(answer)
         try:
             return Acquired.from_json(data, topic=topic, partition=partition, consumer=consumer)

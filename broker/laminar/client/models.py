@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from laminar.log.batch import StoredRecord
+from laminar.log.batch import StoredRecord, iter_records, split_batches
+from laminar.log.errors import BatchFramingError
+from laminar.queue.wire import decode_acquired
 
 JSON = Mapping[str, Any]
 
@@ -311,6 +313,34 @@ class Acquired:
                 for m in data.get("messages") or ()
             ],
         )
+
+    @classmethod
+    def from_binary(cls, body: bytes, *, topic: str, partition: int) -> Acquired:
+        """Decode a binary answer (`application/vnd.laminar.acquired`, docs/formats.md §8):
+        only the granted records of its batches become messages. Raises BatchError."""
+        consumer, grants, batches = decode_acquired(body)
+        wanted = {index: (deliveries, deadline) for index, deliveries, deadline in grants}
+        messages: list[QueueMessage] = []
+        for batch in split_batches(batches):
+            for index, timestamp_ms, key, value, headers in iter_records(batch):
+                grant = wanted.pop(index, None)
+                if grant is not None:
+                    messages.append(
+                        QueueMessage(
+                            index,
+                            grant[0],
+                            grant[1],
+                            timestamp_ms,
+                            key,
+                            value,
+                            headers,
+                            partition,
+                            topic,
+                        )
+                    )
+        if wanted:
+            raise BatchFramingError(f"{len(wanted)} granted messages are not in the answer")
+        return cls(consumer, messages)
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,13 +254,22 @@ def split_batches(data: Buffer) -> Iterator[memoryview]:
         offset = end
 
 
+RecordTuple = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
+
+
 def decode_batch(batch: Buffer) -> list[StoredRecord]:
     """Verify one batch and decode its records (consumer side: per-record work is fine here)."""
+    return [StoredRecord(*fields) for fields in iter_records(batch)]
+
+
+def iter_records(batch: Buffer) -> Iterator[RecordTuple]:
+    """Verify one batch, then yield its records as (index, timestamp_ms, key, value, headers)
+    tuples: the one record walker, for callers that build their own record objects."""
     header, _ = verify_batch(batch, max_batch_bytes=BATCH_HEADER_BYTES + MAX_PAYLOAD_BYTES)
     view = memoryview(batch)
-    records: list[StoredRecord] = []
     pos = BATCH_HEADER_BYTES
     end = header.batch_bytes
+    base, first_ms = header.base_index, header.first_timestamp_ms
     unpack_record = RECORD_HEADER.unpack_from
     unpack_field = HEADER_FIELD.unpack_from
     try:
@@ -277,22 +286,22 @@ def decode_batch(batch: Buffer) -> list[StoredRecord]:
                 field, pos = _take(view, pos, field_bytes, end)
                 assert name is not None and field is not None
                 headers.append((name.decode(), field))
-            records.append(
-                StoredRecord(
-                    header.base_index + i,
-                    header.first_timestamp_ms + delta,
-                    key,
-                    value,
-                    tuple(headers),
-                )
-            )
+            yield base + i, first_ms + delta, key, value, tuple(headers)
     except (struct.error, UnicodeDecodeError) as e:
         raise BatchFramingError(f"malformed record in batch {header.base_index}: {e}") from e
     if pos != end:
         raise BatchFramingError(
             f"batch {header.base_index} has {end - pos} bytes after its last record"
         )
-    return records
+
+
+def single_record_batch(record: StoredRecord, term: int) -> bytes:
+    """`record` alone as a stored batch (base_index = its index): how an answer carries a
+    record without the rest of the batch it was stored in."""
+    batch = encode_batch([Record(record.value, record.key, record.headers, record.timestamp_ms)])
+    view = memoryview(batch)
+    header = stamp_header(view, record.index, term, payload_hash(view[BATCH_HEADER_BYTES:]))
+    return header + batch[BATCH_HEADER_BYTES:]
 
 
 def decode_batches(data: Buffer) -> Iterable[StoredRecord]:

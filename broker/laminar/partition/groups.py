@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from ..log.batch import StoredRecord, records_from
+from ..log.batch import BatchHeader, StoredRecord, decode_batch, parse_header
 from ..log.errors import IndexOutOfRangeError
 from ..log.segmented_log import SegmentedLog
 from ..queue import (
@@ -52,9 +52,32 @@ class _Waiter:
 
 
 @dataclass(slots=True)
+class StoredBatch:
+    """A user-data batch of the log as stored, its records decoded on first use."""
+
+    header: BatchHeader
+    data: bytes
+    _records: list[StoredRecord] | None = None
+
+    @property
+    def record_bytes(self) -> int:
+        """The average size of its records (what an acquire counts against max_bytes)."""
+        return self.header.payload_bytes // self.header.record_count
+
+    def record(self, index: int) -> StoredRecord:
+        if self._records is None:
+            self._records = decode_batch(self.data)
+        return self._records[index - self.header.base_index]
+
+
+@dataclass(slots=True)
 class Delivery:
     granted: Granted
-    record: StoredRecord
+    batch: StoredBatch
+
+    @property
+    def record(self) -> StoredRecord:
+        return self.batch.record(self.granted.index)
 
 
 def now_ms() -> int:
@@ -71,8 +94,8 @@ class ConsumerGroups:
         self._changed = Signal()  # long-polling acquires wait on it
         self._expiring: set[str] = set()
         self._configuring = False
-        self._batches: OrderedDict[int, list[StoredRecord]] = OrderedDict()
-        self._last_batch: list[StoredRecord] = []
+        self._batches: OrderedDict[int, StoredBatch] = OrderedDict()
+        self._last_batch: StoredBatch | None = None
         #: called after each proposal (the broker wakes its driver to persist it)
         self.on_propose: Callable[[], None] = _nothing
 
@@ -129,7 +152,7 @@ class ConsumerGroups:
         """A snapshot was installed."""
         self.applier.reset()
         self._batches.clear()
-        self._last_batch = []
+        self._last_batch = None
         self._changed.notify()
 
     async def wait_change(self, timeout_s: float) -> None:
@@ -179,9 +202,9 @@ class ConsumerGroups:
 
     def _pick(
         self, group: str, consumer: str, limit: int, max_bytes: int, now: int
-    ) -> dict[int, StoredRecord]:
-        """The records an Acquire should ask for, oldest first, within flow control and
-        `max_bytes` (at least one record)."""
+    ) -> dict[int, StoredBatch]:
+        """The records an Acquire should ask for (index -> its batch), oldest first, within
+        flow control and `max_bytes` (at least one record; sizes are their batch's average)."""
         held = self._tentative.get(group, {})
         mine = sum(1 for c in held.values() if c == consumer)
         config = self.state.config
@@ -194,38 +217,44 @@ class ConsumerGroups:
         if limit <= 0:
             return {}
         indexes = [i for i in self.state.available(group, limit + len(held), now) if i not in held]
-        picked: dict[int, StoredRecord] = {}
+        picked: dict[int, StoredBatch] = {}
         size = 0
         for index in indexes[:limit]:
-            record = self.record(index)
-            if record is None:
+            batch = self.batch(index)
+            if batch is None:
                 continue
-            size += len(record.value or b"") + len(record.key or b"")
+            size += batch.record_bytes
             if picked and size > max_bytes:
                 break
-            picked[index] = record
+            picked[index] = batch
         return picked
 
     def record(self, index: int) -> StoredRecord | None:
+        batch = self.batch(index)
+        return None if batch is None else batch.record(index)
+
+    def batch(self, index: int) -> StoredBatch | None:
+        """The user-data batch holding `index` (None once retention removed it)."""
         last = self._last_batch
-        if last and last[0].index <= index <= last[-1].index:
-            return last[index - last[0].index]
-        for base, records in self._batches.items():
-            if base <= index < base + len(records):
-                self._last_batch = records
-                return records[index - base]
+        if last is not None and last.header.base_index <= index < last.header.next_index:
+            return last
+        for base, batch in self._batches.items():
+            if base <= index < batch.header.next_index:
+                self._last_batch = batch
+                return batch
         try:
             data = self.log.read(index).data
         except IndexOutOfRangeError:
             return None  # removed by retention; the state forgets it at the next trim
-        records, _, _ = records_from(data, 0, 1 << 31)
-        if not records or not records[0].index <= index <= records[-1].index:
+        header = parse_header(data)
+        if header.is_control or not header.base_index <= index < header.next_index:
             return None
-        self._batches[records[0].index] = records
-        self._last_batch = records
+        batch = StoredBatch(header, data[: header.batch_bytes])
+        self._batches[header.base_index] = batch
+        self._last_batch = batch
         while len(self._batches) > BATCH_CACHE_SIZE:
             self._batches.popitem(last=False)
-        return records[index - records[0].index]
+        return batch
 
     # ---- the leader's own duties (the broker's control loop calls these) -------------------
 

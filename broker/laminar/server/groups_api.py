@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..log.batch import single_record_batch
 from ..partition.errors import CommitLost, NotLeader, Overloaded
-from ..partition.groups import ConsumerGroups, now_ms
+from ..partition.groups import ConsumerGroups, Delivery, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
+from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
 from .http import ApiError, json_response, record_json, unavailable
 
 if TYPE_CHECKING:
@@ -114,6 +116,9 @@ class GroupsApi:
         task = groups.acquire(group, consumer, max_messages, lease_ms, wait_ms / 1000, max_bytes)
         with self._answers(request, replica):
             deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
+        if ACQUIRED_TYPE in request.headers.get("Accept", ""):
+            body = encode_deliveries(consumer, deliveries)
+            return web.Response(body=body, content_type=ACQUIRED_TYPE)
         messages = []
         for delivery in deliveries:
             item = record_json(delivery.record)
@@ -171,6 +176,27 @@ class GroupsApi:
                 **groups.state.describe(group),
             }
         )
+
+
+def encode_deliveries(consumer: str, deliveries: list[Delivery]) -> bytes:
+    """The binary acquire answer (`laminar.queue.wire`): each stored batch once, as it is,
+    when at least half its records are delivered; the others' delivered records alone, each
+    as a batch of its own (a sparse redelivery must not ship whole batches)."""
+    grants: list[Grant] = []
+    per_batch: dict[int, list[Delivery]] = {}
+    for delivery in deliveries:
+        g = delivery.granted
+        grants.append((g.index, g.deliveries, g.deadline_ms))
+        per_batch.setdefault(delivery.batch.header.base_index, []).append(delivery)
+    batches: list[bytes] = []
+    for chosen in per_batch.values():
+        batch = chosen[0].batch
+        if 2 * len(chosen) >= batch.header.record_count:
+            batches.append(batch.data)
+        else:
+            term = batch.header.term
+            batches.extend(single_record_batch(d.record, term) for d in chosen)
+    return encode_acquired(consumer, grants, batches)
 
 
 def _check_consumer(consumer: object) -> None:
