@@ -117,8 +117,8 @@ class GroupsApi:
         with self._answers(request, replica):
             deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
         if ACQUIRED_TYPE in request.headers.get("Accept", ""):
-            body = encode_deliveries(consumer, deliveries)
-            return web.Response(body=body, content_type=ACQUIRED_TYPE)
+            answer = encode_deliveries(consumer, deliveries)
+            return web.Response(body=answer, content_type=ACQUIRED_TYPE)
         messages = []
         for delivery in deliveries:
             item = record_json(delivery.record)
