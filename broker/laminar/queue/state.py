@@ -26,9 +26,12 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from itertools import filterfalse, islice
+
+import orjson
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
@@ -149,19 +152,19 @@ _NAMES = {kind: name for name, kind in _KINDS.items()}
 
 def encode_command(command: QueueCommand) -> bytes:
     fields = {name: getattr(command, name) for name in command.__slots__}
-    return json.dumps({"kind": _NAMES[type(command)], **fields}, sort_keys=True).encode()
+    return orjson.dumps({"kind": _NAMES[type(command)], **fields}, option=orjson.OPT_SORT_KEYS)
 
 
 def decode_command(data: bytes) -> QueueCommand:
     """Parse a command (`apply` validates it: a malformed one raises QueueError either way)."""
     try:
-        document = json.loads(data)
+        document = orjson.loads(data)
         kind = _KINDS[document.pop("kind")]
         for key in ("indexes",):
             if key in document:
                 document[key] = tuple(document[key])
         command = kind(**document)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise QueueError("invalid", f"malformed queue command: {e}") from e
     return command
 
@@ -169,7 +172,7 @@ def decode_command(data: bytes) -> QueueCommand:
 def _check_indexes(indexes: object) -> None:
     if not isinstance(indexes, tuple) or not indexes or len(indexes) > MAX_SCAN:
         raise QueueError("invalid", f"indexes must be a non-empty list of at most {MAX_SCAN}")
-    if not all(type(index) is int for index in indexes):
+    if set(map(type, indexes)) != {int}:
         bad = next(i for i in indexes if type(i) is not int)
         raise QueueError("invalid", f"index {bad!r} is not a record index")
     if min(indexes) < 0 or max(indexes) >= 2**63:
@@ -207,6 +210,8 @@ def validate(command: QueueCommand) -> None:
 
 @dataclass(slots=True)
 class Holding:
+    """Never changed once made: one is shared by every index an acquire granted alike."""
+
     consumer: str
     deadline_ms: int
     deliveries: int
@@ -272,10 +277,21 @@ class Result:
     """What a command did: granted acquisitions, indexes it finished, newly dead-lettered
     indexes, and indexes it could not act on (held by someone else, not held, unknown)."""
 
-    granted: list[Granted] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
     dead_lettered: list[int] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)
+    _granted: list[Granted] = field(default_factory=list)
+    #: a run of new records granted (first, stop, deadline_ms), made Granted only if asked:
+    #: the replicas that answer nobody never need them
+    _granted_run: tuple[int, int, int] | None = None
+
+    @property
+    def granted(self) -> list[Granted]:
+        if self._granted_run is not None:
+            first, stop, deadline = self._granted_run
+            self._granted_run = None
+            self._granted[:0] = [Granted(i, 1, deadline) for i in range(first, stop)]
+        return self._granted
 
 
 class QueueState:
@@ -369,9 +385,10 @@ class QueueState:
                 cursor = self._bases[slot] if slot < len(self._bases) else self.end_index
                 continue
             end = self._ends[slot]
-            while cursor < end and cursor in done:  # finished ones of this range
-                done.remove(cursor)
-                cursor += 1
+            if cursor in done:  # finished ones of this range, found and dropped in C
+                stop = next(filterfalse(done.__contains__, range(cursor, end)), end)
+                done.difference_update(range(cursor, stop))
+                cursor = stop
             if cursor < end:
                 break
         if dead_done and cursor != group.cursor:
@@ -436,30 +453,38 @@ class QueueState:
             room = self.room(command.group, command.consumer)
             now, consumer = command.now_ms, command.consumer
             deadline = now + lease
-            granted, refused = result.granted, result.refused
             if self._fresh_run(group, command.indexes, room):
                 # the usual case: new records in a row, none handed out before (so none is
-                # held, finished or dead-lettered): no per-index checks needed
+                # held, finished or dead-lettered): no per-index checks, one shared Holding
                 run = range(command.indexes[0], command.indexes[-1] + 1)
-                group.acquired.update((i, Holding(consumer, deadline, 1)) for i in run)
+                group.acquired.update(dict.fromkeys(run, Holding(consumer, deadline, 1)))
                 group.held[consumer] = group.held.get(consumer, 0) + len(run)
                 group.next_deadline_ms = min(group.next_deadline_ms, deadline)
-                granted.extend(Granted(i, 1, deadline) for i in run)
+                result._granted_run = (run.start, run.stop, deadline)
                 group.frontier = run.stop
-            for index in () if granted else command.indexes:  # the general case
-                if room <= 0 or not self._free(group, index, now) or not self.is_record(index):
-                    refused.append(index)
-                    continue
-                room -= 1
-                deliveries = group.deliveries.pop(index, 0) + 1
-                group.hold(index, Holding(consumer, deadline, deliveries))
-                granted.append(Granted(index, deliveries, deadline))
-            self._move_frontier(group, result.granted)
+            else:
+                granted, refused = result.granted, result.refused
+                for index in command.indexes:
+                    if room <= 0 or not self._free(group, index, now) or not self.is_record(index):
+                        refused.append(index)
+                        continue
+                    room -= 1
+                    deliveries = group.deliveries.pop(index, 0) + 1
+                    group.hold(index, Holding(consumer, deadline, deliveries))
+                    granted.append(Granted(index, deliveries, deadline))
+                self._move_frontier(group, granted)
         elif isinstance(command, Accept):
             consumer = command.consumer
             acquired, done, finished = group.acquired, group.done, result.done
             mine = 0
-            for index in command.indexes:
+            indexes = command.indexes
+            if self._all_held_by(group, consumer, indexes):
+                # the usual case: every index held by this consumer (each once)
+                deque(map(acquired.__delitem__, indexes), maxlen=0)
+                done.update(indexes)
+                finished.extend(indexes)
+                mine, indexes = len(indexes), ()
+            for index in indexes:
                 holding = acquired.get(index)
                 if holding is not None and holding.consumer == consumer:
                     del acquired[index]  # (held: never finished or dead-lettered too)
@@ -500,7 +525,8 @@ class QueueState:
                     self._returned(group, index, holding.deliveries, "max_deliveries", result)
                 result.done.append(index)
         elif isinstance(command, Renew):
-            lease = min(command.lease_ms, self.config.max_lease_ms)
+            deadline = command.now_ms + min(command.lease_ms, self.config.max_lease_ms)
+            renewed: dict[int, Holding] = {}  # deliveries -> the new (shared) holding
             for index in command.indexes:
                 holding = group.acquired.get(index)
                 if (
@@ -510,9 +536,13 @@ class QueueState:
                 ):
                     result.refused.append(index)  # not yours, or your lease already ran out
                 else:
-                    holding.deadline_ms = command.now_ms + lease  # may shorten it too
-                    group.next_deadline_ms = min(group.next_deadline_ms, holding.deadline_ms)
+                    new = renewed.get(holding.deliveries)
+                    if new is None:  # may shorten the lease too
+                        new = renewed[holding.deliveries] = replace(holding, deadline_ms=deadline)
+                    group.acquired[index] = new
                     result.done.append(index)
+            if renewed:
+                group.next_deadline_ms = min(group.next_deadline_ms, deadline)
         elif isinstance(command, Expire):
             self._expire(group, command.now_ms, result)
         else:
@@ -549,6 +579,15 @@ class QueueState:
             and self._same_range(first, last)
             and indexes == tuple(range(first, last + 1))
         )
+
+    @staticmethod
+    def _all_held_by(group: Group, consumer: str, indexes: tuple[int, ...]) -> bool:
+        """Does `consumer` hold every one of `indexes`, each listed once?"""
+        holdings = list(map(group.acquired.get, indexes))
+        distinct = dict(zip(map(id, holdings), holdings, strict=True)).values()  # few: shared
+        if any(h is None or h.consumer != consumer for h in distinct):
+            return False
+        return len(indexes) == 1 or len(set(indexes)) == len(indexes)
 
     def _same_range(self, first: int, last: int) -> bool:
         slot = bisect_right(self._bases, first) - 1
