@@ -276,8 +276,19 @@ def iter_records(batch: Buffer) -> Iterator[RecordTuple]:
         for i in range(header.record_count):
             delta, key_bytes, value_bytes, header_count = unpack_record(view, pos)
             pos += RECORD_HEADER_BYTES
-            key, pos = _take(view, pos, key_bytes, end)
-            value, pos = _take(view, pos, value_bytes, end)
+            if key_bytes > 0 and pos + key_bytes <= end:  # (the usual cases inline)
+                key = view[pos : pos + key_bytes].tobytes()
+                pos += key_bytes
+            else:
+                key, pos = _take(view, pos, key_bytes, end)
+            if value_bytes > 0 and pos + value_bytes <= end:
+                value = view[pos : pos + value_bytes].tobytes()
+                pos += value_bytes
+            else:
+                value, pos = _take(view, pos, value_bytes, end)
+            if not header_count:
+                yield base + i, first_ms + delta, key, value, ()
+                continue
             headers = []
             for _ in range(header_count):
                 name_bytes, field_bytes = unpack_field(view, pos)
