@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -894,7 +893,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._timeout_s if timeout_s is None else timeout_s)
         if json_body is not None:
-            body = json.dumps(json_body, separators=(",", ":")).encode()
+            body = orjson.dumps(json_body)
             content_type = JSON_CONTENT_TYPE
         headers = {"Accept": accept}
         if content_type is not None:

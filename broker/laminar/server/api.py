@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import ClientSession, ClientTimeout, web
 
 from ..log.batch import (
@@ -184,7 +185,7 @@ class Api:
             raise ApiError(415, "unsupported_media_type", "send application/json")
         data = await request.read()
         try:
-            return json.loads(data)
+            return orjson.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
 
