@@ -276,6 +276,8 @@ def iter_records(batch: Buffer) -> Iterator[RecordTuple]:
         for i in range(header.record_count):
             delta, key_bytes, value_bytes, header_count = unpack_record(view, pos)
             pos += RECORD_HEADER_BYTES
+            key: bytes | None
+            value: bytes | None
             if key_bytes > 0 and pos + key_bytes <= end:  # (the usual cases inline)
                 key = view[pos : pos + key_bytes].tobytes()
                 pos += key_bytes
