@@ -1,0 +1,386 @@
+"""What the operator owns for one LaminarCluster, built from its spec: pure functions, no I/O.
+
+`owned(cluster, ...)` lists, in the order they are applied: the broker ServiceAccount with a
+Role that may only get and patch the status of LaminarClusters and Topics (and its binding),
+the Secret with the cluster HMAC key, the ConfigMap of broker settings (LAMINAR_* variables),
+the headless peer Service, the client Service, the StatefulSet and the PodDisruptionBudget.
+Every object carries the cluster's labels and an owner reference to it, so that deleting the
+cluster garbage-collects them. `cluster` is the custom object as the API server returns it
+(defaults applied); missing fields take the CRD's defaults here too.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+API_GROUP = "laminarmq.io"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "LaminarCluster"
+API_PORT = 7070
+PEER_PORT = 7071
+GOSSIP_PORT = 7072
+DATA_DIR = "/var/lib/laminar"
+SECRET_DIR = "/etc/laminar/secret"
+SECRET_KEY = "hmac"
+BROKER_UID = 10001
+SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
+INITIAL_NODES_KEY = "LAMINAR_INITIAL_NODES"
+TERMINATION_GRACE_S = 60
+
+Object = dict[str, Any]
+
+DEFAULTS: Object = {
+    "replicas": 3,
+    "image": "laminar-broker:latest",
+    "imagePullPolicy": "IfNotPresent",
+    "storage": {"size": "10Gi"},
+    "resources": {},
+    "config": {"replicationFactor": 3, "fsync": "always"},
+    "xdp": {"enabled": False},
+    "workersPerPod": 1,
+}
+
+
+def spec_of(cluster: Object) -> Object:
+    """The cluster's spec with the CRD's defaults filled in."""
+    spec = dict(cluster.get("spec") or {})
+    for key, default in DEFAULTS.items():
+        if isinstance(default, dict):
+            spec[key] = {**default, **(spec.get(key) or {})}
+        else:
+            spec.setdefault(key, default)
+    return spec
+
+
+def names(cluster: Object) -> tuple[str, str]:
+    meta = cluster["metadata"]
+    return meta["name"], meta["namespace"]
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "laminar",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "broker",
+        "app.kubernetes.io/managed-by": "laminar-operator",
+    }
+
+
+def selector(name: str) -> str:
+    """The label selector of the cluster's pods (status.selector, for the scale subresource)."""
+    return ",".join(
+        f"{k}={v}" for k, v in sorted(labels(name).items()) if k != "app.kubernetes.io/managed-by"
+    )
+
+
+def owner_reference(cluster: Object) -> Object:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": cluster["metadata"]["name"],
+        "uid": cluster["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(cluster: Object, name: str) -> Object:
+    cluster_name, namespace = names(cluster)
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(cluster_name),
+        "ownerReferences": [owner_reference(cluster)],
+    }
+
+
+def peer_service_name(name: str) -> str:
+    return f"{name}-peers"
+
+
+def secret_name(name: str) -> str:
+    return f"{name}-secret"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def service_account_name(name: str) -> str:
+    return f"{name}-broker"
+
+
+def pod_address(name: str, namespace: str, ordinal: int) -> str:
+    return f"{name}-{ordinal}.{peer_service_name(name)}.{namespace}.svc"
+
+
+def initial_nodes(name: str, replicas: int) -> str:
+    """The node ids that form the cluster at its first start (the pods' names)."""
+    return ",".join(f"{name}-{i}" for i in range(replicas))
+
+
+def service_account(cluster: Object) -> Object:
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(cluster, service_account_name(name)),
+    }
+
+
+def role(cluster: Object) -> Object:
+    """The brokers may read and patch the status of this namespace's clusters and topics,
+    nothing else (they report leadership and membership there)."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(cluster, service_account_name(name)),
+        "rules": [
+            {
+                "apiGroups": [API_GROUP],
+                "resources": ["laminarclusters/status", "topics/status"],
+                "verbs": ["get", "patch"],
+            },
+            {
+                "apiGroups": [API_GROUP],
+                "resources": ["topics"],
+                "verbs": ["list"],
+            },
+        ],
+    }
+
+
+def role_binding(cluster: Object) -> Object:
+    name, namespace = names(cluster)
+    account = service_account_name(name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(cluster, account),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+
+
+def secret(cluster: Object, hmac_key: bytes) -> Object:
+    """The cluster's HMAC key (brokers authenticate each other with it). Generated once by
+    the operator and never rebuilt: `hmac_key` is the one already stored, if any."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cluster, secret_name(name)),
+        "type": "Opaque",
+        "data": {SECRET_KEY: base64.b64encode(hmac_key).decode()},
+    }
+
+
+def broker_settings(cluster: Object, initial_replicas: int) -> dict[str, str]:
+    """LAMINAR_* variables every broker of the cluster shares (`laminar serve` reads them).
+    `initial_replicas`: the replicas the cluster was created with (never changes after)."""
+    name, namespace = names(cluster)
+    spec = spec_of(cluster)
+    config = spec["config"]
+    settings = {
+        "LAMINAR_CLUSTER_ID": f"{namespace}.{name}",
+        INITIAL_NODES_KEY: initial_nodes(name, initial_replicas),
+        "LAMINAR_SEEDS": ",".join(
+            f"{pod_address(name, namespace, i)}:{GOSSIP_PORT}" for i in range(initial_replicas)
+        ),
+        "LAMINAR_FSYNC": str(config.get("fsync", "always")),
+    }
+    if "segmentBytes" in config:
+        settings["LAMINAR_SEGMENT_BYTES"] = str(config["segmentBytes"])
+    return settings
+
+
+def config_map(cluster: Object, initial_replicas: int) -> Object:
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(cluster, config_map_name(name)),
+        "data": broker_settings(cluster, initial_replicas),
+    }
+
+
+def _ports() -> list[Object]:
+    return [
+        {"name": "api", "port": API_PORT, "targetPort": "api", "protocol": "TCP"},
+        {"name": "peer", "port": PEER_PORT, "targetPort": "peer", "protocol": "TCP"},
+        {"name": "gossip", "port": GOSSIP_PORT, "targetPort": "gossip", "protocol": "UDP"},
+    ]
+
+
+def peer_service(cluster: Object) -> Object:
+    """Headless: a DNS name per pod, published before the pod is ready (brokers need each
+    other to become ready)."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(cluster, peer_service_name(name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": _pod_selector(name),
+            "ports": _ports(),
+        },
+    }
+
+
+def client_service(cluster: Object) -> Object:
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(cluster, name),
+        "spec": {
+            "selector": _pod_selector(name),
+            "ports": [{"name": "api", "port": API_PORT, "targetPort": "api", "protocol": "TCP"}],
+        },
+    }
+
+
+def _pod_selector(name: str) -> dict[str, str]:
+    return {k: v for k, v in labels(name).items() if k != "app.kubernetes.io/managed-by"}
+
+
+def spec_hash(cluster: Object, initial_replicas: int) -> str:
+    """Changes whenever what the pods run changes (not with replicas): a new value in the pod
+    template rolls the StatefulSet."""
+    spec = spec_of(cluster)
+    relevant = {k: v for k, v in spec.items() if k != "replicas"}
+    relevant["settings"] = broker_settings(cluster, initial_replicas)
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = None) -> Object:
+    """The brokers. `replicas` overrides spec.replicas (a scale-down shrinks the StatefulSet
+    only once the leaving brokers host nothing)."""
+    name, _ = names(cluster)
+    spec = spec_of(cluster)
+    storage = spec["storage"]
+    claim_spec: Object = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage["size"]}},
+    }
+    if storage.get("storageClassName"):
+        claim_spec["storageClassName"] = storage["storageClassName"]
+    env = [
+        {"name": "LAMINAR_NODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "LAMINAR_KUBE_NAMESPACE", "value": "$(POD_NAMESPACE)"},
+        {"name": "LAMINAR_KUBE_CLUSTER", "value": name},
+        {
+            "name": "LAMINAR_ADVERTISE_HOST",
+            "value": f"$(LAMINAR_NODE_ID).{peer_service_name(name)}.$(POD_NAMESPACE).svc",
+        },
+        {"name": "LAMINAR_HOST", "value": "0.0.0.0"},
+        {"name": "LAMINAR_DATA_DIR", "value": DATA_DIR},
+        {"name": "LAMINAR_SECRET_FILE", "value": f"{SECRET_DIR}/{SECRET_KEY}"},
+    ]
+    broker: Object = {
+        "name": "broker",
+        "image": spec["image"],
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "args": ["serve"],
+        "env": env,
+        "envFrom": [{"configMapRef": {"name": config_map_name(name)}}],
+        "ports": [
+            {"name": "api", "containerPort": API_PORT, "protocol": "TCP"},
+            {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
+            {"name": "gossip", "containerPort": GOSSIP_PORT, "protocol": "UDP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "api"},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "api"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": BROKER_UID,
+            "runAsGroup": BROKER_UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA_DIR},
+            {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if spec["resources"]:
+        broker["resources"] = spec["resources"]
+    pod_labels = _pod_selector(name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(cluster, name),
+        "spec": {
+            "replicas": spec["replicas"] if replicas is None else replicas,
+            "serviceName": peer_service_name(name),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {SPEC_HASH_ANNOTATION: spec_hash(cluster, initial_replicas)},
+                },
+                "spec": {
+                    "serviceAccountName": service_account_name(name),
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+                    "securityContext": {"fsGroup": BROKER_UID, "runAsNonRoot": True},
+                    "containers": [broker],
+                    "volumes": [
+                        {"name": "secret", "secret": {"secretName": secret_name(name)}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "data", "labels": pod_labels}, "spec": claim_spec}
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(cluster: Object) -> Object:
+    """At most one broker down by choice at a time (a partition of RF 3 keeps a majority)."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(cluster, name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _pod_selector(name)}},
+    }
+
+
+def owned(
+    cluster: Object, *, hmac_key: bytes, initial_replicas: int, replicas: int | None = None
+) -> list[Object]:
+    """Everything the operator applies for `cluster`, in order."""
+    return [
+        service_account(cluster),
+        role(cluster),
+        role_binding(cluster),
+        secret(cluster, hmac_key),
+        config_map(cluster, initial_replicas),
+        peer_service(cluster),
+        client_service(cluster),
+        stateful_set(cluster, initial_replicas, replicas),
+        pod_disruption_budget(cluster),
+    ]
