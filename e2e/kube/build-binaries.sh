@@ -19,7 +19,7 @@ built() {
 if built; then echo "$CACHE"; exit 0; fi
 command -v go >/dev/null || { echo "go is needed to build Kubernetes $KUBE_VERSION" >&2; exit 1; }
 
-export GOFLAGS=-mod=mod GOSUMDB=off GOTOOLCHAIN=local CGO_ENABLED=0
+export GOFLAGS=-mod=mod GOSUMDB=off GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 source_dir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |

@@ -1,0 +1,241 @@
+"""A real Kubernetes control plane for the operator's tests (no mock API).
+
+etcd (Debian's etcd-server) and the pinned Kubernetes release's kube-apiserver and
+kube-controller-manager (built from the Go module proxy by e2e/kube/build-binaries.sh, cached
+across runs) run on loopback ports of their own, with RBAC on; the controller manager runs the
+garbage collector only (there are no nodes: pods are never scheduled). `kube.kubectl(...)`
+runs the kubectl built with them against it as an admin (system:masters).
+
+Skipped, with the reason, where etcd or Go is missing (.ci/run installs both).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "e2e" / "kube" / "build-binaries.sh"
+ADMIN_TOKEN = "laminar-test-admin-token"
+START_TIMEOUT_S = 120.0
+BUILD_TIMEOUT_S = 3600.0
+_NAMESPACES = itertools.count()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class KubeApi:
+    url: str
+    kubeconfig: Path
+    bin_dir: Path
+    workdir: Path
+
+    def kubectl(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [
+                str(self.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(kubeconfig or self.kubeconfig),
+                *args,
+            ],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, objects: list[dict[str, Any]] | dict[str, Any], *extra: str) -> None:
+        docs = objects if isinstance(objects, list) else [objects]
+        self.kubectl("apply", *extra, "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def kubeconfig_for(self, name: str, token: str, namespace: str = "default") -> Path:
+        path = self.workdir / f"{name}.kubeconfig"
+        path.write_text(
+            _kubeconfig(self.url, token, self.workdir / "certs" / "apiserver.crt", namespace)
+        )
+        return path
+
+
+def _kubeconfig(url: str, token: str, ca: Path, namespace: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "test", "cluster": {"server": url, "certificate-authority": str(ca)}}
+            ],
+            "users": [{"name": "user", "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "test",
+                    "context": {"cluster": "test", "user": "user", "namespace": namespace},
+                }
+            ],
+            "current-context": "test",
+        }
+    )
+
+
+def _wait_http(
+    url: str, what: str, proc: subprocess.Popen[bytes], log: Path, token: str | None = None
+) -> None:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        request = urllib.request.Request(url)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=context) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{what} not ready in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+
+
+def _binaries() -> Path:
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server; .ci/run does)")
+    if shutil.which("go") is None:
+        pytest.skip("Go is not installed: the pinned kube-apiserver is built from the module proxy")
+    built = subprocess.run(
+        ["bash", str(BUILD)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"building Kubernetes failed:\n{built.stderr[-5000:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
+    bin_dir = _binaries()
+    work = tmp_path_factory.mktemp("kube")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, command: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        log = work / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc, log
+
+    try:
+        client, peer = _free_port(), _free_port()
+        etcd_url = f"http://127.0.0.1:{client}"
+        etcd, etcd_log = start(
+            "etcd",
+            [
+                "etcd", "--name", "default", "--data-dir", str(work / "etcd"),
+                "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+            ],
+        )  # fmt: skip
+        _wait_http(f"{etcd_url}/health", "etcd", etcd, etcd_log)
+
+        (work / "certs").mkdir()
+        key, pub = work / "sa.key", work / "sa.pub"
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
+        )
+        subprocess.run(
+            ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
+            check=True,
+            capture_output=True,
+        )
+        tokens = work / "tokens.csv"
+        tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+        port = _free_port()
+        url = f"https://127.0.0.1:{port}"
+        apiserver, apiserver_log = start(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--secure-port={port}", f"--cert-dir={work / 'certs'}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.96.0.0/24",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pub}",
+                f"--service-account-signing-key-file={key}",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+            ],
+        )  # fmt: skip
+        _wait_http(f"{url}/readyz", "kube-apiserver", apiserver, apiserver_log, ADMIN_TOKEN)
+        admin = work / "admin.kubeconfig"
+        admin.write_text(_kubeconfig(url, ADMIN_TOKEN, work / "certs" / "apiserver.crt", "default"))
+        start(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={admin}",
+                "--controllers=garbagecollector",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--use-service-account-credentials=false",
+            ],
+        )
+        yield KubeApi(url, admin, bin_dir, work)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture()
+def namespace(kube: KubeApi, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of its own for one test."""
+    words = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t{next(_NAMESPACES)}-{words}"
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)

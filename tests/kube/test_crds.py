@@ -1,0 +1,151 @@
+"""The CRDs on a real API server: schemas, defaults, CEL rules, the scale subresource, printer
+columns; and the operator's builders' objects accepted by it and garbage-collected with the
+cluster that owns them."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from laminar_operator import manifests
+
+from .conftest import ROOT, KubeApi
+
+CRDS = sorted((ROOT / "crds").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def crds(kube: KubeApi) -> KubeApi:
+    for path in CRDS:
+        kube.kubectl("apply", "-f", str(path))
+    for path in CRDS:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return kube
+
+
+def load(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    return document
+
+
+def rejected(kube: KubeApi, obj: dict[str, Any], namespace: str) -> str:
+    result = kube.kubectl(
+        "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(obj), check=False
+    )
+    assert result.returncode != 0, f"accepted: {obj}"
+    return result.stderr
+
+
+def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) -> None:
+    crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
+    crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "topic.yaml"))
+    cluster = crds.get("laminarcluster/demo", "-n", namespace)
+    assert cluster["spec"]["workersPerPod"] == 1  # defaulted by the schema
+    assert cluster["spec"]["imagePullPolicy"] == "IfNotPresent"
+    topic = crds.get("lmt/orders", "-n", namespace)  # short name
+    assert topic["spec"]["partitions"] == 4 and topic["spec"]["cluster"] == "demo"
+    table = crds.kubectl("get", "laminarclusters", "-n", namespace).stdout
+    for column in ("REPLICAS", "READY", "PHASE", "LEADERS", "UNDER-REPLICATED"):
+        assert column in table.splitlines()[0], table
+    table = crds.kubectl("get", "topics.laminarmq.io", "-n", namespace).stdout
+    for column in ("CLUSTER", "PARTITIONS", "RF", "READY", "UNDER-REPLICATED"):
+        assert column in table.splitlines()[0], table
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(replicas=0), "spec.replicas"),
+        (lambda s: s.update(replicas=2), "replicationFactor may not exceed replicas"),
+        (lambda s: s["config"].update(fsync="sometimes"), "spec.config.fsync"),
+        (lambda s: s["storage"].update(size="lots"), "spec.storage.size"),
+        (lambda s: s.update(workersPerPod=65), "spec.workersPerPod"),
+        (lambda s: s.update(surprise=1), "surprise"),
+    ],
+)
+def test_invalid_cluster_specs_are_rejected(
+    crds: KubeApi, namespace: str, change: Any, message: str
+) -> None:
+    cluster = load(ROOT / "examples" / "cluster.yaml")
+    change(cluster["spec"])
+    error = rejected(crds, cluster, namespace)
+    assert message in error, error
+    assert crds.kubectl("get", "laminarcluster/demo", "-n", namespace, check=False).returncode != 0
+
+
+def test_unknown_fields_are_refused_not_dropped(crds: KubeApi, namespace: str) -> None:
+    cluster = load(ROOT / "examples" / "cluster.yaml")
+    cluster["spec"]["replica"] = 5  # a typo
+    error = rejected(crds, cluster, namespace)
+    assert "unknown field" in error, error
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(partitions=2), "partitions may only grow"),
+        (lambda s: s.update(cluster="other"), "cluster is immutable"),
+        (lambda s: s.update(replicationFactor=1), "replicationFactor is immutable"),
+    ],
+)
+def test_topic_update_rules(crds: KubeApi, namespace: str, change: Any, message: str) -> None:
+    topic = load(ROOT / "examples" / "topic.yaml")
+    crds.apply({**topic, "metadata": {**topic["metadata"], "namespace": namespace}})
+    changed = copy.deepcopy(topic)
+    change(changed["spec"])
+    error = rejected(crds, changed, namespace)
+    assert message in error, error
+    grown = copy.deepcopy(topic)
+    grown["spec"]["partitions"] = 8
+    crds.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(grown))
+    assert crds.get("topic.laminarmq.io/orders", "-n", namespace)["spec"]["partitions"] == 8
+
+
+def test_topic_needs_its_cluster(crds: KubeApi, namespace: str) -> None:
+    topic = load(ROOT / "examples" / "topic.yaml")
+    del topic["spec"]["cluster"]
+    assert "cluster" in rejected(crds, topic, namespace)
+
+
+def test_kubectl_scale_uses_the_scale_subresource(crds: KubeApi, namespace: str) -> None:
+    crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
+    crds.kubectl("scale", "laminarcluster/demo", "--replicas=5", "-n", namespace)
+    assert crds.get("laminarcluster/demo", "-n", namespace)["spec"]["replicas"] == 5
+    scale = crds.kubectl(
+        "get", "--raw",
+        f"/apis/laminarmq.io/v1alpha1/namespaces/{namespace}/laminarclusters/demo/scale",
+    ).stdout  # fmt: skip
+    assert '"replicas":5' in scale.replace(" ", "")
+
+
+def test_owned_objects_are_accepted_and_collected_with_their_cluster(
+    crds: KubeApi, namespace: str
+) -> None:
+    crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
+    cluster = crds.get("laminarcluster/demo", "-n", namespace)
+    objects = manifests.owned(cluster, hmac_key=b"k" * 32, initial_replicas=3)
+    crds.apply(objects)
+    sts = crds.get("statefulset/demo", "-n", namespace)
+    assert sts["metadata"]["ownerReferences"][0]["uid"] == cluster["metadata"]["uid"]
+    crds.apply(objects)  # re-applying changes nothing
+    assert crds.get("statefulset/demo", "-n", namespace)["metadata"]["generation"] == 1
+
+    crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
+    kinds = (
+        "statefulset,service,configmap,secret,poddisruptionbudget,serviceaccount,role,rolebinding"
+    )
+    deadline = time.monotonic() + 60
+    left: list[str] = []
+    while time.monotonic() < deadline:
+        listed = crds.get(kinds, "-n", namespace, "-l", "app.kubernetes.io/instance=demo")
+        left = [f"{o['kind']}/{o['metadata']['name']}" for o in listed["items"]]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"not garbage-collected: {left}"
