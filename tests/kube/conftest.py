@@ -31,6 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "e2e" / "kube" / "build-binaries.sh"
+CRDS = sorted((ROOT / "crds").glob("*.yaml"))
 ADMIN_TOKEN = "laminar-test-admin-token"
 START_TIMEOUT_S = 120.0
 BUILD_TIMEOUT_S = 3600.0
@@ -239,3 +240,14 @@ def namespace(kube: KubeApi, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.kubectl("create", "namespace", name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crds(kube: KubeApi) -> KubeApi:
+    """The API server with the CRDs installed (and established)."""
+    for path in CRDS:
+        kube.kubectl("apply", "-f", str(path))
+    for path in CRDS:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return kube

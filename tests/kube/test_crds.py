@@ -16,18 +16,6 @@ from laminar_operator import manifests
 
 from .conftest import ROOT, KubeApi
 
-CRDS = sorted((ROOT / "crds").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def crds(kube: KubeApi) -> KubeApi:
-    for path in CRDS:
-        kube.kubectl("apply", "-f", str(path))
-    for path in CRDS:
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
-    return kube
-
 
 def load(path: Path) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(path.read_text())

@@ -1,0 +1,125 @@
+"""The kopf handlers: thin over `manifests` (what to own) and `kube` (how to apply it).
+
+    kopf run --all-namespaces --standalone -m laminar_operator.handlers
+
+A LaminarCluster is reconciled on create, on every spec change and on operator start: its
+objects are server-side applied (idempotent; a changed spec rolls the StatefulSet through the
+pod template's spec hash). The HMAC key is generated once and kept; the initial node set is
+the replicas the cluster was created with, read back from its ConfigMap. Status: replicas,
+readyReplicas and selector (the scale subresource's), phase, the Ready condition and
+observedGeneration, refreshed by a timer from the StatefulSet.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import secrets
+from typing import Any
+
+import kopf
+
+from . import manifests
+from .kube import Credentials, KubeClient, KubeError
+
+GROUP, VERSION = "laminarmq.io", "v1alpha1"
+STATUS_INTERVAL_S = 10.0
+BACKOFF_S = 5.0
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    memo.kube = KubeClient(Credentials.from_environment())
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.kube.close()
+
+
+async def _hmac_key(kube: KubeClient, namespace: str, name: str) -> bytes:
+    found = await kube.get("v1", "Secret", namespace, manifests.secret_name(name))
+    if found and manifests.SECRET_KEY in (found.get("data") or {}):
+        return base64.b64decode(found["data"][manifests.SECRET_KEY])
+    return secrets.token_bytes(32)
+
+
+async def _initial_replicas(kube: KubeClient, namespace: str, name: str, spec: Any) -> int:
+    found = await kube.get("v1", "ConfigMap", namespace, manifests.config_map_name(name))
+    nodes = ((found or {}).get("data") or {}).get(manifests.INITIAL_NODES_KEY)
+    return len(nodes.split(",")) if nodes else int(spec.get("replicas", 3))
+
+
+@kopf.on.resume(GROUP, VERSION, "laminarclusters")
+@kopf.on.create(GROUP, VERSION, "laminarclusters")
+@kopf.on.update(GROUP, VERSION, "laminarclusters", field="spec")
+async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    kube: KubeClient = memo.kube
+    cluster = dict(body)
+    name, namespace = manifests.names(cluster)
+    try:
+        key = await _hmac_key(kube, namespace, name)
+        initial = await _initial_replicas(kube, namespace, name, body.spec)
+        for obj in manifests.owned(cluster, hmac_key=key, initial_replicas=initial):
+            await kube.apply(obj)
+    except KubeError as e:
+        _set_condition(patch, body, "Ready", "False", "ApplyFailed", str(e))
+        raise kopf.TemporaryError(f"applying {namespace}/{name}: {e}", delay=BACKOFF_S) from e
+    patch.status["selector"] = manifests.selector(name)
+    patch.status["observedGeneration"] = body.metadata.get("generation")
+
+
+@kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)
+async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    kube: KubeClient = memo.kube
+    name, namespace = body.metadata["name"], body.metadata["namespace"]
+    try:
+        sts = await kube.get("apps/v1", "StatefulSet", namespace, name)
+    except KubeError as e:
+        what = f"reading {namespace}/{name}'s StatefulSet: {e}"
+        raise kopf.TemporaryError(what, delay=BACKOFF_S) from e
+    wanted = int(body.spec.get("replicas", 3))
+    state = (sts or {}).get("status") or {}
+    replicas, ready = int(state.get("replicas", 0)), int(state.get("readyReplicas", 0))
+    status = dict(body.status)
+    changes: dict[str, Any] = {
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "selector": manifests.selector(name),
+    }
+    changes["phase"] = "Running" if ready >= wanted and replicas == wanted else "Pending"
+    for key, value in changes.items():
+        if status.get(key) != value:
+            patch.status[key] = value
+    if ready >= wanted:
+        _set_condition(patch, body, "Ready", "True", "AllBrokersReady", f"{ready}/{wanted} ready")
+    else:
+        _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
+
+
+def _set_condition(
+    patch: kopf.Patch, body: kopf.Body, kind: str, state: str, reason: str, message: str
+) -> None:
+    """Set one condition (Kubernetes conventions: the transition time moves only when the
+    status does); nothing is patched when nothing changed."""
+    conditions = list(body.status.get("conditions") or [])
+    old = next((c for c in conditions if c.get("type") == kind), None)
+    generation = body.metadata.get("generation")
+    if old and (old["status"], old["reason"], old["message"], old.get("observedGeneration")) == (
+        state, reason, message, generation
+    ):  # fmt: skip
+        return
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = now if old is None or old["status"] != state else old["lastTransitionTime"]
+    new = {
+        "type": kind,
+        "status": state,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+    }
+    patch.status["conditions"] = [c for c in conditions if c.get("type") != kind] + [new]

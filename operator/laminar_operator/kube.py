@@ -1,0 +1,149 @@
+"""A small Kubernetes API client for the operator: server-side apply, get, merge-patch.
+
+Credentials come from the kubeconfig (`KUBECONFIG`, else ~/.kube/config: its current
+context's server, CA and bearer token) or, inside a pod, from the ServiceAccount mount. Only
+bearer tokens are supported (what ServiceAccounts and `kubectl create token` give).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+FIELD_MANAGER = "laminar-operator"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+PLURALS = {
+    "ConfigMap": "configmaps",
+    "LaminarCluster": "laminarclusters",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Secret": "secrets",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+    "StatefulSet": "statefulsets",
+    "Topic": "topics",
+}
+TIMEOUT_S = 30.0
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Credentials:
+    server: str
+    token: str
+    ssl: ssl.SSLContext
+
+    @classmethod
+    def from_environment(cls) -> Credentials:
+        config = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        if Path(config).exists():
+            return cls.from_kubeconfig(Path(config))
+        if (SERVICE_ACCOUNT_DIR / "token").exists():
+            host = os.environ["KUBERNETES_SERVICE_HOST"]
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT_DIR / "ca.crt"))
+            token = (SERVICE_ACCOUNT_DIR / "token").read_text().strip()
+            return cls(f"https://{host}:{port}", token, context)
+        raise KubeError(0, f"no kubeconfig at {config} and not in a pod")
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> Credentials:
+        document = yaml.safe_load(path.read_text())
+        current = document["current-context"]
+        context = next(c["context"] for c in document["contexts"] if c["name"] == current)
+        clusters = document["clusters"]
+        cluster = next(c["cluster"] for c in clusters if c["name"] == context["cluster"])
+        user = next(u["user"] for u in document["users"] if u["name"] == context["user"])
+        token = user.get("token") or Path(user["tokenFile"]).read_text().strip()
+        if cluster.get("insecure-skip-tls-verify"):
+            tls = ssl.create_default_context()
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
+        elif "certificate-authority-data" in cluster:
+            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+            tls = ssl.create_default_context(cadata=ca)
+        elif "certificate-authority" in cluster:
+            tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        else:
+            tls = ssl.create_default_context()
+        return cls(cluster["server"].rstrip("/"), token, tls)
+
+
+def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    return path if name is None else f"{path}/{name}"
+
+
+class KubeClient:
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any] | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+                connector=aiohttp.TCPConnector(ssl=self.credentials.ssl),
+            )
+        headers = {
+            "Authorization": f"Bearer {self.credentials.token}",
+            "Accept": "application/json",
+        }
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        url = self.credentials.server + path
+        async with self._session.request(method, url, data=data, headers=headers) as answer:
+            text = await answer.text()
+            if answer.status == 404 and method == "GET":
+                return None
+            if answer.status >= 300:
+                try:
+                    message = json.loads(text).get("message", text)
+                except ValueError:
+                    message = text
+                raise KubeError(answer.status, f"{method} {path}: {message}")
+            document: dict[str, Any] = json.loads(text) if text else {}
+            return document
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        return await self._request("GET", path_of(api_version, kind, namespace, name))
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply (idempotent): the operator owns the fields it sets."""
+        meta = obj["metadata"]
+        path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = f"?fieldManager={FIELD_MANAGER}&force=true"
+        answer = await self._request("PATCH", path + query, obj, "application/apply-patch+yaml")
+        assert answer is not None
+        return answer
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        path = path_of(api_version, kind, namespace, name) + "/status"
+        await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
