@@ -8,6 +8,12 @@ pod template's spec hash). The HMAC key is generated once and kept; the initial 
 the replicas the cluster was created with, read back from its ConfigMap. Status: replicas,
 readyReplicas and selector (the scale subresource's), phase, the Ready condition and
 observedGeneration, refreshed by a timer from the StatefulSet.
+
+A Topic is created or altered (partitions grow, config) through the brokers' admin API, and
+deleted with it (a finalizer; when the brokers stay unreachable the deletion lets go after
+DELETE_TIMEOUT_S, and at once when the cluster itself is gone). Unreachable brokers are a
+TemporaryError, retried with backoff, with the Ready condition saying why; a spec the broker
+refuses is a PermanentError (the schema rejects most before the operator sees them).
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from typing import Any
 
 import kopf
 
-from . import manifests
+from laminar.client import AsyncClient
+from laminar.client.errors import BadRequest, LaminarError, NotFound
+
+from . import manifests, topics
 from .kube import Credentials, KubeClient, KubeError
 
 GROUP, VERSION = "laminarmq.io", "v1alpha1"
@@ -100,6 +109,10 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _set_condition(
     patch: kopf.Patch, body: kopf.Body, kind: str, state: str, reason: str, message: str
 ) -> None:
@@ -112,7 +125,7 @@ def _set_condition(
         state, reason, message, generation
     ):  # fmt: skip
         return
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = _now()
     since = now if old is None or old["status"] != state else old["lastTransitionTime"]
     new = {
         "type": kind,
@@ -123,3 +136,102 @@ def _set_condition(
         "lastTransitionTime": since,
     }
     patch.status["conditions"] = [c for c in conditions if c.get("type") != kind] + [new]
+
+
+# ---- topics ----------------------------------------------------------------------------------
+
+#: A LaminarCluster annotation with the brokers' API URLs (comma-separated), for clusters whose
+#: brokers the operator cannot reach through the client Service (tests, other networks).
+BROKERS_ANNOTATION = f"{GROUP}/brokers"
+#: How long a Topic's deletion waits for unreachable brokers before it lets go (the Laminar
+#: topic is then left behind; the namespace is not held forever).
+DELETE_TIMEOUT_S = 300.0
+ADMIN_TIMEOUT_S = 10.0
+TOPIC_STATUS_INTERVAL_S = 3.0
+
+
+def brokers_of(cluster: dict[str, Any]) -> list[str]:
+    annotations = cluster["metadata"].get("annotations") or {}
+    listed = annotations.get(BROKERS_ANNOTATION)
+    if listed:
+        return [url.strip() for url in listed.split(",") if url.strip()]
+    name, namespace = manifests.names(cluster)
+    return [f"http://{name}.{namespace}.svc:{manifests.API_PORT}"]
+
+
+async def _cluster_of(kube: KubeClient, body: kopf.Body) -> dict[str, Any] | None:
+    name = body.spec.get("cluster", "")
+    return await kube.get(manifests.API_VERSION, "LaminarCluster", body.metadata["namespace"], name)
+
+
+@kopf.on.resume(GROUP, VERSION, "topics")
+@kopf.on.create(GROUP, VERSION, "topics")
+@kopf.on.update(GROUP, VERSION, "topics", field="spec")
+async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    name = body.metadata["name"]
+    cluster = await _cluster_of(memo.kube, body)
+    if cluster is None:
+        message = f"LaminarCluster {body.spec.get('cluster')!r} not found in this namespace"
+        _set_condition(patch, body, "Ready", "False", "ClusterNotFound", message)
+        raise kopf.TemporaryError(message, delay=BACKOFF_S)
+    want = topics.wanted(body.spec, cluster.get("spec") or {})
+    try:
+        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+            try:
+                have = await client.describe_topic(name)
+            except NotFound:
+                have = await client.create_topic(
+                    name, want.partitions, want.replication_factor, want.config
+                )
+            else:
+                if alter := topics.changes(want, have):
+                    have = await client.alter_topic(name, **alter)
+    except BadRequest as e:  # the broker refuses the spec: retrying will not help
+        _set_condition(patch, body, "Ready", "False", "Rejected", str(e))
+        raise kopf.PermanentError(f"topic {name}: {e}") from e
+    except LaminarError as e:
+        _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
+        raise kopf.TemporaryError(f"topic {name}: {e}", delay=BACKOFF_S) from e
+    for key, value in topics.status_of(have).items():
+        patch.status[key] = value
+    patch.status["observedGeneration"] = body.metadata.get("generation")
+    _set_condition(patch, body, "Ready", "True", "Created", f"{have.partitions} partitions")
+
+
+@kopf.on.delete(GROUP, VERSION, "topics")
+async def delete_topic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    name = body.metadata["name"]
+    cluster = await _cluster_of(memo.kube, body)
+    if cluster is None or cluster["metadata"].get("deletionTimestamp"):
+        return  # the cluster (and its data) is gone or going: nothing to delete
+    try:
+        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+            await client.delete_topic(name)
+    except NotFound:
+        return
+    except LaminarError as e:
+        deleting = body.metadata.get("deletionTimestamp") or _now()
+        since = datetime.datetime.fromisoformat(deleting.replace("Z", "+00:00"))
+        waited = (datetime.datetime.now(datetime.UTC) - since).total_seconds()
+        if waited >= DELETE_TIMEOUT_S:
+            kopf.warn(body, reason="TopicLeftBehind", message=f"brokers unreachable: {e}")
+            return
+        raise kopf.TemporaryError(f"deleting topic {name}: {e}", delay=BACKOFF_S) from e
+
+
+@kopf.timer(GROUP, VERSION, "topics", interval=TOPIC_STATUS_INTERVAL_S, initial_delay=1.0)
+async def topic_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    """Partition leadership, replicas and in-sync sets, read from the brokers (until the
+    brokers report it themselves, this is how status follows a leader change)."""
+    cluster = await _cluster_of(memo.kube, body)
+    if cluster is None or body.metadata.get("deletionTimestamp"):
+        return
+    try:
+        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+            have = await client.describe_topic(body.metadata["name"])
+    except LaminarError as e:
+        _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
+        return
+    for key, value in topics.status_of(have).items():
+        if body.status.get(key) != value:
+            patch.status[key] = value

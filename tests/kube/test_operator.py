@@ -3,6 +3,7 @@ chart's ClusterRole rules (charts/laminar-operator/files/operator-rules.yaml).""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,11 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from laminar.client import AsyncClient, NotFound
+from laminar.client.models import TopicDescription
+from laminar.local_cluster import LocalCluster
+
+from ..integration.conftest import loopback_prefix, make_cluster
 from .conftest import ROOT, KubeApi
 
 RULES = ROOT / "charts" / "laminar-operator" / "files" / "operator-rules.yaml"
@@ -154,3 +160,102 @@ def test_a_cluster_gets_its_objects_and_status(
     assert crds.get("secret/demo-secret", "-n", namespace)["data"]["hmac"] == key
     nodes = crds.get("configmap/demo-config", "-n", namespace)["data"]["LAMINAR_INITIAL_NODES"]
     assert nodes == "demo-0,demo-1,demo-2"
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A real 3-broker Laminar cluster on loopback (the LaminarCluster object points at it)."""
+    cluster = make_cluster(tmp_path_factory.mktemp("brokers"))
+    yield cluster
+    cluster.stop()
+
+
+def describe(brokers: LocalCluster, topic: str) -> TopicDescription | None:
+    async def run() -> TopicDescription | None:
+        async with AsyncClient(brokers.urls) as client:
+            try:
+                return await client.describe_topic(topic)
+            except NotFound:
+                return None
+
+    return asyncio.run(run())
+
+
+def local_cluster_object(namespace: str, urls: list[str]) -> dict[str, Any]:
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    cluster["metadata"]["annotations"] = {"laminarmq.io/brokers": ",".join(urls)}
+    return cluster
+
+
+def test_topics_follow_their_objects(
+    crds: KubeApi, namespace: str, operator: KopfRunner, brokers: LocalCluster
+) -> None:
+    crds.apply(local_cluster_object(namespace, brokers.urls))
+    topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+    topic["metadata"] = {"name": f"orders-{namespace}", "namespace": namespace}
+    name = topic["metadata"]["name"]
+    crds.apply(topic)
+
+    created = wait_for("the topic on the brokers", lambda: describe(brokers, name))
+    assert created.partitions == 4 and created.replication_factor == 3
+    assert created.config["max_deliveries"] == 10
+    assert created.config["retention_ms"] == 604_800_000
+
+    def status() -> dict[str, Any]:
+        found: dict[str, Any] = crds.get(f"topic.laminarmq.io/{name}", "-n", namespace)
+        return found.get("status") or {}
+
+    def led() -> dict[str, Any] | None:
+        s = status()
+        parts = s.get("partitions") or []
+        return s if len(parts) == 4 and all(p["leader"] for p in parts) else None
+
+    shown = wait_for("leaders in status", led)
+    assert [p["partition"] for p in shown["partitions"]] == [0, 1, 2, 3]
+    actual = describe(brokers, name)
+    assert actual is not None
+    for entry, state in zip(shown["partitions"], actual.partition_states, strict=True):
+        assert sorted(entry["replicas"]) == sorted(state.replicas)
+        assert entry["leader"] in state.replicas
+    ready = next(c for c in shown["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+
+    # kill -9 the leader of partition 0: status follows the new leader within seconds
+    killed = shown["partitions"][0]["leader"]
+    brokers.kill(killed)
+    try:
+        moved = wait_for(
+            "a new leader in status",
+            lambda: (p := status()["partitions"][0])["leader"] not in ("", killed) and p,
+        )
+        assert moved["leader"] in actual.partition_states[0].replicas
+    finally:
+        brokers.start_node(killed)
+        brokers.wait_ready()
+
+    grown = {**topic, "spec": {**topic["spec"], "partitions": 6}}
+    crds.apply(grown)
+    wait_for("6 partitions", lambda: (d := describe(brokers, name)) and d.partitions == 6)
+
+    crds.kubectl("delete", f"topic.laminarmq.io/{name}", "-n", namespace, "--timeout=60s")
+    wait_for("the topic deleted", lambda: describe(brokers, name) is None)
+
+
+def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cluster(
+    crds: KubeApi, namespace: str, operator: KopfRunner
+) -> None:
+    dead = f"http://{loopback_prefix()}.1:9"  # nothing listens there
+    crds.apply(local_cluster_object(namespace, [dead]))
+    topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+    topic["metadata"]["namespace"] = namespace
+    crds.apply(topic)
+
+    def condition() -> dict[str, Any] | None:
+        status = crds.get("topic.laminarmq.io/orders", "-n", namespace).get("status") or {}
+        return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+
+    shown = wait_for("the Ready condition", condition)
+    assert shown["status"] == "False" and shown["reason"] == "BrokersUnreachable", shown
+    crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
+    crds.kubectl("delete", "topic.laminarmq.io/orders", "-n", namespace, "--timeout=60s")
