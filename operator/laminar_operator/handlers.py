@@ -27,9 +27,9 @@ import kopf
 
 from laminar.client import AsyncClient
 from laminar.client.errors import BadRequest, LaminarError, NotFound
+from laminar.kube import Credentials, KubeClient, KubeError, topic_status
 
 from . import manifests, topics
-from .kube import Credentials, KubeClient, KubeError
 
 GROUP, VERSION = "laminarmq.io", "v1alpha1"
 STATUS_INTERVAL_S = 10.0
@@ -148,6 +148,9 @@ BROKERS_ANNOTATION = f"{GROUP}/brokers"
 DELETE_TIMEOUT_S = 300.0
 ADMIN_TIMEOUT_S = 10.0
 TOPIC_STATUS_INTERVAL_S = 3.0
+#: Brokers report at least this often (a heartbeat in the LaminarCluster's status.reportedAt);
+#: past it the operator reads topic status from the brokers itself.
+STALE_REPORT_S = 90.0
 
 
 def brokers_of(cluster: dict[str, Any]) -> list[str]:
@@ -192,7 +195,7 @@ async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, *
     except LaminarError as e:
         _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
         raise kopf.TemporaryError(f"topic {name}: {e}", delay=BACKOFF_S) from e
-    for key, value in topics.status_of(have).items():
+    for key, value in topic_status(have).items():
         patch.status[key] = value
     patch.status["observedGeneration"] = body.metadata.get("generation")
     _set_condition(patch, body, "Ready", "True", "Created", f"{have.partitions} partitions")
@@ -220,11 +223,13 @@ async def delete_topic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.timer(GROUP, VERSION, "topics", interval=TOPIC_STATUS_INTERVAL_S, initial_delay=1.0)
-async def topic_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
-    """Partition leadership, replicas and in-sync sets, read from the brokers (until the
-    brokers report it themselves, this is how status follows a leader change)."""
+async def refresh_topic_status(
+    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any
+) -> None:
+    """The fallback: while no broker of the cluster has reported for STALE_REPORT_S (brokers
+    without Kubernetes access, or all down), read the topic from the brokers here."""
     cluster = await _cluster_of(memo.kube, body)
-    if cluster is None or body.metadata.get("deletionTimestamp"):
+    if cluster is None or body.metadata.get("deletionTimestamp") or _reported(cluster):
         return
     try:
         async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
@@ -232,6 +237,15 @@ async def topic_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_:
     except LaminarError as e:
         _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
         return
-    for key, value in topics.status_of(have).items():
+    for key, value in topic_status(have).items():
         if body.status.get(key) != value:
             patch.status[key] = value
+
+
+def _reported(cluster: dict[str, Any]) -> bool:
+    """Has a broker of `cluster` reported status within STALE_REPORT_S?"""
+    reported = (cluster.get("status") or {}).get("reportedAt")
+    if not reported:
+        return False
+    since = datetime.datetime.fromisoformat(reported.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - since).total_seconds() < STALE_REPORT_S

@@ -1,9 +1,8 @@
 """A Topic custom object <-> a Laminar topic: pure functions, no I/O.
 
 The Laminar topic has the object's name. `wanted` turns the spec (camelCase) into what the
-admin API takes; `status_of` turns a topic description into the Topic's status: the first
-MAX_LISTED_PARTITIONS partitions one by one, and `summarized: true` when there are more
-(`underReplicated` counts them all), so that status stays small whatever the partition count.
+admin API takes, `changes` what to alter. (A Topic's status is `laminar.kube.topic_status`,
+shared with the brokers, which report it.)
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from typing import Any
 
 from laminar.client.models import TopicDescription
 
-#: Topic status lists at most this many partitions one by one (the CRD's maxItems).
-MAX_LISTED_PARTITIONS = 256
 #: A Topic's spec.config keys -> the broker's topic config keys.
 CONFIG_KEYS = {
     "retentionBytes": "retention_bytes",
@@ -55,24 +52,3 @@ def changes(want: Wanted, have: TopicDescription) -> dict[str, Any]:
     if differing:
         out["config"] = differing
     return out
-
-
-def status_of(description: TopicDescription) -> dict[str, Any]:
-    states = sorted(description.partition_states, key=lambda p: p.partition)
-    rf = description.replication_factor
-    under = sum(1 for p in states if len(p.in_sync) < rf)
-    status: dict[str, Any] = {
-        "underReplicated": under,
-        "summarized": len(states) > MAX_LISTED_PARTITIONS,
-        "partitions": [
-            {
-                "partition": p.partition,
-                "leader": p.leader or "",
-                "replicas": list(p.replicas),
-                "inSync": list(p.in_sync),
-                "commitIndex": p.commit_index,
-            }
-            for p in states[:MAX_LISTED_PARTITIONS]
-        ],
-    }
-    return status

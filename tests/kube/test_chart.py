@@ -71,7 +71,7 @@ def test_template_options(kube: KubeApi) -> None:
 
 def test_the_api_server_accepts_the_chart(crds: KubeApi) -> None:
     docs = [d for d in rendered(crds) if d["kind"] != "ServiceMonitor"]
-    crds.kubectl("create", "namespace", "laminar-system", check=False)
+    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "laminar-system"}})
     crds.apply(docs, "--dry-run=server")
 
 

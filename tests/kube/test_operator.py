@@ -39,7 +39,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> 
 @pytest.fixture(scope="module")
 def operator_kubeconfig(crds: KubeApi) -> Path:
     """A ServiceAccount bound to the chart's ClusterRole rules, and a kubeconfig with its token."""
-    crds.kubectl("create", "namespace", "laminar-system")
+    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "laminar-system"}})
     crds.kubectl("create", "serviceaccount", "laminar-operator", "-n", "laminar-system")
     crds.apply(
         [
@@ -81,7 +81,10 @@ def operator(operator_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     with KopfRunner(args, timeout=60) as runner:
         yield runner
     assert runner.exception is None, runner.output
-    assert "Forbidden" not in runner.output and "403" not in runner.output, runner.output
+    # (403s about namespaces other tests are deleting are fine; RBAC denials are not)
+    assert 'User "system:serviceaccount:laminar-system:laminar-operator" cannot' not in (
+        runner.output
+    ), runner.output
 
 
 def test_the_operator_may_not_do_more_than_its_rules(

@@ -373,15 +373,16 @@ class Api:
             body.get("config", {}),
         )
         await self._metadata(request, command)
-        return json_response(await self._describe(command.name), status=201)
+        return json_response(await self.describe(command.name), status=201)
 
     async def describe_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         if name not in self.broker.state.topics:
             raise ApiError(404, "not_found", f"no topic {name}")
-        return json_response(await self._describe(name))
+        return json_response(await self.describe(name))
 
-    async def _describe(self, name: str) -> dict[str, Any]:
+    async def describe(self, name: str) -> dict[str, Any]:
+        """A topic as `GET /v1/topics/{name}` answers it (ApiError 404 if there is none)."""
         topic = self.broker.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
@@ -422,7 +423,7 @@ class Api:
             raise ApiError(400, "bad_request", 'send an object with "partitions" and/or "config"')
         command = AlterTopic(name, body.get("partitions"), body.get("config"))
         await self._metadata(request, command)
-        return json_response(await self._describe(name))
+        return json_response(await self.describe(name))
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)

@@ -13,9 +13,11 @@ import sys
 
 from aiohttp import web
 
+from ..kube import KubeError
 from ..swim.runtime import format_address
 from .api import Api
 from .config import BrokerConfig
+from .kube_status import KubeStatusReporter
 from .metrics import BrokerMetrics
 from .node import Broker, BrokerError
 
@@ -37,6 +39,7 @@ async def serve(config: BrokerConfig) -> None:
     broker.set_api_addr(format_address(config.public_host, port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    reporting: asyncio.Task[None] | None = None
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
@@ -47,11 +50,23 @@ async def serve(config: BrokerConfig) -> None:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         print(f"laminar {config.node_id}: api http://{broker.api_addr}", flush=True)
+        if config.kube_namespace and config.kube_cluster:
+            try:
+                reporter = KubeStatusReporter(
+                    api, config.kube_namespace, config.kube_cluster, config.kube_config
+                )
+            except KubeError as e:
+                raise BrokerError(f"cannot report status to Kubernetes: {e}") from e
+            reporting = asyncio.create_task(reporter.run())
         await stop.wait()
         log.info("%s: shutting down", config.node_id)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        if reporting is not None:
+            reporting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporting
         with contextlib.suppress(Exception):
             await broker.stop(graceful=True)
         await runner.cleanup()

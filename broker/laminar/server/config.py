@@ -51,6 +51,12 @@ class BrokerConfig:
     dead_grace_ms: int = 30_000
     default_replication_factor: int = 3
     segment_bytes: int = 64 * MIB
+    #: Kubernetes status reporting (docs/kubernetes.md): the LaminarCluster object this broker
+    #: belongs to and its namespace (both, or neither: no reporting), and a kubeconfig (None:
+    #: the pod's ServiceAccount)
+    kube_namespace: str | None = None
+    kube_cluster: str | None = None
+    kube_config: str | None = None
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
@@ -65,6 +71,8 @@ class BrokerConfig:
             raise ConfigError("fsync_interval_ms must be positive")
         if self.tick_ms < 5 or self.election_ticks < 3:
             raise ConfigError("tick_ms must be >= 5 and election_ticks >= 3")
+        if (self.kube_namespace is None) != (self.kube_cluster is None):
+            raise ConfigError("--kube-namespace and --kube-cluster go together")
         if len(self.secret) < 16:
             raise ConfigError("the cluster secret must be at least 16 bytes")
 
@@ -112,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--dead-grace-ms", type=int, default=int(env("dead-grace-ms", "30000") or 0))
     add("--segment-bytes", type=int, default=int(env("segment-bytes", str(64 * MIB)) or 0))
+    add("--kube-namespace", default=env("kube-namespace"), help="report status to Kubernetes")
+    add("--kube-cluster", default=env("kube-cluster"), help="the LaminarCluster object's name")
+    add("--kube-config", default=env("kube-config"), help="kubeconfig (default: in-cluster)")
 
 
 def _read_secret(path: str, what: str) -> bytes:
@@ -158,4 +169,7 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         dead_grace_ms=args.dead_grace_ms,
         max_pending_bytes_per_partition=args.max_pending_bytes,
         segment_bytes=args.segment_bytes,
+        kube_namespace=args.kube_namespace or None,
+        kube_cluster=args.kube_cluster or None,
+        kube_config=args.kube_config or None,
     )

@@ -1,4 +1,5 @@
-"""A small Kubernetes API client for the operator: server-side apply, get, merge-patch.
+"""A small Kubernetes API client (the operator's, and the brokers' status reports): server-side
+apply, get, list, merge-patch of status.
 
 Credentials come from the kubeconfig (`KUBECONFIG`, else ~/.kube/config: its current
 context's server, CA and bearer token) or, inside a pod, from the ServiceAccount mount. Only
@@ -18,6 +19,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from .client.models import TopicDescription
+
 FIELD_MANAGER = "laminar-operator"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PLURALS = {
@@ -33,6 +36,8 @@ PLURALS = {
     "Topic": "topics",
 }
 TIMEOUT_S = 30.0
+#: A Topic's status lists at most this many partitions one by one (the CRD's maxItems).
+MAX_LISTED_PARTITIONS = 256
 
 
 class KubeError(Exception):
@@ -50,7 +55,13 @@ class Credentials:
     @classmethod
     def from_environment(cls) -> Credentials:
         config = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-        if Path(config).exists():
+        return cls.from_path(config)
+
+    @classmethod
+    def from_path(cls, config: str | None) -> Credentials:
+        """The kubeconfig at `config`, else the pod's ServiceAccount."""
+        config = config or ""
+        if config and Path(config).exists():
             return cls.from_kubeconfig(Path(config))
         if (SERVICE_ACCOUNT_DIR / "token").exists():
             host = os.environ["KUBERNETES_SERVICE_HOST"]
@@ -142,8 +153,34 @@ class KubeClient:
         assert answer is not None
         return answer
 
+    async def list(self, api_version: str, kind: str, namespace: str) -> list[dict[str, Any]]:
+        found = await self._request("GET", path_of(api_version, kind, namespace))
+        return list((found or {}).get("items") or [])
+
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> None:
         path = path_of(api_version, kind, namespace, name) + "/status"
         await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
+
+
+def topic_status(description: TopicDescription) -> dict[str, Any]:
+    """A Topic object's status from a topic description: the first MAX_LISTED_PARTITIONS
+    partitions one by one, `summarized: true` when there are more (`underReplicated` counts
+    them all), so that status stays small whatever the partition count."""
+    states = sorted(description.partition_states, key=lambda p: p.partition)
+    rf = description.replication_factor
+    return {
+        "underReplicated": sum(1 for p in states if len(p.in_sync) < rf),
+        "summarized": len(states) > MAX_LISTED_PARTITIONS,
+        "partitions": [
+            {
+                "partition": p.partition,
+                "leader": p.leader or "",
+                "replicas": list(p.replicas),
+                "inSync": list(p.in_sync),
+                "commitIndex": p.commit_index,
+            }
+            for p in states[:MAX_LISTED_PARTITIONS]
+        ],
+    }
