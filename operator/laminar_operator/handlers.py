@@ -34,6 +34,8 @@ from . import manifests, topics
 GROUP, VERSION = "laminarmq.io", "v1alpha1"
 STATUS_INTERVAL_S = 10.0
 BACKOFF_S = 5.0
+#: A scale-down checks on the broker it drains this often.
+SCALE_POLL_S = 2.0
 
 
 @kopf.on.startup()
@@ -72,13 +74,73 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     try:
         key = await _hmac_key(kube, namespace, name)
         initial = await _initial_replicas(kube, namespace, name, body.spec)
-        for obj in manifests.owned(cluster, hmac_key=key, initial_replicas=initial):
+        replicas, draining = await _scale_step(kube, cluster, body, patch)
+        objects = manifests.owned(
+            cluster, hmac_key=key, initial_replicas=initial, replicas=replicas
+        )
+        for obj in objects:
             await kube.apply(obj)
     except KubeError as e:
         _set_condition(patch, body, "Ready", "False", "ApplyFailed", str(e))
         raise kopf.TemporaryError(f"applying {namespace}/{name}: {e}", delay=BACKOFF_S) from e
     patch.status["selector"] = manifests.selector(name)
     patch.status["observedGeneration"] = body.metadata.get("generation")
+    if draining:
+        raise kopf.TemporaryError(draining, delay=SCALE_POLL_S)
+
+
+def node_id(cluster: dict[str, Any], ordinal: int) -> str:
+    """The broker node id of a StatefulSet ordinal: the pod's name, or the NODE_IDS_ANNOTATION
+    entry for brokers not run by the StatefulSet (tests)."""
+    listed = (cluster["metadata"].get("annotations") or {}).get(NODE_IDS_ANNOTATION)
+    if listed:
+        return str(listed.split(",")[ordinal].strip())
+    return f"{cluster['metadata']['name']}-{ordinal}"
+
+
+async def _scale_step(
+    kube: KubeClient, cluster: dict[str, Any], body: kopf.Body, patch: kopf.Patch
+) -> tuple[int, str]:
+    """The StatefulSet's replicas now, and what a scale-down still waits for ("" for nothing).
+
+    Scaling up takes spec.replicas at once (placement moves partitions to the new brokers).
+    Scaling down drains the highest ordinal through the admin API and shrinks the StatefulSet
+    by one only when that broker hosts nothing, one ordinal at a time; it is refused (the
+    ScaleDown condition and a Warning event say why) while fewer brokers than some topic's
+    replication factor would remain."""
+    name, namespace = manifests.names(cluster)
+    wanted = int(body.spec.get("replicas", 3))
+    sts = await kube.get("apps/v1", "StatefulSet", namespace, name)
+    current = int(sts["spec"]["replicas"]) if sts else wanted
+    if wanted >= current:
+        _set_condition(patch, body, "ScaleDown", "False", "NotScalingDown", "")
+        return wanted, ""
+    leaving = node_id(cluster, current - 1)
+    try:
+        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+            needed = max((t.replication_factor for t in await client.topics()), default=1)
+            if wanted < needed:
+                message = (
+                    f"refusing to scale down to {wanted}: a topic has replication factor "
+                    f"{needed}; {current} brokers kept"
+                )
+                _set_condition(patch, body, "ScaleDown", "False", "WouldUnderReplicate", message)
+                kopf.warn(body, reason="ScaleDownRefused", message=message)
+                return current, ""
+            await client.drain(leaving)
+            hosted = await client.node_partitions(leaving)
+    except LaminarError as e:
+        message = f"scale-down waits for the brokers: {e}"
+        _set_condition(patch, body, "ScaleDown", "True", "BrokersUnreachable", message)
+        return current, message
+    if hosted.partitions:
+        message = f"draining {leaving}: {len(hosted.partitions)} partition replicas left"
+        _set_condition(patch, body, "ScaleDown", "True", "Draining", message)
+        return current, message
+    message = f"{leaving} drained; {current - 1} brokers"
+    more = f"scaling down to {wanted}" if current - 1 > wanted else ""
+    _set_condition(patch, body, "ScaleDown", "True" if more else "False", "Drained", message)
+    return current - 1, more
 
 
 @kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)
@@ -99,7 +161,11 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         "readyReplicas": ready,
         "selector": manifests.selector(name),
     }
-    changes["phase"] = "Running" if ready >= wanted and replicas == wanted else "Pending"
+    running = int(((sts or {}).get("spec") or {}).get("replicas", wanted))
+    if running > wanted:
+        changes["phase"] = "ScalingDown"
+    else:
+        changes["phase"] = "Running" if ready >= wanted and replicas == wanted else "Pending"
     for key, value in changes.items():
         if status.get(key) != value:
             patch.status[key] = value
@@ -118,7 +184,8 @@ def _set_condition(
 ) -> None:
     """Set one condition (Kubernetes conventions: the transition time moves only when the
     status does); nothing is patched when nothing changed."""
-    conditions = list(body.status.get("conditions") or [])
+    pending = patch.get("status", {}).get("conditions")  # set earlier in this handler run
+    conditions = list(pending if pending is not None else body.status.get("conditions") or [])
     old = next((c for c in conditions if c.get("type") == kind), None)
     generation = body.metadata.get("generation")
     if old and (old["status"], old["reason"], old["message"], old.get("observedGeneration")) == (
@@ -143,6 +210,9 @@ def _set_condition(
 #: A LaminarCluster annotation with the brokers' API URLs (comma-separated), for clusters whose
 #: brokers the operator cannot reach through the client Service (tests, other networks).
 BROKERS_ANNOTATION = f"{GROUP}/brokers"
+#: A LaminarCluster annotation with the broker node id of each ordinal (comma-separated), for
+#: brokers not run by its StatefulSet (tests); by default a node id is the pod's name.
+NODE_IDS_ANNOTATION = f"{GROUP}/node-ids"
 #: How long a Topic's deletion waits for unreachable brokers before it lets go (the Laminar
 #: topic is then left behind; the namespace is not held forever).
 DELETE_TIMEOUT_S = 300.0

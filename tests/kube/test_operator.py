@@ -262,3 +262,73 @@ def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cl
     assert shown["status"] == "False" and shown["reason"] == "BrokersUnreachable", shown
     crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
     crds.kubectl("delete", "topic.laminarmq.io/orders", "-n", namespace, "--timeout=60s")
+
+
+def test_scale_down_drains_before_shrinking_and_keeps_replication(
+    crds: KubeApi,
+    namespace: str,
+    operator: KopfRunner,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    four = make_cluster(tmp_path_factory.mktemp("four"), 4)
+    try:
+        cluster = local_cluster_object(namespace, four.urls)
+        cluster["spec"]["replicas"] = 4
+        cluster["spec"]["config"]["replicationFactor"] = 2  # the schema allows 2 replicas then
+        cluster["metadata"]["annotations"]["laminarmq.io/node-ids"] = ",".join(four.nodes)
+        crds.apply(cluster)
+
+        def sts_replicas() -> int | None:
+            found = crds.kubectl(
+                "get", "statefulset/demo", "-n", namespace, "-o", "json", check=False
+            )
+            return (
+                int(yaml.safe_load(found.stdout)["spec"]["replicas"])
+                if found.returncode == 0
+                else None
+            )
+
+        wait_for("4 replicas", lambda: sts_replicas() == 4)
+
+        async def topic() -> None:
+            async with AsyncClient(four.urls) as client:
+                await client.create_topic("events", partitions=4, replication_factor=3)
+                await client.wait_for_leaders("events")
+
+        asyncio.run(topic())
+        last = list(four.nodes)[-1]
+
+        def hosted(node: str) -> int:
+            async def ask() -> int:
+                async with AsyncClient(four.urls) as client:
+                    return len((await client.node_partitions(node)).partitions)
+
+            return asyncio.run(ask())
+
+        assert hosted(last) > 0
+        crds.kubectl("scale", "laminarcluster/demo", "--replicas=3", "-n", namespace)
+        seen: list[tuple[int | None, int]] = []
+
+        def shrunk() -> bool:
+            seen.append((sts_replicas(), hosted(last)))
+            return seen[-1][0] == 3
+
+        wait_for("the StatefulSet shrunk to 3", shrunk, timeout_s=120)
+        assert seen[-1] == (3, 0), seen  # shrunk only once the leaving broker hosted nothing
+        assert any(r == 4 and n > 0 for r, n in seen), seen  # it waited for the drain
+
+        # 2 brokers cannot hold the topic of replication factor 3: refused, 3 kept
+        crds.kubectl("scale", "laminarcluster/demo", "--replicas=2", "-n", namespace)
+
+        def refused() -> dict[str, Any] | None:
+            status = crds.get("laminarcluster/demo", "-n", namespace).get("status") or {}
+            found = next(
+                (c for c in status.get("conditions", []) if c["type"] == "ScaleDown"), None
+            )
+            return found if found and found["reason"] == "WouldUnderReplicate" else None
+
+        condition = wait_for("the refusal", refused)
+        assert "replication factor 3" in condition["message"]
+        assert sts_replicas() == 3
+    finally:
+        four.stop()
