@@ -308,6 +308,20 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        # leaderships move before the pod stops (SIGTERM hands over what is left again)
+        "lifecycle": {
+            "preStop": {
+                "exec": {
+                    "command": [
+                        "laminar",
+                        "node",
+                        "handoff",
+                        "--brokers",
+                        f"http://127.0.0.1:{API_PORT}",
+                    ]
+                }
+            }
+        },
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": BROKER_UID,

@@ -5,7 +5,10 @@ ever lost or duplicated."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -13,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from laminar.client import AsyncClient, Consumer, Producer
-from laminar.client.errors import LaminarError
+from laminar.client.errors import LaminarError, NotFound
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.placement import Candidate, place
@@ -218,5 +221,41 @@ async def test_add_broker_and_drain(tmp_path: Path) -> None:
             assert await n2_empty() is True
             await load.stop()
             await load.check()
+    finally:
+        cluster.stop()
+
+
+async def test_handoff_moves_a_brokers_leaderships_away(tmp_path: Path) -> None:
+    """POST /v1/nodes/{node}/handoff (what the pod's preStop runs): served by that node (any
+    broker redirects there); afterwards it leads nothing and every partition has a leader."""
+    cluster = make_cluster(tmp_path / "handoff")
+    try:
+        async with AsyncClient(cluster.urls, timeout_s=20) as client:
+            await client.create_topic("handoff", partitions=6, replication_factor=3)
+            described = await client.wait_for_leaders("handoff")
+            counts: dict[str, int] = {}
+            for state in described.partition_states:
+                assert state.leader is not None
+                counts[state.leader] = counts.get(state.leader, 0) + 1
+            busiest = max(counts, key=lambda n: counts[n])
+            other = next(n for n in cluster.nodes if n != busiest)
+            async with AsyncClient([cluster.nodes[other].api_url], timeout_s=20) as via_other:
+                assert await via_other.handoff(busiest) == 0
+
+            async def moved() -> object:
+                states = (await client.describe_topic("handoff")).partition_states
+                leaders = [s.leader for s in states]
+                return None not in leaders and busiest not in leaders
+
+            await wait_until("leaders moved off the broker", moved)
+            with pytest.raises(NotFound):
+                await client.handoff("n99")
+        cli = subprocess.run(
+            [sys.executable, "-m", "laminar", "node", "handoff", "--brokers", cluster.urls[0]],
+            env={**os.environ, "LAMINAR_NODE_ID": other},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout.strip() == f"{other}: leads 0 groups"
     finally:
         cluster.stop()

@@ -61,6 +61,8 @@ def test_stateful_set() -> None:
     assert broker["image"] == "laminar-broker:latest" and broker["args"] == ["serve"]
     assert broker["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert broker["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    pre_stop = broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:3] == ["laminar", "node", "handoff"]  # the node id: $LAMINAR_NODE_ID
     security = broker["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
     assert not security["allowPrivilegeEscalation"] and security["capabilities"]["drop"] == ["ALL"]

@@ -416,6 +416,13 @@ class AsyncClient:
         answer = await self._call("DELETE", path, target=_META)
         return NodeAdminState.from_json(answer.json() or {})
 
+    async def handoff(self, node: str) -> int:
+        """`POST /v1/nodes/{node}/handoff`: `node` hands its leaderships to caught-up replicas
+        (before it stops); returns how many groups it still leads."""
+        path = f"/v1/nodes/{quote(node, safe='')}/handoff"
+        answer = await self._call("POST", path)
+        return int((answer.json() or {}).get("leading", 0))
+
     async def set_weight(self, node: str, weight: int) -> NodeAdminState:
         """`PUT /v1/nodes/{node}/weight` (0..1000000; 0 = hosts nothing)."""
         path = f"/v1/nodes/{quote(node, safe='')}/weight"

@@ -337,6 +337,13 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     drain.add_argument("id")
     undrain = leaf(nodes, "undrain", _node_undrain, "let the broker host replicas again")
     undrain.add_argument("id")
+    handoff = leaf(
+        nodes, "handoff", _node_handoff, "the broker hands its leaderships over (before it stops)"
+    )
+    handoff.add_argument(
+        "id", nargs="?", default=os.environ.get("LAMINAR_NODE_ID"),
+        help="the broker's node id (default: $LAMINAR_NODE_ID)",
+    )  # fmt: skip
     weight = leaf(nodes, "weight", _node_weight, "set the broker's placement weight")
     weight.add_argument("id")
     weight.add_argument("weight", type=_weight, help="0..1000000 (0: hosts nothing)")
@@ -1321,6 +1328,17 @@ async def _node_drain(client: AsyncClient, args: argparse.Namespace) -> int:
 
 async def _node_undrain(client: AsyncClient, args: argparse.Namespace) -> int:
     _print_node(await client.undrain(args.id), args.json)
+    return 0
+
+
+async def _node_handoff(client: AsyncClient, args: argparse.Namespace) -> int:
+    if not args.id:
+        raise SystemExit("laminar node handoff: give the node id (or set LAMINAR_NODE_ID)")
+    leading = await client.handoff(args.id)
+    if args.json:
+        _print_json({"node": args.id, "leading": leading})
+    else:
+        print(f"{args.id}: leads {leading} groups")
     return 0
 
 

@@ -158,6 +158,9 @@ class Client:
     def undrain(self, node: str) -> NodeAdminState:
         return self.run(self._async.undrain(node))
 
+    def handoff(self, node: str) -> int:
+        return self.run(self._async.handoff(node))
+
     def set_weight(self, node: str, weight: int) -> NodeAdminState:
         return self.run(self._async.set_weight(node, weight))
 

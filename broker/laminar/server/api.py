@@ -54,6 +54,8 @@ MAX_READ_BYTES = 16 << 20
 MAX_WAIT_MS = 60_000
 VIEW_TTL_S = 1.0
 COLLECT_INTERVAL_S = 3.0
+#: How long a handoff waits for the leaderships to move.
+HANDOFF_TIMEOUT_S = 10.0
 BROKER_KEY = web.AppKey("broker", Broker)
 STATUS_CODES = {
     "invalid": (400, "bad_request"),
@@ -91,6 +93,7 @@ class Api:
         r.add_post("/v1/nodes/{node}/drain", self.drain)
         r.add_delete("/v1/nodes/{node}/drain", self.undrain)
         r.add_put("/v1/nodes/{node}/weight", self.weight)
+        r.add_post("/v1/nodes/{node}/handoff", self.handoff)
         r.add_get("/v1/topics", self.list_topics)
         r.add_post("/v1/topics", self.create_topic)
         r.add_get("/v1/topics/{topic}", self.describe_topic)
@@ -333,6 +336,15 @@ class Api:
         node = self._node(request)
         await self._metadata(request, SetDraining(node, False))
         return json_response(self._node_body(node))
+
+    async def handoff(self, request: web.Request) -> web.Response:
+        """The node hands its leaderships to caught-up replicas (served by that node itself:
+        others redirect to it)."""
+        node = self._node(request)
+        if node != self.broker.id:
+            raise self._redirect(request, node, f"node {node}")
+        leading = await self.broker.hand_off_leaderships(HANDOFF_TIMEOUT_S)
+        return json_response({"node": node, "leading": leading})
 
     async def weight(self, request: web.Request) -> web.Response:
         node = self._node(request)

@@ -805,6 +805,12 @@ class Broker:
         storage.compact(commit, self.state.snapshot())
         storage.log.remove_through(commit)
 
+    async def hand_off_leaderships(self, timeout_s: float) -> int:
+        """Hand every leadership to a caught-up voter (a broker about to stop: the pod's
+        preStop); returns how many groups it still leads after at most `timeout_s`."""
+        await self._transfer_leaderships(timeout_s)
+        return sum(1 for r in self._all_replicas() if r.raft.role is Role.LEADER)
+
     async def _transfer_leaderships(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
