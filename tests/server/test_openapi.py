@@ -26,6 +26,7 @@ ENDPOINTS = {
     ("post", "/v1/nodes/{id}/drain"),
     ("delete", "/v1/nodes/{id}/drain"),
     ("put", "/v1/nodes/{id}/weight"),
+    ("post", "/v1/nodes/{id}/handoff"),
     ("get", "/v1/topics"),
     ("post", "/v1/topics"),
     ("get", "/v1/topics/{topic}"),
