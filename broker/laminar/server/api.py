@@ -393,12 +393,14 @@ class Api:
             raise ApiError(404, "not_found", f"no topic {name}")
         return json_response(await self.describe(name))
 
-    async def describe(self, name: str) -> dict[str, Any]:
-        """A topic as `GET /v1/topics/{name}` answers it (ApiError 404 if there is none)."""
+    async def describe(self, name: str, view: View | None = None) -> dict[str, Any]:
+        """A topic as `GET /v1/topics/{name}` answers it (ApiError 404 if there is none),
+        from `view` (default: a fresh one)."""
         topic = self.broker.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
-        view = await self.cluster_view(fresh=True)
+        if view is None:
+            view = await self.cluster_view(fresh=True)
         leaders = view_leaders(view)
         reports: dict[int, dict[str, Any]] = {}  # any replica's report, when no leader's
         for hosted in view.values():

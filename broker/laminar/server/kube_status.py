@@ -70,7 +70,7 @@ class KubeStatusReporter:
     async def report(self) -> None:
         broker = self.api.broker
         objects = await self.kube.list(API_VERSION, "Topic", self.namespace)
-        view = await self.api.cluster_view()
+        view = await self.api.cluster_view(fresh=True)  # one view for the whole round
         leaders, under, partitions = dict.fromkeys(broker.members(), 0), 0, 0
         for obj in objects:
             name = obj["metadata"]["name"]
@@ -79,7 +79,7 @@ class KubeStatusReporter:
             if name not in broker.state.topics or obj["metadata"].get("deletionTimestamp"):
                 continue
             try:
-                described = await self.api.describe(name)
+                described = await self.api.describe(name, view)
             except ApiError:
                 continue  # deleted meanwhile
             status = topic_status(TopicDescription.from_json(described))
