@@ -43,12 +43,10 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "broker"))
 
 from machine import fdatasync_per_s  # noqa: E402
+from queue_peers import signals_raise  # noqa: E402
 
 from laminar.client import AsyncClient, NotFound  # noqa: E402
 from laminar.local_cluster import LocalCluster, probe  # noqa: E402
@@ -547,23 +546,6 @@ def latency(
 # ---- the run ------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    previous = {}
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, prev in previous.items():
-            signal.signal(sig, prev)
-
-
 def _check_free(cluster: LocalCluster) -> None:
     for url in cluster.urls:
         if probe(url + "/readyz") is not None:
@@ -693,7 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="laminar-qbench-"))
     results: dict[str, Any] = {"params": {k: v for k, v in vars(a).items()}}
     try:
-        with _signals_raise():
+        with signals_raise():
             results["machine"] = {
                 "cpus": os.cpu_count(),
                 "fdatasync_4k_per_s": fdatasync_per_s(root),

@@ -142,7 +142,7 @@ def _pgrep(name: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
+def signals_raise() -> Iterator[None]:
     """SIGTERM / SIGHUP raise SystemExit while running (so finally blocks stop servers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -558,7 +558,7 @@ def run(
         "warnings": warnings,
     }
     say(f"machine: {result['machine']}")
-    with _signals_raise(), _peers_lock(peers, lock_wait, say):
+    with signals_raise(), _peers_lock(peers, lock_wait, say):
         for key in systems:
             result["systems"][key] = bench_system(SYSTEMS[key], peers, a, say, warnings)
     raw = peers / "raw" / f"queue_peers-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
