@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,3 +36,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     kwargs = {name: pyfuncitem.funcargs[name] for name in names}
     asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), timeout=ASYNC_TEST_TIMEOUT_S))
     return True
+
+
+def sim_first_lines(*args: str) -> list[str]:
+    """`python -m laminar.sim ARGS` under two PYTHONHASHSEED values: the first output line of
+    each (a replay must not depend on string hashing)."""
+    outputs = []
+    for hash_seed in ("1", "2"):
+        result = subprocess.run(
+            [sys.executable, "-m", "laminar.sim", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.splitlines()[0])
+    return outputs

@@ -9,8 +9,6 @@ import logging
 import multiprocessing
 import os
 import re
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import replace
 
@@ -27,6 +25,8 @@ from laminar.queue.state import (
 )
 from laminar.sim import InvariantViolation
 from laminar.sim.queue_sim import SCENARIO, STAT_KEYS, QueueSimulation
+
+from ..conftest import sim_first_lines
 
 SEEDS = int(os.environ.get("LAMINAR_QUEUE_SIM_SEEDS", "30"))
 JOBS = 2
@@ -91,17 +91,7 @@ def test_a_seed_replays_exactly() -> None:
 
 
 def test_cli_replays_a_queue_seed_independently_of_string_hashing() -> None:
-    outputs = []
-    for hash_seed in ("1", "2"):
-        result = subprocess.run(
-            [sys.executable, "-m", "laminar.sim", "--queue", "--seed", "3", "--ticks", "150"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONHASHSEED": hash_seed},
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs.append(result.stdout.splitlines()[0])
+    outputs = sim_first_lines("--queue", "--seed", "3", "--ticks", "150")
     assert outputs[0].startswith("seed 3: ok")
     assert outputs[0] == outputs[1]
 
