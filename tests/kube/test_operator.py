@@ -261,7 +261,17 @@ def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cl
     shown = wait_for("the Ready condition", condition)
     assert shown["status"] == "False" and shown["reason"] == "BrokersUnreachable", shown
     crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
-    crds.kubectl("delete", "topic.laminarmq.io/orders", "-n", namespace, "--timeout=60s")
+    crds.kubectl("delete", "topic.laminarmq.io/orders", "-n", namespace, "--wait=false")
+    wait_for(
+        "the Topic gone (its finalizer let go)",
+        lambda: (
+            crds.kubectl(
+                "get", "topic.laminarmq.io/orders", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        timeout_s=180,
+    )
 
 
 def test_scale_down_drains_before_shrinking_and_keeps_replication(
