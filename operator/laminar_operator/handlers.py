@@ -7,7 +7,9 @@ objects are server-side applied (idempotent; a changed spec rolls the StatefulSe
 pod template's spec hash). The HMAC key is generated once and kept; the initial node set is
 the replicas the cluster was created with, read back from its ConfigMap. Status: replicas,
 readyReplicas and selector (the scale subresource's), phase, the Ready condition and
-observedGeneration, refreshed by a timer from the StatefulSet.
+observedGeneration, refreshed by a timer from the StatefulSet; the Rebalancing and Degraded
+conditions from what the brokers report (rebalancingPartitions, underReplicated), Unknown while
+their reports are stale.
 
 A Topic is created or altered (partitions grow, config) through the brokers' admin API, and
 deleted with it (a finalizer; when the brokers stay unreachable the deletion lets go after
@@ -162,8 +164,12 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         "selector": manifests.selector(name),
     }
     running = int(((sts or {}).get("spec") or {}).get("replicas", wanted))
+    reported = _reported(dict(body))
+    moving = int(status.get("rebalancingPartitions") or 0) if reported else 0
     if running > wanted:
         changes["phase"] = "ScalingDown"
+    elif moving:
+        changes["phase"] = "Rebalancing"
     else:
         changes["phase"] = "Running" if ready >= wanted and replicas == wanted else "Pending"
     for key, value in changes.items():
@@ -173,6 +179,28 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         _set_condition(patch, body, "Ready", "True", "AllBrokersReady", f"{ready}/{wanted} ready")
     else:
         _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
+    _placement_conditions(patch, body, reported, moving)
+
+
+def _placement_conditions(patch: kopf.Patch, body: kopf.Body, reported: bool, moving: int) -> None:
+    """Rebalancing and Degraded, from what the brokers last reported."""
+    if not reported:
+        why = f"no broker has reported for {STALE_REPORT_S:.0f} s"
+        _set_condition(patch, body, "Rebalancing", "Unknown", "NoRecentReport", why)
+        _set_condition(patch, body, "Degraded", "Unknown", "NoRecentReport", why)
+        return
+    if moving:
+        message = f"{moving} partitions moving to the brokers placement chose"
+        _set_condition(patch, body, "Rebalancing", "True", "PartitionsMoving", message)
+    else:
+        message = "every led partition is on the brokers placement chose"
+        _set_condition(patch, body, "Rebalancing", "False", "Converged", message)
+    under = int(body.status.get("underReplicated") or 0)
+    if under:
+        message = f"{under} partitions have fewer in-sync replicas than their replication factor"
+        _set_condition(patch, body, "Degraded", "True", "UnderReplicated", message)
+    else:
+        _set_condition(patch, body, "Degraded", "False", "FullyReplicated", "")
 
 
 def _now() -> str:

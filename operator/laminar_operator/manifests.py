@@ -29,6 +29,9 @@ BROKER_UID = 10001
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 INITIAL_NODES_KEY = "LAMINAR_INITIAL_NODES"
 TERMINATION_GRACE_S = 60
+#: The pod's network interface, where the XDP router is attached.
+POD_INTERFACE = "eth0"
+BPF_FS = "/sys/fs/bpf"
 
 Object = dict[str, Any]
 
@@ -339,6 +342,20 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
     if spec["resources"]:
         broker["resources"] = spec["resources"]
     pod_labels = _pod_selector(name)
+    volumes: list[Object] = [
+        {"name": "secret", "secret": {"secretName": secret_name(name)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    pod: Object = {
+        "serviceAccountName": service_account_name(name),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "securityContext": {"fsGroup": BROKER_UID, "runAsNonRoot": True},
+        "containers": [broker],
+        "volumes": volumes,
+    }
+    if spec["xdp"].get("enabled"):
+        pod["initContainers"] = [xdp_init_container(cluster)]
+        volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -354,21 +371,42 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
                     "labels": pod_labels,
                     "annotations": {SPEC_HASH_ANNOTATION: spec_hash(cluster, initial_replicas)},
                 },
-                "spec": {
-                    "serviceAccountName": service_account_name(name),
-                    "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
-                    "securityContext": {"fsGroup": BROKER_UID, "runAsNonRoot": True},
-                    "containers": [broker],
-                    "volumes": [
-                        {"name": "secret", "secret": {"secretName": secret_name(name)}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                },
+                "spec": pod,
             },
             "volumeClaimTemplates": [
                 {"metadata": {"name": "data", "labels": pod_labels}, "spec": claim_spec}
             ],
         },
+    }
+
+
+def xdp_init_container(cluster: Object) -> Object:
+    """Loads the XDP router onto the pod's interface before the broker starts (`laminar-xdp
+    load`, same image): the one privileged container of the pod, and it exits. Its maps are
+    pinned per pod under /sys/fs/bpf/laminar/ on the node. Where BPF is not permitted it says
+    so in its log and lets the broker start without the router (--best-effort)."""
+    name, _ = names(cluster)
+    spec = spec_of(cluster)
+    return {
+        "name": "xdp-router",
+        "image": spec["image"],
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "command": ["laminar-xdp", "load", "--iface", POD_INTERFACE, "--best-effort"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            {
+                "name": "LAMINAR_XDP_PIN_DIR",
+                "value": f"{BPF_FS}/laminar/$(POD_NAMESPACE)_$(POD_NAME)",
+            },
+        ],
+        # the cluster id and ports, as the brokers see them
+        "envFrom": [{"configMapRef": {"name": config_map_name(name)}}],
+        "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        "volumeMounts": [{"name": "bpffs", "mountPath": BPF_FS}],
     }
 
 

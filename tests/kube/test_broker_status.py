@@ -128,3 +128,32 @@ def test_status_follows_leadership(crds: KubeApi, reporting: tuple[LocalCluster,
     finally:
         brokers.start_node(killed)
         brokers.wait_ready()
+
+
+def test_a_new_broker_is_rebalanced_onto_and_reported(
+    crds: KubeApi, reporting: tuple[LocalCluster, str]
+) -> None:
+    brokers, namespace = reporting
+
+    def reported() -> dict[str, Any]:
+        found: dict[str, Any] = crds.get("laminarcluster/demo", "-n", namespace)
+        return found.get("status") or {}
+
+    settled = wait_for(
+        "a converged placement reported", lambda: reported().get("rebalancingPartitions") == 0
+    )
+    assert settled
+    added = brokers.add_node()
+    seen: list[int] = []
+
+    def rebalanced() -> dict[str, Any] | None:
+        status = reported()
+        seen.append(int(status.get("rebalancingPartitions", -1)))
+        members = {m["name"]: m for m in status.get("members") or []}
+        joined = members.get(added.id)
+        done = joined and joined["replicas"] > 0 and seen[-1] == 0
+        return status if done else None
+
+    status = wait_for("partitions moved onto the new broker", rebalanced, timeout_s=120)
+    assert len(status["members"]) == len(brokers.nodes)
+    assert status["underReplicated"] == 0, status

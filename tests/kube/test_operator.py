@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -342,3 +343,39 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         assert sts_replicas() == 3
     finally:
         four.stop()
+
+
+def test_rebalancing_and_degraded_follow_what_the_brokers_report(
+    crds: KubeApi, namespace: str, operator: KopfRunner
+) -> None:
+    """The operator derives phase and the Rebalancing / Degraded conditions from the status the
+    brokers report (test_broker_status has real brokers report it); here the report is
+    patched in as the broker's ServiceAccount would."""
+    crds.apply(local_cluster_object(namespace, [f"http://{loopback_prefix()}.1:9"]))
+
+    def report(moving: int, under: int) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"reportedAt": stamp, "rebalancingPartitions": moving, "underReplicated": under}
+        crds.kubectl(
+            "patch", "laminarcluster/demo", "-n", namespace, "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": body}),
+        )  # fmt: skip
+
+    def shown(kind: str, state: str) -> dict[str, Any] | None:
+        status = crds.get("laminarcluster/demo", "-n", namespace).get("status") or {}
+        found = next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+        return {**status, "condition": found} if found and found["status"] == state else None
+
+    unknown = wait_for("no report yet: Unknown", lambda: shown("Rebalancing", "Unknown"))
+    assert unknown["condition"]["reason"] == "NoRecentReport"
+    report(moving=3, under=1)
+    moving = wait_for("Rebalancing", lambda: shown("Rebalancing", "True"))
+    assert moving["phase"] == "Rebalancing"
+    assert moving["condition"]["message"].startswith("3 partitions moving")
+    degraded = wait_for("Degraded", lambda: shown("Degraded", "True"))
+    assert degraded["condition"]["reason"] == "UnderReplicated"
+    report(moving=0, under=0)
+    converged = wait_for("converged", lambda: shown("Rebalancing", "False"))
+    assert converged["condition"]["reason"] == "Converged"
+    assert converged["phase"] == "Pending"  # no kubelet here: no broker pod gets ready
+    assert wait_for("not degraded", lambda: shown("Degraded", "False"))

@@ -81,6 +81,24 @@ def test_stateful_set() -> None:
     assert spec["selector"]["matchLabels"] == spec["template"]["metadata"]["labels"]
 
 
+def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivileged() -> None:
+    plain = build()["StatefulSet"]["spec"]["template"]["spec"]
+    cluster = copy.deepcopy(CLUSTER)
+    cluster["spec"]["xdp"] = {"enabled": True}
+    pod = build(cluster)["StatefulSet"]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"][:4] == ["laminar-xdp", "load", "--iface", "eth0"]
+    assert init["image"] == pod["containers"][0]["image"]  # the loader ships in the broker image
+    assert init["securityContext"]["privileged"] and init["securityContext"]["runAsUser"] == 0
+    assert init["envFrom"] == [{"configMapRef": {"name": "demo-config"}}]  # cluster id, ports
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["LAMINAR_XDP_PIN_DIR"] == "/sys/fs/bpf/laminar/$(POD_NAMESPACE)_$(POD_NAME)"
+    (bpffs,) = [v for v in pod["volumes"] if v["name"] == "bpffs"]
+    assert bpffs["hostPath"]["path"] == "/sys/fs/bpf"
+    assert pod["containers"] == plain["containers"]  # the broker is the same, unprivileged
+    assert pod["securityContext"] == plain["securityContext"]
+
+
 def test_scale_down_overrides_the_replicas_only() -> None:
     assert build(replicas=5)["StatefulSet"]["spec"]["replicas"] == 5
 

@@ -4,11 +4,12 @@ Run by every broker started with --kube-namespace and --kube-cluster; only the o
 the metadata group (`__cluster`) reports, so there is one writer. Every REPORT_INTERVAL_S it
 lists the namespace's Topic objects of its cluster and merge-patches the status of each whose
 partitions (leader, replicas, in-sync set, commit index) changed since its last patch, and the
-LaminarCluster's members and counts likewise: nothing is patched when nothing changed, except
-the cluster's `reportedAt` heartbeat every HEARTBEAT_S (the operator reads status from the
-brokers itself while it is stale). The ServiceAccount needs get/patch on the two status
-subresources and list on topics, nothing more. Kubernetes errors are logged (rate-limited)
-and retried at the next round; they never disturb the broker.
+LaminarCluster's members and counts likewise (with `rebalancingPartitions`, the partitions
+not yet where placement wants them, from which the operator derives Rebalancing): nothing is
+patched when nothing changed, except the cluster's `reportedAt` heartbeat every HEARTBEAT_S
+(the operator reads status from the brokers itself while it is stale). The ServiceAccount
+needs get/patch on the two status subresources and list on topics, nothing more. Kubernetes
+errors are logged (rate-limited) and retried at the next round; they never disturb the broker.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..client.models import TopicDescription
 from ..kube import Credentials, KubeClient, KubeError, topic_status
 from .http import ApiError
+from .node import misplaced_partitions
 
 if TYPE_CHECKING:
     from .api import Api
@@ -106,6 +108,9 @@ class KubeStatusReporter:
             "leaders": sum(leaders.values()),
             "partitions": partitions,
             "underReplicated": under,
+            "rebalancingPartitions": misplaced_partitions(
+                view, broker.state.topics, broker.candidates()
+            ),
         }
         now = time.monotonic()
         if members != self._members or now - self._heartbeat >= HEARTBEAT_S:

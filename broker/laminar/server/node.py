@@ -20,7 +20,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -48,7 +48,7 @@ from ..partition.errors import NotLeader, Overloaded
 from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import Replica
-from ..placement import Candidate, place
+from ..placement import Candidate, partition_key, place
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
@@ -900,6 +900,27 @@ def view_leaders(view: View) -> dict[str, dict[str, Any]]:
             if best is None or int(item["term"]) > int(best["term"]):
                 leaders[group] = item
     return leaders
+
+
+def misplaced_partitions(
+    view: View, topics: Mapping[str, Topic], candidates: Sequence[Candidate]
+) -> int:
+    """How many led partitions are not yet where placement wants them: their leader's Raft
+    configuration has learners (replicas catching up) or voters other than the placement's
+    choice. 0 once a rebalance (a broker added, drained or reweighted) has converged.
+    Leaderless partitions are not counted: they are under-replicated, not moving."""
+    leaders = view_leaders(view)
+    moving = 0
+    for name, topic in topics.items():
+        for partition in range(topic.partitions):
+            key = partition_key(name, partition)
+            report = leaders.get(key)
+            if report is None:
+                continue
+            target = place(key, candidates, topic.replication_factor)
+            if report["learners"] or set(report["voters"]) != set(target):
+                moving += 1
+    return moving
 
 
 def _valid_int(value: object, high: int) -> bool:
