@@ -117,6 +117,27 @@ def _run(*command: str) -> str:
     return done.stdout
 
 
+CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF = 12, 21, 39
+
+
+def _check_capabilities() -> None:
+    """Attaching XDP needs CAP_NET_ADMIN; loading BPF needs CAP_BPF (or CAP_SYS_ADMIN)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return  # not Linux's procfs: let the tools say
+    line = next((x for x in status.splitlines() if x.startswith("CapEff:")), None)
+    if line is None:
+        return
+    effective = int(line.split()[1], 16)
+    has = {cap for cap in (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF) if effective >> cap & 1}
+    if CAP_NET_ADMIN not in has or not has & {CAP_BPF, CAP_SYS_ADMIN}:
+        raise NotPermitted(
+            f"uid {os.geteuid()} lacks CAP_BPF and CAP_NET_ADMIN (run it as root in a "
+            "privileged init container)"
+        )
+
+
 def _ensure_bpffs(pin_dir: Path) -> None:
     if not BPF_FS.is_dir():
         raise NotPermitted(f"{BPF_FS} does not exist: this kernel or container has no bpffs")
@@ -162,6 +183,7 @@ def load(
         raise XdpError(f"no XDP object at {obj} (build it with broker/xdp/build.sh)")
     if not _interface_exists(iface):
         raise XdpError(f"no interface {iface!r}")
+    _check_capabilities()
     _ensure_bpffs(pin_dir)
     unload(iface, pin_dir)
     prog = pin_dir / "prog"
