@@ -6,33 +6,40 @@
 
 The program and its maps are pinned under `--pin-dir` (default /sys/fs/bpf/laminar): `prog`,
 `config` (ports and xxh64(cluster id), written before the program is attached) and `counters`
-(per-CPU packets, bytes, drops per class). The configuration comes from `--config` (a JSON
+(per-CPU packets, bytes, drops per class; readable by everyone, so that the unprivileged broker
+can export them). The configuration comes from `--config` (a JSON
 object with cluster_id, gossip_port, api_port, peer_port) or else from the same flags and
 LAMINAR_* variables as `laminar serve`, so the init container shares the brokers' ConfigMap.
 
-Loading twice replaces; unloading when nothing is loaded succeeds. The work is done by bpftool
-(libbpf) and iproute2; BPF needs root or CAP_BPF + CAP_NET_ADMIN. Where it is not permitted
-the command says so and exits 3, or, with `--best-effort`, says so and exits 0: the broker
-runs the same without the router.
+Loading twice replaces; unloading when nothing is loaded succeeds. Loading is done by bpftool
+(libbpf) and iproute2, reading the counters by bpf(2) directly. BPF needs root, or CAP_BPF and
+CAP_NET_ADMIN. Where it is not permitted the command says so and exits 3, or, with
+`--best-effort`, says so and exits 0: the broker runs the same without the router.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import platform
 import shutil
 import struct
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .server.config import DEFAULT_API_PORT, DEFAULT_GOSSIP_PORT, DEFAULT_PEER_PORT
+from .server.config import (
+    DEFAULT_API_PORT,
+    DEFAULT_GOSSIP_PORT,
+    DEFAULT_PEER_PORT,
+    DEFAULT_XDP_PIN_DIR,
+)
 from .swim.codec import cluster_hash
 
-DEFAULT_PIN_DIR = Path("/sys/fs/bpf/laminar")
+DEFAULT_PIN_DIR = DEFAULT_XDP_PIN_DIR
 BPF_FS = Path("/sys/fs/bpf")
 #: Where the image puts the compiled router (Dockerfile.broker); LAMINAR_XDP_OBJECT overrides.
 DEFAULT_OBJECT = Path("/usr/lib/laminar/router.o")
@@ -193,6 +200,10 @@ def load(
         "bpftool", "map", "update", "pinned", str(pin_dir / "config"),
         "key", "hex", "00", "00", "00", "00", "value", "hex", *value.split(),
     )  # fmt: skip
+    # the unprivileged broker may read the counters (opened read-only: on Linux >= 6.5 the
+    # file's permission is enough); the program and its configuration stay root's
+    pin_dir.chmod(0o755)
+    (pin_dir / "counters").chmod(0o444)
     tried = ["native", "generic"] if mode == "auto" else [mode]
     errors = []
     for attempt in tried:
@@ -208,29 +219,66 @@ def load(
     raise XdpError("could not attach: " + "; ".join(errors))
 
 
+#: bpf(2): its syscall number per machine, and the commands used here.
+BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351}
+BPF_MAP_LOOKUP_ELEM, BPF_OBJ_GET = 1, 7
+BPF_F_RDONLY = 1 << 3  # open a pinned map for reading only: file read permission suffices
+BPF_ATTR_BYTES = 128
+COUNTER_LAYOUT = struct.Struct("<QQQ")  # struct class_counters: packets, bytes, drops
+
+
+def _bpf(command: int, attr: bytes) -> int:
+    number = BPF_SYSCALL.get(platform.machine())
+    if number is None:
+        raise XdpError(f"bpf(2) on {platform.machine()} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    buffer = ctypes.create_string_buffer(attr.ljust(BPF_ATTR_BYTES, b"\0"), BPF_ATTR_BYTES)
+    result = int(libc.syscall(ctypes.c_long(number), ctypes.c_long(command), buffer,
+                              ctypes.c_uint(BPF_ATTR_BYTES)))  # fmt: skip
+    if result < 0:
+        errno = ctypes.get_errno()
+        error = f"bpf command {command}: {os.strerror(errno)}"
+        if errno in (1, 13):  # EPERM, EACCES
+            raise NotPermitted(f"{error} (reading BPF maps needs CAP_BPF)")
+        raise XdpError(error)
+    return result
+
+
+def _possible_cpus() -> int:
+    """How many values a per-CPU map holds per key (the kernel's possible CPUs)."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    count = 0
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
 def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
-    """Packets, bytes and drops per class, summed over CPUs; empty when nothing is pinned."""
+    """Packets, bytes and drops per class, summed over CPUs; empty when nothing is pinned.
+    Read with bpf(2) directly (no bpftool), so the broker can export them at every scrape."""
     counters = pin_dir / "counters"
     if not counters.exists():
         return {}
-    entries: list[dict[str, Any]] = json.loads(
-        _run("bpftool", "map", "dump", "pinned", str(counters), "-j")
-    )
-    totals: dict[str, dict[str, int]] = {}
-    for entry in entries:
-        raw_key = entry["key"]
-        index = int.from_bytes(bytes(int(b, 16) for b in raw_key), "little")
-        summed = {"packets": 0, "bytes": 0, "drops": 0}
-        for per_cpu in entry["values"]:
-            packets, size, drops = struct.unpack(
-                "<QQQ", bytes(int(b, 16) for b in per_cpu["value"])
-            )
-            summed["packets"] += packets
-            summed["bytes"] += size
-            summed["drops"] += drops
-        if index < len(CLASSES):
-            totals[CLASSES[index]] = summed
-    return totals
+    path = ctypes.create_string_buffer(str(counters).encode())
+    fd = _bpf(BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, BPF_F_RDONLY))
+    try:
+        cpus = _possible_cpus()
+        totals: dict[str, dict[str, int]] = {}
+        for index, name in enumerate(CLASSES):
+            key = ctypes.create_string_buffer(struct.pack("<I", index), 4)
+            value = ctypes.create_string_buffer(COUNTER_LAYOUT.size * cpus)
+            attr = struct.pack("<IIQQQ", fd, 0, ctypes.addressof(key), ctypes.addressof(value), 0)
+            _bpf(BPF_MAP_LOOKUP_ELEM, attr)
+            summed = [0, 0, 0]
+            for cpu in range(cpus):
+                for i, v in enumerate(COUNTER_LAYOUT.unpack_from(value.raw, cpu * 24)):
+                    summed[i] += v
+            totals[name] = dict(zip(("packets", "bytes", "drops"), summed, strict=True))
+        return totals
+    finally:
+        os.close(fd)
 
 
 def _config_from(args: argparse.Namespace) -> RouterConfig:

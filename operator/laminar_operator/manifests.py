@@ -32,6 +32,8 @@ TERMINATION_GRACE_S = 60
 #: The pod's network interface, where the XDP router is attached.
 POD_INTERFACE = "eth0"
 BPF_FS = "/sys/fs/bpf"
+#: Where the broker container sees its pod's pinned XDP maps (read-only), to export counters.
+XDP_PIN_MOUNT = "/run/laminar/xdp"
 
 Object = dict[str, Any]
 
@@ -356,6 +358,17 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
     if spec["xdp"].get("enabled"):
         pod["initContainers"] = [xdp_init_container(cluster)]
         volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
+        # the broker reads its pod's counters (the map file is world-readable), nothing more
+        broker["env"] = [*env, {"name": "LAMINAR_XDP_PIN_DIR", "value": XDP_PIN_MOUNT}]
+        broker["volumeMounts"] = [
+            *broker["volumeMounts"],
+            {
+                "name": "bpffs",
+                "mountPath": XDP_PIN_MOUNT,
+                "subPathExpr": "laminar/$(POD_NAMESPACE)_$(LAMINAR_NODE_ID)",
+                "readOnly": True,
+            },
+        ]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -383,7 +396,8 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
 def xdp_init_container(cluster: Object) -> Object:
     """Loads the XDP router onto the pod's interface before the broker starts (`laminar-xdp
     load`, same image): the one privileged container of the pod, and it exits. Its maps are
-    pinned per pod under /sys/fs/bpf/laminar/ on the node. Where BPF is not permitted it says
+    pinned per pod under /sys/fs/bpf/laminar/ on the node; the broker container mounts that
+    directory read-only and exports the counters. Where BPF is not permitted it says
     so in its log and lets the broker start without the router (--best-effort)."""
     name, _ = names(cluster)
     spec = spec_of(cluster)
@@ -401,7 +415,7 @@ def xdp_init_container(cluster: Object) -> Object:
             {
                 "name": "LAMINAR_XDP_PIN_DIR",
                 "value": f"{BPF_FS}/laminar/$(POD_NAMESPACE)_$(POD_NAME)",
-            },
+            },  # the broker container mounts the same directory (its pod name is its node id)
         ],
         # the cluster id and ports, as the brokers see them
         "envFrom": [{"configMapRef": {"name": config_map_name(name)}}],

@@ -95,8 +95,16 @@ def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivilege
     assert env["LAMINAR_XDP_PIN_DIR"] == "/sys/fs/bpf/laminar/$(POD_NAMESPACE)_$(POD_NAME)"
     (bpffs,) = [v for v in pod["volumes"] if v["name"] == "bpffs"]
     assert bpffs["hostPath"]["path"] == "/sys/fs/bpf"
-    assert pod["containers"] == plain["containers"]  # the broker is the same, unprivileged
+    (broker,) = pod["containers"]
+    (plain_broker,) = plain["containers"]
+    assert broker["securityContext"] == plain_broker["securityContext"]  # still unprivileged
     assert pod["securityContext"] == plain["securityContext"]
+    # ... and reads its own pod's counters, read-only, from where the init container pinned them
+    (pins,) = [m for m in broker["volumeMounts"] if m["name"] == "bpffs"]
+    assert pins["readOnly"] and pins["subPathExpr"] == "laminar/$(POD_NAMESPACE)_$(LAMINAR_NODE_ID)"
+    broker_env = {e["name"]: e.get("value") for e in broker["env"]}
+    assert broker_env["LAMINAR_XDP_PIN_DIR"] == pins["mountPath"]
+    assert "LAMINAR_XDP_PIN_DIR" not in {e["name"] for e in plain_broker["env"]}
 
 
 def test_scale_down_overrides_the_replicas_only() -> None:

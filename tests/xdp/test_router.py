@@ -5,13 +5,16 @@ what reached the receiver's sockets compared with what the counters say."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from laminar import xdp
 from laminar.swim.codec import HEADER_BYTES
 
 from ..netns import Host, veth_pair
@@ -163,3 +166,43 @@ def test_bad_configuration_is_refused_and_changes_nothing(
     assert missing.returncode == 1 and "no interface 'no-such-if'" in missing.stderr
     assert receiver.run("ip", "link", "show", receiver.iface).stdout == before
     assert stats(receiver, pins)["membership"]["packets"] == 0
+
+
+def read_counters_as(uid: int, pins: Path) -> str:
+    """stats() in a child process that has dropped to `uid` (no capabilities)."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = json.dumps(xdp.stats(pins))
+        except BaseException as e:
+            answer = f"{type(e).__name__}: {e}"
+        os.write(writing, answer.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        out = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_the_unprivileged_broker_may_read_the_counters_and_nothing_else(
+    router_object: Path,
+) -> None:
+    if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (6, 5):
+        pytest.skip("before Linux 6.5 reading a pinned map needs CAP_BPF")
+    with tempfile.TemporaryDirectory() as tmp, veth_pair() as (sender, receiver):
+        Path(tmp).chmod(0o755)  # the broker's uid must reach the pins
+        with bpffs(Path(tmp) / "bpf") as fs:
+            pins = fs / "laminar"
+            laminar_xdp(receiver, pins, "load", "--iface", receiver.iface,
+                        "--object", str(router_object), "--cluster-id", CLUSTER)  # fmt: skip
+            send_udp(sender, receiver.address, GOSSIP, b"garbage")
+            counted = json.loads(read_counters_as(10001, pins))
+            garbage_bytes = ETH_IPV4_UDP_BYTES + len(b"garbage")
+            assert counted["membership"] == {"packets": 1, "bytes": garbage_bytes, "drops": 1}
+            assert oct((pins / "config").stat().st_mode & 0o777) == "0o600"
+            assert oct((pins / "prog").stat().st_mode & 0o777) == "0o600"

@@ -13,6 +13,7 @@ from ..metadata.state import NODE_ID
 DEFAULT_API_PORT = 7070
 DEFAULT_PEER_PORT = 7071
 DEFAULT_GOSSIP_PORT = 7072
+DEFAULT_XDP_PIN_DIR = Path("/sys/fs/bpf/laminar")
 MIB = 1 << 20
 #: for a laptop cluster only: real clusters pass --secret-file
 DEFAULT_SECRET = b"laminar-insecure-default-secret"
@@ -57,6 +58,9 @@ class BrokerConfig:
     kube_namespace: str | None = None
     kube_cluster: str | None = None
     kube_config: str | None = None
+    #: where `laminar-xdp` pinned the XDP router's maps; its counters are exported as metrics
+    #: when they are there (and readable: that needs CAP_BPF)
+    xdp_pin_dir: Path = DEFAULT_XDP_PIN_DIR
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
@@ -123,6 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kube-namespace", default=env("kube-namespace"), help="report status to Kubernetes")
     add("--kube-cluster", default=env("kube-cluster"), help="the LaminarCluster object's name")
     add("--kube-config", default=env("kube-config"), help="kubeconfig (default: in-cluster)")
+    add(
+        "--xdp-pin-dir",
+        default=env("xdp-pin-dir", str(DEFAULT_XDP_PIN_DIR)),
+        help="the XDP router's pinned maps (laminar-xdp --pin-dir), exported as metrics",
+    )
 
 
 def _read_secret(path: str, what: str) -> bytes:
@@ -172,4 +181,5 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         kube_namespace=args.kube_namespace or None,
         kube_cluster=args.kube_cluster or None,
         kube_config=args.kube_config or None,
+        xdp_pin_dir=Path(args.xdp_pin_dir),
     )

@@ -3,6 +3,7 @@ histograms and error counters updated by the API."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -11,11 +12,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from .. import xdp
 from ..raft.raft import Role
 from ..swim.member import MemberStatus
 
 if TYPE_CHECKING:
     from .node import Broker
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
@@ -83,6 +87,16 @@ class _BrokerCollector(Collector):
             counter = CounterMetricFamily(f"laminar_raft_{name}", f"time in Ready {name}")
             counter.add_metric([], value)
             yield counter
+        if broker.swim is not None and broker.swim.running:
+            dropped = CounterMetricFamily(
+                "laminar_swim_dropped_datagrams",
+                "gossip datagrams dropped in user space, by reason (foreign, forged, late ...)",
+                labels=["reason"],
+            )
+            for reason, count in sorted(broker.swim.core.dropped.items()):
+                dropped.add_metric([reason], count)
+            yield dropped
+        yield from _xdp_metrics(broker)
         stats = broker.transport.stats
         for key in sorted(stats):
             counter = CounterMetricFamily(f"laminar_peer_{key}", f"peer transport {key}")
@@ -118,6 +132,31 @@ class BrokerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_xdp_warned: set[str] = set()
+
+
+def _xdp_metrics(broker: Broker) -> Iterator[Metric]:
+    """The XDP router's counters (laminar-xdp's pinned map), when it is loaded here."""
+    pin_dir = broker.config.xdp_pin_dir
+    try:
+        counted = xdp.stats(pin_dir)
+    except xdp.XdpError as e:
+        if str(pin_dir) not in _xdp_warned:
+            _xdp_warned.add(str(pin_dir))
+            log.warning("the XDP router's counters in %s are not exported: %s", pin_dir, e)
+        return
+    help_texts = {
+        "packets": "packets the XDP router saw, by class",
+        "bytes": "bytes the XDP router saw, by class",
+        "drops": "packets the XDP router dropped (foreign gossip), by class",
+    }
+    for field, help_text in help_texts.items():
+        family = CounterMetricFamily(f"laminar_xdp_{field}", help_text, labels=["class"])
+        for name, values in counted.items():
+            family.add_metric([name], values[field])
+        yield family
 
 
 def _group_metrics(broker: Broker) -> Iterator[Metric]:
