@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ import pytest
 
 from laminar import xdp
 from laminar.swim.codec import HEADER_BYTES
+from laminar.xdp import CLASSES
 
 from ..netns import Host, veth_pair
 from .conftest import bpffs, gossip_datagram, laminar_xdp, send_udp
@@ -206,3 +208,87 @@ def test_the_unprivileged_broker_may_read_the_counters_and_nothing_else(
             assert counted["membership"] == {"packets": 1, "bytes": garbage_bytes, "drops": 1}
             assert oct((pins / "config").stat().st_mode & 0o777) == "0o600"
             assert oct((pins / "prog").stat().st_mode & 0o777) == "0o600"
+
+
+# ---- frames built by hand (AF_PACKET): VLAN tags, IPv6, fragments, truncation ------------
+
+SEND_FRAMES = """
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+for frame in sys.argv[2:]:
+    s.send(bytes.fromhex(frame))
+"""
+
+
+def mac_of(host: Host) -> bytes:
+    text = host.run("cat", f"/sys/class/net/{host.iface}/address").stdout.strip()
+    return bytes.fromhex(text.replace(":", ""))
+
+
+def ipv4(protocol: int, payload: bytes, fragment_offset: int = 0) -> bytes:
+    header = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 1, fragment_offset, 64, protocol, 0,
+        bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]),
+    )  # fmt: skip
+    return header + payload
+
+
+def ipv6(next_header: int, payload: bytes) -> bytes:
+    source, destination = bytes(15) + b"\x01", bytes(15) + b"\x02"
+    return (
+        struct.pack("!IHBB", 6 << 28, len(payload), next_header, 64)
+        + source
+        + destination
+        + (payload)
+    )
+
+
+def udp(port: int, payload: bytes) -> bytes:
+    return struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload
+
+
+def tcp_syn(port: int) -> bytes:
+    return struct.pack("!HHIIBBHHH", 40000, port, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+
+
+def test_vlan_tags_ipv6_fragments_and_truncation(wire: tuple[Host, Host, Path]) -> None:
+    sender, receiver, pins = wire
+
+    def frame(ethertype: int, body: bytes, tags: tuple[tuple[int, int], ...] = ()) -> bytes:
+        header = mac_of(receiver) + mac_of(sender)
+        for tpid, vid in tags:
+            header += struct.pack("!HH", tpid, vid)
+        return header + struct.pack("!H", ethertype) + body
+
+    ip4, ip6, dot1q, dot1ad = 0x0800, 0x86DD, 0x8100, 0x88A8
+    ours, theirs = gossip_datagram(CLUSTER), gossip_datagram("someone.else")
+    frames = {
+        # (class, dropped)
+        ("membership", False): [frame(ip4, ipv4(17, udp(GOSSIP, ours)), ((dot1q, 10),))],
+        ("membership", True): [
+            frame(ip4, ipv4(17, udp(GOSSIP, theirs)), ((dot1ad, 20), (dot1q, 10))),  # QinQ
+            frame(ip6, ipv6(17, udp(GOSSIP, theirs))),
+        ],
+        ("peer", False): [frame(ip6, ipv6(6, tcp_syn(PEER)))],
+        ("api", False): [frame(ip6, ipv6(6, tcp_syn(API)), ((dot1q, 10),))],
+        ("other", False): [
+            # a non-first fragment: no UDP header where one would be
+            frame(ip4, ipv4(17, udp(GOSSIP, theirs), fragment_offset=100)),
+            # three tags: more than the router looks through
+            frame(ip4, ipv4(17, udp(GOSSIP, theirs)), ((dot1q, 1), (dot1q, 2), (dot1q, 3))),
+            # an IPv4 header cut short
+            frame(ip4, ipv4(17, udp(GOSSIP, theirs))[:10]),
+        ],
+    }
+    every = [f for group in frames.values() for f in group]
+    sender.run(sys.executable, "-c", SEND_FRAMES, sender.iface, *(f.hex() for f in every))
+
+    counted = stats(receiver, pins)
+    for name in CLASSES:
+        sent = [(f, dropped) for (c, dropped), group in frames.items() if c == name for f in group]
+        assert counted[name] == {
+            "packets": len(sent),
+            "bytes": sum(len(f) for f, _ in sent),
+            "drops": sum(1 for _, dropped in sent if dropped),
+        }, (name, counted)
