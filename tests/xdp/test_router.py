@@ -235,13 +235,8 @@ def ipv4(protocol: int, payload: bytes, fragment_offset: int = 0) -> bytes:
 
 
 def ipv6(next_header: int, payload: bytes) -> bytes:
-    source, destination = bytes(15) + b"\x01", bytes(15) + b"\x02"
-    return (
-        struct.pack("!IHBB", 6 << 28, len(payload), next_header, 64)
-        + source
-        + destination
-        + (payload)
-    )
+    addresses = bytes(15) + b"\x01" + bytes(15) + b"\x02"  # ::1 -> ::2
+    return struct.pack("!IHBB", 6 << 28, len(payload), next_header, 64) + addresses + payload
 
 
 def udp(port: int, payload: bytes) -> bytes:
