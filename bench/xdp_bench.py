@@ -135,6 +135,22 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
+SEEN = """
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+metric = 'laminar_swim_dropped_datagrams_total{reason="wrong_cluster"}'
+found = re.search("^" + re.escape(metric) + r" (\\S+)$", text, re.M)
+print(int(float(found.group(1))) if found else 0)
+"""
+
+
+def seen_by_broker(host: Host) -> int:
+    """The wrong-cluster datagrams the broker read and dropped itself (the rest of the flood
+    was dropped by the router, or overflowed the socket's receive queue)."""
+    url = f"http://{host.address}:7070/metrics"
+    return int(host.run(sys.executable, "-c", SEEN, url).stdout)
+
+
 def broker_cpu_under_flood(
     sender: Host, receiver: Host, work: Path, count: int, limit: float
 ) -> dict[str, float]:
@@ -156,8 +172,9 @@ def broker_cpu_under_flood(
         start = cpu_s(broker.pid)
         time.sleep(flooded["seconds"])
         idle = cpu_s(broker.pid) - start
+        seen = seen_by_broker(receiver)
         return {"broker_cpu_s": busy, "idle_cpu_s": idle, "datagrams": flooded["sent"],
-                "seconds": flooded["seconds"]}  # fmt: skip
+                "seconds": flooded["seconds"], "seen_by_broker": seen}  # fmt: skip
     finally:
         broker.terminate()
         broker.wait(timeout=30)
@@ -220,7 +237,8 @@ def report(results: dict[str, Any]) -> None:
         b = results[mode]["broker"]
         print(f"broker under {b['datagrams']:,} wrong-cluster datagrams in {b['seconds']:.1f} s, "
               f"{mode} the router: {b['broker_cpu_s']:.2f} CPU s "
-              f"(idle for as long: {b['idle_cpu_s']:.2f})")  # fmt: skip
+              f"(idle for as long: {b['idle_cpu_s']:.2f}); the broker read "
+              f"{b['seen_by_broker']:,} of them")  # fmt: skip
     without = results["without"]["broker"]
     with_ = results["with"]["broker"]
     # the flood's own cost: CPU above what the broker spends idle in the same time
