@@ -16,13 +16,14 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.kube.test_operator import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "e2e"
@@ -57,17 +58,6 @@ def run(*args: str, stdin: str | None = None, timeout_s: float = 600) -> str:
     )
     assert done.returncode == 0, f"{' '.join(args)}:\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
     return done.stdout
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(2)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
 class Kind:
@@ -124,8 +114,8 @@ def test_a_cluster_from_helm_install_to_scale_up(kind: Kind) -> None:
     def status() -> dict[str, Any]:
         return kind.get("laminarcluster/demo").get("status") or {}
 
-    wait_for("3 brokers ready", lambda: status().get("readyReplicas") == 3)
-    wait_for("Running", lambda: status().get("phase") == "Running")
+    wait_for("3 brokers ready", lambda: status().get("readyReplicas") == 3, WAIT_S)
+    wait_for("Running", lambda: status().get("phase") == "Running", WAIT_S)
     kind.kubectl("apply", "-f", str(ROOT / "examples" / "topic.yaml"))
 
     def led() -> dict[str, Any] | None:
@@ -133,7 +123,7 @@ def test_a_cluster_from_helm_install_to_scale_up(kind: Kind) -> None:
         parts = s.get("partitions") or []
         return s if len(parts) == 4 and all(p["leader"] for p in parts) else None
 
-    shown = wait_for("the topic's leaders in status", led)
+    shown = wait_for("the topic's leaders in status", led, WAIT_S)
     assert all(len(p["replicas"]) == 3 for p in shown["partitions"])
 
     # records through the client Service, with the CLI the broker image carries
@@ -147,7 +137,7 @@ def test_a_cluster_from_helm_install_to_scale_up(kind: Kind) -> None:
     assert values == sorted(f"record-{i}" for i in range(20))
 
     kind.kubectl("scale", "laminarcluster/demo", "--replicas=4")
-    wait_for("4 brokers ready", lambda: status().get("readyReplicas") == 4)
+    wait_for("4 brokers ready", lambda: status().get("readyReplicas") == 4, WAIT_S)
 
     def converged() -> bool:
         s = status()
@@ -156,7 +146,7 @@ def test_a_cluster_from_helm_install_to_scale_up(kind: Kind) -> None:
         rebalancing = next((c for c in s.get("conditions", []) if c["type"] == "Rebalancing"), {})
         return moved and rebalancing.get("status") == "False"
 
-    wait_for("partitions moved onto demo-3, Rebalancing over", converged)
+    wait_for("partitions moved onto demo-3, Rebalancing over", converged, WAIT_S)
     kind.kubectl("delete", "laminarcluster/demo", "--wait=true", "--timeout=180s")
     wait_for("the StatefulSet collected", lambda: "demo" not in kind.kubectl(
         "get", "statefulsets", "-o", "name"))  # fmt: skip
