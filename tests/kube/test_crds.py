@@ -137,3 +137,18 @@ def test_owned_objects_are_accepted_and_collected_with_their_cluster(
             break
         time.sleep(0.5)
     assert not left, f"not garbage-collected: {left}"
+
+
+def test_the_stateful_set_with_the_xdp_init_container_is_valid(
+    crds: KubeApi, namespace: str
+) -> None:
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    cluster["spec"]["xdp"] = {"enabled": True}
+    crds.apply(cluster)
+    applied = crds.get("laminarcluster/demo", "-n", namespace)
+    crds.apply(manifests.stateful_set(applied, initial_replicas=3))  # validated by the server
+    pod = crds.get("statefulset/demo", "-n", namespace)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["securityContext"]["privileged"] is True
+    assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
