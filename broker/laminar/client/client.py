@@ -70,6 +70,7 @@ from .models import (
     NodeAdminState,
     NodePartitions,
     PartitionState,
+    RawRead,
     ReadResult,
     Settled,
     TopicDescription,
@@ -573,6 +574,40 @@ class AsyncClient:
         that long for a record at or after `from_index` to be committed (long poll). Raises
         `OutOfRange` (with `log_start`) when `from_index` is below the log start.
         """
+        raw = await self.read_batches(
+            topic, partition, from_index, max_records=max_records, max_bytes=max_bytes,
+            wait_ms=wait_ms, timeout_s=timeout_s,
+        )  # fmt: skip
+        if isinstance(raw, ReadResult):
+            return raw
+        try:
+            return decode_read_body(
+                raw.body,
+                from_index=from_index,
+                max_records=max_records,
+                next_index=raw.next_index,
+                commit_index=raw.commit_index,
+                log_start=raw.log_start,
+            )
+        except (BatchError, KeyError, TypeError, ValueError) as e:
+            raise LaminarError(
+                200, "corrupt_response", f"undecodable read answer for {topic}/{partition}: {e}"
+            ) from e
+
+    async def read_batches(
+        self,
+        topic: str,
+        partition: int,
+        from_index: int | None = None,
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        wait_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> RawRead | ReadResult:
+        """`read`, but the stored batches as they came (`RawRead`), for callers that decode
+        them their own way (the Spark source builds Arrow columns). A broker that answered in
+        JSON gives a decoded `ReadResult` instead."""
         query: dict[str, int] = {"max_records": max_records, "max_bytes": max_bytes}
         if from_index is not None:
             query["from"] = from_index
@@ -591,15 +626,13 @@ class AsyncClient:
         try:
             if content_type.startswith(JSON_CONTENT_TYPE):
                 return decode_read_json(answer.json() or {}, max_records=max_records)
-            return decode_read_body(
+            return RawRead(
                 answer.body,
-                from_index=from_index,
-                max_records=max_records,
-                next_index=_int_header(answer.headers, "Laminar-Next-Index"),
-                commit_index=_header_or(answer.headers, "Laminar-Commit-Index", -1),
-                log_start=_header_or(answer.headers, "Laminar-Log-Start", 0),
+                _int_header(answer.headers, "Laminar-Next-Index"),
+                _header_or(answer.headers, "Laminar-Commit-Index", -1),
+                _header_or(answer.headers, "Laminar-Log-Start", 0),
             )
-        except (BatchError, KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise LaminarError(
                 answer.status, "corrupt_response", f"undecodable read answer from {answer.url}: {e}"
             ) from e

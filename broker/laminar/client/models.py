@@ -49,6 +49,16 @@ class ReadResult(NamedTuple):
     log_start: int
 
 
+class RawRead(NamedTuple):
+    """A binary read answer as it came: whole stored batches back to back (the first may start
+    before the index asked for), and the broker's positions."""
+
+    body: bytes
+    next_index: int | None
+    commit_index: int
+    log_start: int
+
+
 @dataclass(frozen=True, slots=True)
 class RecordMetadata:
     """Where a produced record was written."""

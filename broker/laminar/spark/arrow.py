@@ -1,0 +1,176 @@
+"""Stored record batches -> Arrow columns of the Spark source's schema, without a Python object
+per record where the records allow it.
+
+Records of one batch that share their key and value lengths and carry no headers (the usual
+case: fixed-size values, no key or fixed-size keys) are sliced out with numpy as one
+(records x stride) matrix; any other batch goes through the record walker
+(`laminar.log.batch.iter_records`). Every batch's checksum is verified either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ..log.batch import (
+    BATCH_HEADER_BYTES,
+    RECORD_HEADER,
+    RECORD_HEADER_BYTES,
+    BatchHeader,
+    iter_records,
+    split_batches,
+    verify_batch,
+)
+
+#: Spark's schema of the source (the Kafka connector's, `offset` named `index`).
+SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, index long, timestamp timestamp"
+)
+HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+MAX_BATCH_BYTES = BATCH_HEADER_BYTES + 2**32 - 1
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    fields = [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("index", pa.int64()),
+        ("timestamp", TIMESTAMP_TYPE),
+    ]
+    if include_headers:
+        fields.append(("headers", HEADER_TYPE))
+    return pa.schema(fields)
+
+
+def _fixed_binary(matrix: np.ndarray, start: int, length: int) -> pa.Array:
+    """Column `start:start+length` of every row of `matrix` as a binary array (-1: nulls)."""
+    rows = matrix.shape[0]
+    if length < 0:
+        return pa.nulls(rows, pa.binary())
+    data = np.ascontiguousarray(matrix[:, start : start + length])
+    offsets = np.arange(rows + 1, dtype=np.int32) * length
+    return pa.Array.from_buffers(
+        pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def _uniform(batch: memoryview, header: BatchHeader) -> tuple[np.ndarray, int, int] | None:
+    """The records as a (count x stride) byte matrix when they all have the first record's
+    key and value lengths and no headers; None otherwise."""
+    _, key_bytes, value_bytes, _ = RECORD_HEADER.unpack_from(batch, BATCH_HEADER_BYTES)
+    stride = RECORD_HEADER_BYTES + max(key_bytes, 0) + max(value_bytes, 0)
+    if stride * header.record_count != header.payload_bytes:
+        return None
+    payload = np.frombuffer(batch, dtype=np.uint8, offset=BATCH_HEADER_BYTES)
+    matrix = payload.reshape(header.record_count, stride)
+    lengths = np.ascontiguousarray(matrix[:, 4:12]).view(np.dtype("<i4")).reshape(-1, 2)
+    header_counts = np.ascontiguousarray(matrix[:, 12:14]).view(np.dtype("<u2"))
+    if (lengths[:, 0] != key_bytes).any() or (lengths[:, 1] != value_bytes).any():
+        return None
+    if header_counts.any():
+        return None
+    return matrix, key_bytes, value_bytes
+
+
+class ColumnBuilder:
+    """Arrow columns for the rows of one topic partition, batch by batch."""
+
+    def __init__(self, topic: str, partition: int, include_headers: bool) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.include_headers = include_headers
+        self.keys: list[pa.Array] = []
+        self.values: list[pa.Array] = []
+        self.indexes: list[np.ndarray] = []
+        self.timestamps_ms: list[np.ndarray] = []
+        self.headers: list[pa.Array] = []
+        self.rows = 0
+
+    def add(self, body: bytes, low: int, high: int) -> int:
+        """Add the records of `body` (whole batches back to back) with low <= index < high;
+        return the index after the last batch looked at (control batches included)."""
+        after = low
+        for batch in split_batches(body):
+            header, _ = verify_batch(batch, MAX_BATCH_BYTES)
+            if header.base_index >= high:
+                break
+            after = max(after, header.next_index)
+            if header.is_control or header.next_index <= low:
+                continue
+            first = max(low - header.base_index, 0)
+            last = min(high - header.base_index, header.record_count)
+            uniform = _uniform(batch, header)
+            if uniform is not None:
+                self._add_uniform(header, uniform, first, last)
+            else:
+                self._add_walked(batch, header, first, last)
+        return after
+
+    def _add_uniform(
+        self, header: BatchHeader, uniform: tuple[np.ndarray, int, int], first: int, last: int
+    ) -> None:
+        matrix, key_bytes, value_bytes = uniform
+        rows = matrix[first:last]
+        key_start = RECORD_HEADER_BYTES
+        value_start = key_start + max(key_bytes, 0)
+        self.keys.append(_fixed_binary(rows, key_start, key_bytes))
+        self.values.append(_fixed_binary(rows, value_start, value_bytes))
+        deltas = np.ascontiguousarray(rows[:, 0:4]).view(np.dtype("<i4")).ravel()
+        self.timestamps_ms.append(deltas.astype(np.int64) + header.first_timestamp_ms)
+        count = last - first
+        self.indexes.append(np.arange(count, dtype=np.int64) + header.base_index + first)
+        if self.include_headers:
+            self.headers.append(
+                pa.ListArray.from_arrays(
+                    pa.array(np.zeros(count + 1, dtype=np.int32)),
+                    pa.array([], type=HEADER_TYPE.value_type),
+                )
+            )
+        self.rows += count
+
+    def _add_walked(self, batch: memoryview, header: BatchHeader, first: int, last: int) -> None:
+        records = list(iter_records(batch))[first:last]
+        self.keys.append(pa.array([r[2] for r in records], type=pa.binary()))
+        self.values.append(pa.array([r[3] for r in records], type=pa.binary()))
+        self.timestamps_ms.append(np.array([r[1] for r in records], dtype=np.int64))
+        self.indexes.append(np.array([r[0] for r in records], dtype=np.int64))
+        if self.include_headers:
+            self.headers.append(
+                pa.array(
+                    [[{"key": k, "value": v} for k, v in r[4]] for r in records],
+                    type=HEADER_TYPE,
+                )
+            )
+        self.rows += len(records)
+
+    def take(self) -> pa.RecordBatch | None:
+        """The rows added since the last take, as one record batch (None if there are none)."""
+        if not self.rows:
+            return None
+        rows = self.rows
+        topic = self.topic.encode()
+        topics = pa.Array.from_buffers(
+            pa.string(),
+            rows,
+            [None, pa.py_buffer(np.arange(rows + 1, dtype=np.int32) * len(topic)),
+             pa.py_buffer(topic * rows)],
+        )  # fmt: skip
+        micros = np.concatenate(self.timestamps_ms) * 1000
+        columns = [
+            pa.concat_arrays(self.keys),
+            pa.concat_arrays(self.values),
+            topics,
+            pa.array(np.full(rows, self.partition, dtype=np.int32)),
+            pa.array(np.concatenate(self.indexes)),
+            pa.array(micros, type=TIMESTAMP_TYPE),
+        ]
+        if self.include_headers:
+            columns.append(pa.concat_arrays(self.headers))
+        batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(self.include_headers))
+        self.keys, self.values, self.indexes, self.timestamps_ms, self.headers = [], [], [], [], []
+        self.rows = 0
+        return batch

@@ -1,0 +1,200 @@
+"""The `laminar` source: batch (`spark.read`) and Structured Streaming (`spark.readStream`).
+
+Planning happens on the driver: offsets are resolved against the cluster there and cut into
+ranges (one per topic partition, or more with minPartitions). Each range is read on an
+executor by `read_range`, which replays exactly the committed records low <= index < high, so
+a micro-batch read twice gives the same rows and the checkpoint's offsets give exactly-once
+input. Readers hold only options and offsets (they are pickled to the executors); clients are
+made inside `read`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+
+from ..client import Client
+from ..client.errors import NotFound, OutOfRange
+from ..client.models import ReadResult
+from .arrow import ColumnBuilder
+from .options import (
+    Bounds,
+    Offsets,
+    OptionError,
+    Options,
+    Range,
+    as_json,
+    limit,
+    plan,
+    resolve,
+    spec,
+)
+
+try:  # Spark >= 4.2: admission control and Trigger.AvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pragma: no cover (Spark 4.0 / 4.1)
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
+
+READ_MAX_BYTES = 8 * 1024 * 1024
+READ_MAX_RECORDS = 100_000
+
+
+class DataLossError(RuntimeError):
+    """Records of a range were removed (retention) before they were read."""
+
+
+def bounds_of(options: Options) -> dict[str, dict[str, Bounds]]:
+    """Every partition's first stored index and next index to commit, per topic."""
+    out: dict[str, dict[str, Bounds]] = {}
+    with Client(list(options.brokers), token=options.token) as client:
+        for topic in options.topics:
+            try:
+                described = client.describe_topic(topic)
+            except NotFound:
+                raise OptionError(f"topic {topic!r} does not exist") from None
+            out[topic] = {
+                str(p.partition): Bounds(p.log_start, p.commit_index + 1)
+                for p in described.partition_states
+            }
+    return out
+
+
+class RangePartition(InputPartition):
+    """One Spark input partition: a Range (picklable, no client)."""
+
+    def __init__(self, range_: Range) -> None:
+        self.range = range_
+
+
+def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
+    """The committed records low <= index < high of one partition, as Arrow batches."""
+    builder = ColumnBuilder(part.topic, part.partition, options.include_headers)
+    position = part.low
+    with Client(list(options.brokers), token=options.token) as client:
+        while position < part.high:
+            try:
+                raw = client.run(
+                    client.async_client.read_batches(
+                        part.topic, part.partition, position,
+                        max_records=min(READ_MAX_RECORDS, part.high - position),
+                        max_bytes=READ_MAX_BYTES,
+                    )
+                )  # fmt: skip
+            except OutOfRange as e:
+                log_start = e.log_start if e.log_start is not None else position + 1
+                if options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{part.topic}/{part.partition}: records {position}..{log_start - 1} "
+                        f"were removed (retention) before they were read; set "
+                        f"failOnDataLoss=false to skip them"
+                    ) from e
+                position = log_start
+                continue
+            if isinstance(raw, ReadResult):  # a broker that answered in JSON
+                raise RuntimeError(f"{part.topic}/{part.partition}: no binary read answer")
+            after = builder.add(raw.body, position, part.high)
+            if after <= position:
+                if raw.next_index is not None and raw.next_index > position:
+                    after = raw.next_index  # only control batches, or nothing stored there
+                else:
+                    raise RuntimeError(
+                        f"{part.topic}/{part.partition}: no progress reading at {position} "
+                        f"(committed up to {raw.commit_index})"
+                    )
+            position = after
+            batch = builder.take()
+            if batch is not None:
+                yield batch
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        bounds = bounds_of(self.options)
+        start = resolve(spec(self.options.starting, "startingOffsets"), bounds, "startingOffsets")
+        end = resolve(spec(self.options.ending, "endingOffsets"), bounds, "endingOffsets")
+        ranges = plan(start, end, self.options.min_partitions)
+        return [RangePartition(r) for r in ranges] or [RangePartition(Range("", 0, 0, 0))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        part = cast(RangePartition, partition).range
+        if part.high > part.low:
+            yield from read_range(self.options, part)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets per topic partition. On Spark >= 4.2 `latestOffset(start, limit)` honours the
+    engine's read limit (maxRecordsPerTrigger, or everything for availableNow); Spark 4.0/4.1
+    call `latestOffset()` and get the same cap from the last offset this reader handed out."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._target: Offsets | None = None  # availableNow: nothing beyond this
+        self._last: Offsets | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        bounds = bounds_of(self.options)
+        start = resolve(spec(self.options.starting, "startingOffsets"), bounds, "startingOffsets")
+        self._last = start
+        return as_json(start)
+
+    def _latest(self, start: Offsets) -> Offsets:
+        bounds = bounds_of(self.options)
+        latest = {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
+        for topic, parts in latest.items():  # partitions added since `start`: from earliest
+            for partition in parts:
+                if partition not in start.get(topic, {}):
+                    start.setdefault(topic, {})[partition] = bounds[topic][partition].log_start
+        if self._target is not None:
+            latest = {
+                t: {p: min(i, self._target.get(t, {}).get(p, i)) for p, i in parts.items()}
+                for t, parts in latest.items()
+            }
+        return latest
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit_: Any = None
+    ) -> dict[str, Any]:
+        begin: Offsets = {t: dict(parts) for t, parts in (start or self._last or {}).items()}
+        latest = self._latest(begin)
+        cap = self.options.max_records_per_trigger
+        if ReadMaxRows is not None and isinstance(limit_, ReadMaxRows):
+            cap = limit_.max_rows
+        elif ReadAllAvailable is not None and isinstance(limit_, ReadAllAvailable):
+            cap = None
+        if cap is not None and (start is not None or self._last is not None):
+            latest = limit(begin, latest, cap)
+        self._last = latest
+        return as_json(latest)
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.options.max_records_per_trigger is not None:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = bounds_of(self.options)
+        self._target = {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [RangePartition(r) for r in plan(start, end, self.options.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.options, cast(RangePartition, partition).range)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the checkpoint holds the offsets; the brokers keep nothing per reader

@@ -1,0 +1,231 @@
+"""The `laminar` data source in a real Spark (local[2]) against a real local Laminar cluster:
+batch reads, Structured Streaming with availableNow across a restart, maxRecordsPerTrigger,
+the sink under a retried micro-batch, and retention past the start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pip install '.[spark]' for the Spark tests")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime", allow_module_level=True)
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+
+from laminar.client import Client  # noqa: E402
+from laminar.local_cluster import LocalCluster  # noqa: E402
+from laminar.log.batch import Record  # noqa: E402
+from laminar.spark import register  # noqa: E402
+
+from ..integration.conftest import make_cluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    # the Python workers run this interpreter and import this checkout's laminar
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "broker"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("laminar-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = make_cluster(tmp_path_factory.mktemp("spark-brokers"))
+    yield cluster
+    cluster.stop()
+
+
+def produce(cluster: LocalCluster, topic: str, partitions: int, per_partition: int,
+            start: int = 0) -> list[tuple[int, bytes | None, bytes]]:  # fmt: skip
+    """Known records into every partition: (partition, key, value) of each."""
+    made = []
+    with Client(cluster.urls) as client:
+        for p in range(partitions):
+            records = [
+                Record(
+                    value=b"value-%d-%d" % (p, i),
+                    key=None if i % 5 == 0 else b"key-%d" % (i % 3),
+                    headers=(("n", b"%d" % i),) if i % 4 == 0 else (),
+                )
+                for i in range(start, start + per_partition)
+            ]
+            for chunk in range(0, len(records), 50):
+                client.append(topic, p, records[chunk : chunk + 50])
+            made += [(p, r.key, r.value or b"") for r in records]
+    return made
+
+
+def create(cluster: LocalCluster, topic: str, partitions: int, **config: Any) -> None:
+    with Client(cluster.urls) as client:
+        client.create_topic(topic, partitions=partitions, replication_factor=3, config=config)
+
+
+def source(spark: SparkSession, cluster: LocalCluster, topic: str, **options: str) -> Any:
+    reader = spark.read.format("laminar").option("brokers", ",".join(cluster.urls))
+    for name, value in {"topic": topic, **options}.items():
+        reader = reader.option(name, value)
+    return reader
+
+
+def triples(df: DataFrame) -> list[tuple[int, bytes | None, bytes]]:
+    return sorted(
+        ((r["partition"], r["key"], bytes(r["value"])) for r in df.collect()),
+        key=lambda t: (t[0], t[2]),
+    )
+
+
+def test_a_batch_read_is_what_was_produced(spark: SparkSession, brokers: LocalCluster) -> None:
+    create(brokers, "known", 3)
+    made = produce(brokers, "known", 3, 200)
+    df = source(spark, brokers, "known", includeHeaders="true", minPartitions="7").load()
+    assert df.rdd.getNumPartitions() >= 7  # ranges split
+    assert triples(df) == sorted(((p, k, v) for p, k, v in made), key=lambda t: (t[0], t[2]))
+    assert df.select("topic").distinct().collect()[0]["topic"] == "known"
+    indexes = df.groupBy("partition").agg({"index": "min", "*": "count"}).collect()
+    assert all(row["count(1)"] == 200 for row in indexes)
+    with_headers = df.where("size(headers) > 0").count()
+    assert with_headers == 3 * 50  # every 4th record
+    # an explicit range: JSON offsets, the end exclusive
+    first = {r["partition"]: r["min(index)"] for r in indexes}
+    ranged = source(
+        spark, brokers, "known",
+        startingOffsets=f'{{"known": {{"0": {first[0] + 10}}}}}',
+        endingOffsets=f'{{"known": {{"0": {first[0] + 20}, "1": -1, "2": -1}}}}',
+    ).load()  # fmt: skip
+    counts = {r["partition"]: r["count"] for r in ranged.groupBy("partition").count().collect()}
+    assert counts == {0: 10, 1: 200, 2: 200}
+
+
+def stream_once(spark: SparkSession, cluster: LocalCluster, topic: str, checkpoint: Path,
+                output: Path, **options: str) -> list[dict[str, Any]]:  # fmt: skip
+    reader = spark.readStream.format("laminar").option("brokers", ",".join(cluster.urls))
+    for name, value in {"topic": topic, "startingOffsets": "earliest", **options}.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .selectExpr("partition", "index", "value")
+        .writeStream.format("parquet")
+        .option("path", str(output))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=180)
+    assert query.exception() is None, query.exception()
+    progress: list[dict[str, Any]] = list(query.recentProgress)
+    return progress
+
+
+def test_available_now_reads_everything_once_across_a_restart(
+    spark: SparkSession, brokers: LocalCluster, tmp_path: Path
+) -> None:
+    create(brokers, "flow", 2)
+    produce(brokers, "flow", 2, 150)
+    checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
+    stream_once(spark, brokers, "flow", checkpoint, output)
+    assert spark.read.parquet(str(output)).count() == 300
+    produce(brokers, "flow", 2, 100, start=150)
+    stream_once(spark, brokers, "flow", checkpoint, output)  # from the checkpoint
+    out = spark.read.parquet(str(output))
+    assert out.count() == 500
+    assert out.select("partition", "index").distinct().count() == 500
+
+
+def test_max_records_per_trigger_makes_several_batches(
+    spark: SparkSession, brokers: LocalCluster, tmp_path: Path
+) -> None:
+    create(brokers, "paced", 2)
+    produce(brokers, "paced", 2, 120)
+    progress = stream_once(
+        spark, brokers, "paced", tmp_path / "checkpoint", tmp_path / "out",
+        maxRecordsPerTrigger="50",
+    )  # fmt: skip
+    rows = [p["numInputRows"] for p in progress if p["numInputRows"]]
+    assert sum(rows) == 240 and max(rows) <= 50 and len(rows) >= 5, rows
+    out = spark.read.parquet(str(tmp_path / "out"))
+    assert out.select("partition", "index").distinct().count() == 240
+
+
+def test_a_retried_micro_batch_does_not_duplicate_what_the_sink_wrote(
+    spark: SparkSession, brokers: LocalCluster, tmp_path: Path
+) -> None:
+    create(brokers, "orders-in", 2)
+    create(brokers, "orders-out", 3)
+    produce(brokers, "orders-in", 2, 300)
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("laminar")
+            .option("brokers", ",".join(brokers.urls))
+            .option("topic", "orders-in")
+            .option("startingOffsets", "earliest")
+            .load()
+            .selectExpr("key", "value")
+            .writeStream.format("laminar")
+            .option("brokers", ",".join(brokers.urls))
+            .option("topic", "orders-out")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(timeout=180)
+        assert query.exception() is None, query.exception()
+
+    run()
+    written = source(spark, brokers, "orders-out").load()
+    assert written.count() == 600
+    # the query "crashed" after writing batch 0 but before committing it: Spark runs it again
+    commits = checkpoint / "commits"
+    assert sorted(p.name for p in commits.iterdir() if not p.name.startswith(".")) == ["0"]
+    for name in ("0", ".0.crc"):  # the commit and Hadoop's checksum of it
+        (commits / name).unlink(missing_ok=True)
+    run()
+    assert (checkpoint / "commits" / "0").exists()  # batch 0 ran again
+    again = source(spark, brokers, "orders-out").load()
+    assert again.count() == 600
+    assert sorted(bytes(r["value"]) for r in again.collect()) == sorted(
+        bytes(r["value"]) for r in source(spark, brokers, "orders-in").load().collect()
+    )
+
+
+def test_retention_past_the_start(spark: SparkSession, brokers: LocalCluster) -> None:
+    create(brokers, "short", 1, segment_bytes=4096, retention_bytes=8192)
+    produce(brokers, "short", 1, 400)
+    deadline = time.monotonic() + 60
+    while True:
+        with Client(brokers.urls) as client:
+            log_start = client.describe_topic("short").partition_states[0].log_start
+        if log_start > 1:
+            break
+        assert time.monotonic() < deadline, "retention did not run"
+        time.sleep(0.5)
+    gone = '{"short": {"0": 1}}'
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        source(spark, brokers, "short", startingOffsets=gone).load().count()
+    kept = source(spark, brokers, "short", startingOffsets=gone, failOnDataLoss="false").load()
+    first = kept.agg({"index": "min"}).collect()[0][0]
+    assert first >= log_start
+    assert kept.count() > 0
