@@ -4,6 +4,7 @@ the sink under a retried micro-batch, and retention past the start."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -229,3 +230,42 @@ def test_retention_past_the_start(spark: SparkSession, brokers: LocalCluster) ->
     first = kept.agg({"index": "min"}).collect()[0][0]
     assert first >= log_start
     assert kept.count() > 0
+
+
+def test_the_example_pipeline_counts_keys_per_window(
+    spark: SparkSession, brokers: LocalCluster, tmp_path: Path
+) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import spark_pipeline
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    create(brokers, "clicks", 2)
+    create(brokers, "click-counts", 1)
+    base_ms = 1_800_000_000_000  # a window boundary (a multiple of 10 s)
+    with Client(brokers.urls) as client:
+        # b's event at 40 s moves the watermark (40 s - 10 s late) past the first two windows
+        for p, (key, seconds) in enumerate([("a", (0, 1, 2, 12)), ("b", (3, 14, 15, 40))]):
+            records = [
+                Record(value=b"click", key=key.encode(), timestamp_ms=base_ms + s * 1000)
+                for s in seconds
+            ]
+            client.append("clicks", p, records)
+    query = spark_pipeline.start(
+        spark, ",".join(brokers.urls), "clicks", "click-counts", str(tmp_path / "checkpoint"),
+        available_now=True,
+    )  # fmt: skip
+    query.awaitTermination(timeout=180)
+    assert query.exception() is None, query.exception()
+    out = source(spark, brokers, "click-counts").load().selectExpr("cast(value as string) v")
+    latest: dict[tuple[str, str], int] = {}
+    for row in out.collect():
+        counted = json.loads(row["v"])
+        window = (counted["key"], counted["window_start"])
+        latest[window] = max(latest.get(window, 0), counted["count"])
+    assert sorted((k, c) for (k, _), c in latest.items()) == [
+        ("a", 1),
+        ("a", 3),
+        ("b", 1),
+        ("b", 2),
+    ]
