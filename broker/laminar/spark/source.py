@@ -10,6 +10,7 @@ made inside `read`.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -22,7 +23,7 @@ from pyspark.sql.datasource import (
 
 from ..client import Client
 from ..client.errors import NotFound, OutOfRange
-from ..client.models import ReadResult
+from ..client.models import RawRead, ReadResult
 from .arrow import ColumnBuilder
 from .options import (
     Bounds,
@@ -79,19 +80,26 @@ class RangePartition(InputPartition):
 
 
 def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
-    """The committed records low <= index < high of one partition, as Arrow batches."""
+    """The committed records low <= index < high of one partition, as Arrow batches.
+
+    The next read is asked for (from the answer's Laminar-Next-Index) before this one is
+    decoded, so the broker works while this process builds columns."""
     builder = ColumnBuilder(part.topic, part.partition, options.include_headers)
-    position = part.low
     with Client(list(options.brokers), token=options.token) as client:
+
+        def fetch(at: int) -> concurrent.futures.Future[RawRead | ReadResult]:
+            return client.submit(
+                client.async_client.read_batches(
+                    part.topic, part.partition, at,
+                    max_records=min(READ_MAX_RECORDS, part.high - at), max_bytes=READ_MAX_BYTES,
+                )
+            )  # fmt: skip
+
+        position = part.low
+        pending = fetch(position)
         while position < part.high:
             try:
-                raw = client.run(
-                    client.async_client.read_batches(
-                        part.topic, part.partition, position,
-                        max_records=min(READ_MAX_RECORDS, part.high - position),
-                        max_bytes=READ_MAX_BYTES,
-                    )
-                )  # fmt: skip
+                raw = pending.result()
             except OutOfRange as e:
                 log_start = e.log_start if e.log_start is not None else position + 1
                 if options.fail_on_data_loss:
@@ -101,19 +109,29 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
                         f"failOnDataLoss=false to skip them"
                     ) from e
                 position = log_start
+                pending = fetch(position)
                 continue
             if isinstance(raw, ReadResult):  # a broker that answered in JSON
                 raise RuntimeError(f"{part.topic}/{part.partition}: no binary read answer")
+            guess = raw.next_index
+            ahead = fetch(guess) if guess is not None and position < guess < part.high else None
             after = builder.add(raw.body, position, part.high)
             if after <= position:
-                if raw.next_index is not None and raw.next_index > position:
-                    after = raw.next_index  # only control batches, or nothing stored there
-                else:
+                if guess is None or guess <= position:
                     raise RuntimeError(
                         f"{part.topic}/{part.partition}: no progress reading at {position} "
                         f"(committed up to {raw.commit_index})"
                     )
+                after = guess  # only control batches, or nothing stored there
             position = after
+            if position < part.high:
+                if ahead is None or guess != position:
+                    if ahead is not None:
+                        ahead.cancel()
+                    ahead = fetch(position)
+                pending = ahead
+            elif ahead is not None:
+                ahead.cancel()
             batch = builder.take()
             if batch is not None:
                 yield batch
