@@ -59,7 +59,7 @@ class BrokerConfig:
     kube_cluster: str | None = None
     kube_config: str | None = None
     #: where `laminar-xdp` pinned the XDP router's maps; its counters are exported as metrics
-    #: when they are there (and readable: that needs CAP_BPF)
+    #: when they are there and readable (without CAP_BPF: Linux >= 6.5)
     xdp_pin_dir: Path = DEFAULT_XDP_PIN_DIR
 
     def __post_init__(self) -> None:
