@@ -167,7 +167,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:
         bounds = bounds_of(self.options)
         start = resolve(spec(self.options.starting, "startingOffsets"), bounds, "startingOffsets")
-        self._last = start
         return as_json(start)
 
     def _latest(self, start: Offsets) -> Offsets:
@@ -194,6 +193,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cap = limit_.max_rows
         elif ReadAllAvailable is not None and isinstance(limit_, ReadAllAvailable):
             cap = None
+        # without `start` (Spark < 4.2) the cap counts from the last offset handed out; the
+        # first batch after a (re)start is not capped, since where it starts is not known here
         if cap is not None and (start is not None or self._last is not None):
             latest = limit(begin, latest, cap)
         self._last = latest
