@@ -154,11 +154,16 @@ def test_available_now_reads_everything_once_across_a_restart(
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
     stream_once(spark, brokers, "flow", checkpoint, output)
     assert spark.read.parquet(str(output)).count() == 300
-    produce(brokers, "flow", 2, 100, start=150)
+    with Client(brokers.urls) as client:  # a partition added while the query was stopped
+        client.alter_topic("flow", partitions=3)
+        client.run(client.async_client.wait_for_leaders("flow"))
+    made = produce(brokers, "flow", 3, 100, start=150)
+    assert len(made) == 300
     stream_once(spark, brokers, "flow", checkpoint, output)  # from the checkpoint
     out = spark.read.parquet(str(output))
-    assert out.count() == 500
-    assert out.select("partition", "index").distinct().count() == 500
+    assert out.count() == 600
+    assert out.select("partition", "index").distinct().count() == 600
+    assert out.where("partition = 2").count() == 100  # the new one, from its first record
 
 
 def test_max_records_per_trigger_makes_several_batches(

@@ -210,7 +210,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [RangePartition(r) for r in plan(start, end, self.options.min_partitions)]
+        begin: Offsets = {t: dict(parts) for t, parts in start.items()}
+        new = [(t, p) for t, parts in end.items() for p in parts if p not in begin.get(t, {})]
+        if new:  # partitions added since `start` was handed out: read them from their start
+            bounds = bounds_of(self.options)
+            for topic, partition in new:
+                begin.setdefault(topic, {})[partition] = bounds[topic][partition].log_start
+        return [RangePartition(r) for r in plan(begin, end, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_range(self.options, cast(RangePartition, partition).range)
