@@ -387,7 +387,12 @@ class AsyncClient:
         if self._closed:
             raise RuntimeError("the client is closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+            # no DNS cache: aiohttp resolves a cached host in a task of its own, which outlives
+            # a cancelled call and ends with nobody to take its error (kopf re-raises such
+            # orphans when the operator stops); pooled connections resolve once anyway
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, use_dns_cache=False
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
