@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
+import functools
 import json
 import os
 import platform
@@ -30,6 +32,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .server.config import (
     DEFAULT_API_PORT,
@@ -227,20 +230,28 @@ BPF_ATTR_BYTES = 128
 COUNTER_LAYOUT = struct.Struct("<QQQ")  # struct class_counters: packets, bytes, drops
 
 
+@functools.cache
+def _syscall() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc.syscall
+
+
 def _bpf(command: int, attr: bytes) -> int:
     number = BPF_SYSCALL.get(platform.machine())
     if number is None:
         raise XdpError(f"bpf(2) on {platform.machine()} is not known here")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
     buffer = ctypes.create_string_buffer(attr.ljust(BPF_ATTR_BYTES, b"\0"), BPF_ATTR_BYTES)
-    result = int(libc.syscall(ctypes.c_long(number), ctypes.c_long(command), buffer,
-                              ctypes.c_uint(BPF_ATTR_BYTES)))  # fmt: skip
+    result = int(_syscall()(ctypes.c_long(number), ctypes.c_long(command), buffer,
+                            ctypes.c_uint(BPF_ATTR_BYTES)))  # fmt: skip
     if result < 0:
-        errno = ctypes.get_errno()
-        error = f"bpf command {command}: {os.strerror(errno)}"
-        if errno in (1, 13):  # EPERM, EACCES
-            raise NotPermitted(f"{error} (reading BPF maps needs CAP_BPF)")
+        code = ctypes.get_errno()
+        error = f"bpf command {command}: {os.strerror(code)}"
+        if code in (errno.EPERM, errno.EACCES):
+            raise NotPermitted(
+                f"{error} (reading the counters needs read permission on the pinned map and "
+                "Linux >= 6.5, or CAP_BPF)"
+            )
         raise XdpError(error)
     return result
 
@@ -271,10 +282,8 @@ def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
             value = ctypes.create_string_buffer(COUNTER_LAYOUT.size * cpus)
             attr = struct.pack("<IIQQQ", fd, 0, ctypes.addressof(key), ctypes.addressof(value), 0)
             _bpf(BPF_MAP_LOOKUP_ELEM, attr)
-            summed = [0, 0, 0]
-            for cpu in range(cpus):
-                for i, v in enumerate(COUNTER_LAYOUT.unpack_from(value.raw, cpu * 24)):
-                    summed[i] += v
+            per_cpu = list(COUNTER_LAYOUT.iter_unpack(value.raw))
+            summed = (sum(column) for column in zip(*per_cpu, strict=True))
             totals[name] = dict(zip(("packets", "bytes", "drops"), summed, strict=True))
         return totals
     finally:
