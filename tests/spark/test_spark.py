@@ -202,6 +202,21 @@ def test_max_records_per_trigger_makes_several_batches(
     assert out.select("partition", "index").distinct().count() == 240
 
 
+def test_a_batch_write_routes_rows_by_their_topic_and_partition_columns(
+    spark: SparkSession, brokers: LocalCluster
+) -> None:
+    create(brokers, "left", 2)
+    create(brokers, "right", 2)
+    rows = spark.createDataFrame(
+        [("left", 1, "a"), ("right", 0, "b"), ("left", 0, "c"), ("right", 1, "d")],
+        "topic string, partition int, value string",
+    )
+    rows.write.format("laminar").option("brokers", ",".join(brokers.urls)).mode("append").save()
+    for topic, want in (("left", [(0, "c"), (1, "a")]), ("right", [(0, "b"), (1, "d")])):
+        got = source(spark, brokers, topic).load().selectExpr("partition", "string(value) v")
+        assert sorted((r["partition"], r["v"]) for r in got.collect()) == want
+
+
 def test_a_retried_micro_batch_does_not_duplicate_what_the_sink_wrote(
     spark: SparkSession, brokers: LocalCluster, tmp_path: Path
 ) -> None:

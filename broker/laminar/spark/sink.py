@@ -89,8 +89,9 @@ class _Appender:
         headers = _column(batch, "headers") or [None] * len(values)
         topics = _column(batch, "topic")
         partitions = _column(batch, "partition")
+        fixed = self.options.topics[0] if self.options.topics else None
         for i, value in enumerate(values):
-            topic = self.options.topics[0] if self.options.topics else (topics or [None])[i]
+            topic = fixed or (topics[i] if topics is not None else None)
             if not topic:
                 raise OptionError("no topic: set the topic option or a topic column")
             key = _bytes(keys[i], "key")
@@ -117,6 +118,7 @@ class _Appender:
         key = (topic, partition)
         self.pending.setdefault(key, []).append(record)
         size = self.pending_bytes.get(key, 0) + len(record.value or b"") + len(record.key or b"")
+        size += sum(len(name) + len(value) for name, value in record.headers)
         self.pending_bytes[key] = size
         if len(self.pending[key]) >= RECORDS_PER_APPEND or size >= BYTES_PER_APPEND:
             self._flush(key)
