@@ -72,6 +72,21 @@ def bounds_of(options: Options) -> dict[str, dict[str, Bounds]]:
     return out
 
 
+def ends(bounds: dict[str, dict[str, Bounds]]) -> Offsets:
+    """The offsets just past every partition's last committed record."""
+    return {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
+
+
+def with_new_partitions(offsets: Offsets, bounds: dict[str, dict[str, Bounds]]) -> Offsets:
+    """`offsets` plus the partitions it lacks (added since it was handed out), each at its
+    first stored record."""
+    out = {t: dict(parts) for t, parts in offsets.items()}
+    for topic, parts in bounds.items():
+        for partition, bound in parts.items():
+            out.setdefault(topic, {}).setdefault(partition, bound.log_start)
+    return out
+
+
 class RangePartition(InputPartition):
     """One Spark input partition: a Range (picklable, no client)."""
 
@@ -169,25 +184,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = resolve(spec(self.options.starting, "startingOffsets"), bounds, "startingOffsets")
         return as_json(start)
 
-    def _latest(self, start: Offsets) -> Offsets:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit_: Any = None
+    ) -> dict[str, Any]:
         bounds = bounds_of(self.options)
-        latest = {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
-        for topic, parts in latest.items():  # partitions added since `start`: from earliest
-            for partition in parts:
-                if partition not in start.get(topic, {}):
-                    start.setdefault(topic, {})[partition] = bounds[topic][partition].log_start
-        if self._target is not None:
+        begin = with_new_partitions(start or self._last or {}, bounds)
+        latest = ends(bounds)
+        if self._target is not None:  # availableNow: nothing beyond what was there at first
             latest = {
                 t: {p: min(i, self._target.get(t, {}).get(p, i)) for p, i in parts.items()}
                 for t, parts in latest.items()
             }
-        return latest
-
-    def latestOffset(
-        self, start: dict[str, Any] | None = None, limit_: Any = None
-    ) -> dict[str, Any]:
-        begin: Offsets = {t: dict(parts) for t, parts in (start or self._last or {}).items()}
-        latest = self._latest(begin)
         cap = self.options.max_records_per_trigger
         if ReadMaxRows is not None and isinstance(limit_, ReadMaxRows):
             cap = limit_.max_rows
@@ -206,16 +213,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        bounds = bounds_of(self.options)
-        self._target = {t: {p: b.end for p, b in parts.items()} for t, parts in bounds.items()}
+        self._target = ends(bounds_of(self.options))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin: Offsets = {t: dict(parts) for t, parts in start.items()}
-        new = [(t, p) for t, parts in end.items() for p in parts if p not in begin.get(t, {})]
-        if new:  # partitions added since `start` was handed out: read them from their start
-            bounds = bounds_of(self.options)
-            for topic, partition in new:
-                begin.setdefault(topic, {})[partition] = bounds[topic][partition].log_start
+        begin: Offsets = start
+        if any(p not in start.get(t, {}) for t, parts in end.items() for p in parts):
+            begin = with_new_partitions(start, bounds_of(self.options))
         return [RangePartition(r) for r in plan(begin, end, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
