@@ -13,6 +13,7 @@ import sys
 
 from aiohttp import web
 
+from .. import allocator
 from ..kube import KubeError
 from ..swim.runtime import format_address
 from .api import Api
@@ -80,6 +81,7 @@ GC_GEN0_THRESHOLD = 50_000
 
 def run(config: BrokerConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    allocator.keep_read_buffers()
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
     )
