@@ -42,6 +42,8 @@ def body() -> bytes:
         + stored([Record(value=b"")], 80, control=True)
         + stored(MIXED, 81)
         + stored(TOMBSTONES, 111)
+        + stored(UNIFORM, 116)  # two of one shape: gathered into one buffer
+        + stored(UNIFORM, 166)
     )
 
 
@@ -57,11 +59,14 @@ def expected(low: int, high: int) -> list[tuple[object, ...]]:
     return rows
 
 
-@pytest.mark.parametrize(("low", "high"), [(0, 200), (10, 116), (35, 95), (80, 81), (112, 113)])
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [(0, 300), (10, 116), (35, 95), (80, 81), (112, 113), (100, 190), (140, 141), (170, 216)],
+)
 def test_columns_equal_the_walked_records(low: int, high: int) -> None:
     builder = ColumnBuilder("orders", 4, include_headers=True)
     after = builder.add(body(), low, high)
-    assert after >= min(high, 116)
+    assert after >= min(high, 216)
     batch = builder.take()
     want = expected(low, high)
     if not want:
@@ -78,6 +83,16 @@ def test_columns_equal_the_walked_records(low: int, high: int) -> None:
     )  # fmt: skip
     assert rows == want
     assert builder.take() is None  # taken
+
+
+def test_rows_added_in_several_reads_come_out_in_order() -> None:
+    builder = ColumnBuilder("orders", 4, include_headers=False)
+    for low, high in ((0, 60), (60, 81), (81, 130), (130, 216)):
+        builder.add(body(), low, high)
+    batch = builder.take()
+    assert batch is not None
+    assert batch.column("index").to_pylist() == [row[4] for row in expected(0, 216)]
+    assert batch.column("value").to_pylist() == [row[1] for row in expected(0, 216)]
 
 
 def test_a_damaged_batch_is_refused() -> None:

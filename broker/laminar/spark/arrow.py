@@ -9,6 +9,8 @@ case: fixed-size values, no key or fixed-size keys) are sliced out with numpy as
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 
@@ -47,34 +49,84 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _fixed_binary(matrix: np.ndarray, start: int, length: int) -> pa.Array:
-    """Column `start:start+length` of every row of `matrix` as a binary array (-1: nulls)."""
-    rows = matrix.shape[0]
+class _Fixed(NamedTuple):
+    """Bytes `start:start + length` of every row of `rows`, a (records x stride) byte matrix
+    of one uniform batch; length -1: every value is null."""
+
+    rows: np.ndarray
+    start: int
+    length: int
+
+
+def _gather(run: list[_Fixed]) -> pa.Array:
+    """The pieces of one length as one binary array: their bytes copied once, into one buffer."""
+    rows = sum(piece.rows.shape[0] for piece in run)
+    length = run[0].length
     if length < 0:
         return pa.nulls(rows, pa.binary())
-    data = np.ascontiguousarray(matrix[:, start : start + length])
+    data = np.empty((rows, length), dtype=np.uint8)
+    at = 0
+    for piece in run:
+        count = piece.rows.shape[0]
+        data[at : at + count] = piece.rows[:, piece.start : piece.start + length]
+        at += count
     offsets = np.arange(rows + 1, dtype=np.int32) * length
     return pa.Array.from_buffers(
         pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
 
 
-def _uniform(batch: memoryview, header: BatchHeader) -> tuple[np.ndarray, int, int] | None:
-    """The records as a (count x stride) byte matrix when they all have the first record's
-    key and value lengths and no headers; None otherwise."""
+def _binary_column(pieces: list[_Fixed | pa.Array]) -> pa.Array:
+    """The pieces in order as one binary array. Runs of uniform pieces of one length are
+    gathered into one buffer; only a mix of lengths or walked batches is concatenated."""
+    arrays: list[pa.Array] = []
+    run: list[_Fixed] = []
+    for piece in pieces:
+        if isinstance(piece, _Fixed) and (not run or run[0].length == piece.length):
+            run.append(piece)
+            continue
+        if run:
+            arrays.append(_gather(run))
+            run = []
+        if isinstance(piece, _Fixed):
+            run.append(piece)
+        else:
+            arrays.append(piece)
+    if run:
+        arrays.append(_gather(run))
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _record_fields(stride: int) -> np.dtype:
+    """The record header's fields (RECORD_HEADER) of records `stride` bytes apart."""
+    return np.dtype(
+        {
+            "names": ["delta_ms", "key_bytes", "value_bytes", "header_count"],
+            "formats": ["<i4", "<i4", "<i4", "<u2"],
+            "offsets": [0, 4, 8, 12],
+            "itemsize": stride,
+        }
+    )
+
+
+def _uniform(batch: memoryview, header: BatchHeader) -> tuple[np.ndarray, np.ndarray] | None:
+    """The records as a (count x stride) byte matrix and their header fields when they all
+    have the first record's key and value lengths and no headers; None otherwise."""
     _, key_bytes, value_bytes, _ = RECORD_HEADER.unpack_from(batch, BATCH_HEADER_BYTES)
     stride = RECORD_HEADER_BYTES + max(key_bytes, 0) + max(value_bytes, 0)
     if stride * header.record_count != header.payload_bytes:
         return None
+    fields = np.frombuffer(
+        batch, _record_fields(stride), header.record_count, offset=BATCH_HEADER_BYTES
+    )
+    if (
+        (fields["key_bytes"] != key_bytes).any()
+        or (fields["value_bytes"] != value_bytes).any()
+        or fields["header_count"].any()
+    ):
+        return None
     payload = np.frombuffer(batch, dtype=np.uint8, offset=BATCH_HEADER_BYTES)
-    matrix = payload.reshape(header.record_count, stride)
-    lengths = np.ascontiguousarray(matrix[:, 4:12]).view(np.dtype("<i4")).reshape(-1, 2)
-    header_counts = np.ascontiguousarray(matrix[:, 12:14]).view(np.dtype("<u2"))
-    if (lengths[:, 0] != key_bytes).any() or (lengths[:, 1] != value_bytes).any():
-        return None
-    if header_counts.any():
-        return None
-    return matrix, key_bytes, value_bytes
+    return payload.reshape(header.record_count, stride), fields
 
 
 class ColumnBuilder:
@@ -84,8 +136,8 @@ class ColumnBuilder:
         self.topic = topic
         self.partition = partition
         self.include_headers = include_headers
-        self.keys: list[pa.Array] = []
-        self.values: list[pa.Array] = []
+        self.keys: list[_Fixed | pa.Array] = []
+        self.values: list[_Fixed | pa.Array] = []
         self.indexes: list[np.ndarray] = []
         self.timestamps_ms: list[np.ndarray] = []
         self.headers: list[pa.Array] = []
@@ -113,15 +165,15 @@ class ColumnBuilder:
         return after
 
     def _add_uniform(
-        self, header: BatchHeader, uniform: tuple[np.ndarray, int, int], first: int, last: int
+        self, header: BatchHeader, uniform: tuple[np.ndarray, np.ndarray], first: int, last: int
     ) -> None:
-        matrix, key_bytes, value_bytes = uniform
+        matrix, fields = uniform
+        key_bytes, value_bytes = int(fields["key_bytes"][0]), int(fields["value_bytes"][0])
         rows = matrix[first:last]
         key_start = RECORD_HEADER_BYTES
-        value_start = key_start + max(key_bytes, 0)
-        self.keys.append(_fixed_binary(rows, key_start, key_bytes))
-        self.values.append(_fixed_binary(rows, value_start, value_bytes))
-        deltas = np.ascontiguousarray(rows[:, 0:4]).view(np.dtype("<i4")).ravel()
+        self.keys.append(_Fixed(rows, key_start, key_bytes))
+        self.values.append(_Fixed(rows, key_start + max(key_bytes, 0), value_bytes))
+        deltas = fields["delta_ms"][first:last]
         self.timestamps_ms.append(deltas.astype(np.int64) + header.first_timestamp_ms)
         count = last - first
         self.indexes.append(np.arange(count, dtype=np.int64) + header.base_index + first)
@@ -163,8 +215,8 @@ class ColumnBuilder:
         )  # fmt: skip
         micros = np.concatenate(self.timestamps_ms) * 1000
         columns = [
-            pa.concat_arrays(self.keys),
-            pa.concat_arrays(self.values),
+            _binary_column(self.keys),
+            _binary_column(self.values),
             topics,
             pa.array(np.full(rows, self.partition, dtype=np.int32)),
             pa.array(np.concatenate(self.indexes)),
