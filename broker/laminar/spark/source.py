@@ -21,6 +21,7 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+from .. import allocator
 from ..client import Client
 from ..client.errors import NotFound, OutOfRange
 from ..client.models import RawRead, ReadResult
@@ -98,7 +99,9 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
     """The committed records low <= index < high of one partition, as Arrow batches.
 
     The next read is asked for (from the answer's Laminar-Next-Index) before this one is
-    decoded, so the broker works while this process builds columns."""
+    decoded, so the broker works while this process builds columns. The answers and columns
+    are buffers of megabytes: this process keeps them mapped between reads (`allocator`)."""
+    allocator.keep_read_buffers()
     builder = ColumnBuilder(part.topic, part.partition, options.include_headers)
     with Client(list(options.brokers), token=options.token) as client:
 
