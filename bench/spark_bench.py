@@ -4,13 +4,18 @@
 A local 3-broker cluster on loopback gets N records of 1120 bytes (the laminarmq "k" size)
 in 6 partitions; Spark (local[2], the machine's 2 cores shared with the brokers) then
 1. reads them all into the `noop` sink (nothing is done with the rows but making them);
-2. makes N rows of a 1120-byte binary column with spark.range into `noop`: the ceiling;
-3. writes N spark.range rows to a new 6-partition topic with the laminar sink.
-Each is run once to warm up, then --repeats times; the median is reported with the range.
+2. makes N rows of a 1120-byte binary column with spark.range into `noop`: the engine's
+   ceiling for rows made in the JVM;
+3. reads N rows of the source's schema from a Python data source that yields ready-made
+   Arrow batches (no I/O, no decoding) into `noop`: the ceiling of Spark's Python data
+   source path, which every Python source, this one included, goes through;
+4. writes N spark.range rows to a new 6-partition topic with the laminar sink.
+Each is run once to warm up, then --repeats times; the median is reported with the range,
+and for the reads the CPU seconds the brokers, the JVM and the Python workers spent (medians).
 Also printed: the read path without Spark (the same ranges read into Arrow batches by one
-Python process), which is what one Spark task can at most do. Target (issue 9): >= 1M rows/s read.
+Python process). Target (issue 9): >= 1M rows/s read.
 
-    python bench/spark_bench.py [--records 1000000] [--repeats 3] [--json]
+    python bench/spark_bench.py [--records 1000000] [--repeats 3] [--conf KEY=VALUE ...] [--json]
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
 from laminar.client import Client
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record, encode_batch
+from laminar.spark.arrow import SCHEMA_DDL, TIMESTAMP_TYPE, arrow_schema
 from laminar.spark.options import Options, Range
-from laminar.spark.source import read_range
+from laminar.spark.source import READ_MAX_BYTES, read_range
 
 RECORD_BYTES = 1120
 PARTITIONS = 6
@@ -58,26 +68,125 @@ def fill(cluster: LocalCluster, topic: str, records: int) -> float:
     return time.perf_counter() - started
 
 
-def timed(action: Any, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` runs, after one untimed run (JIT, Python workers)."""
-    action()
-    out = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        action()
-        out.append(time.perf_counter() - started)
+class CeilingSource(DataSource):
+    """Rows of the laminar source's schema from ready-made Arrow batches: what Spark's Python
+    data source path costs with nothing to fetch or decode (option `rows`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "ceiling"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return CeilingReader(int(self.options["rows"]))
+
+
+class CeilingReader(DataSourceReader):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(p) for p in range(PARTITIONS)]
+
+    def read(self, partition: InputPartition) -> Any:
+        per_batch = READ_MAX_BYTES // RECORD_BYTES  # as many rows as one read of the source
+        batch = ceiling_batch(per_batch, partition.value)
+        left = self.rows // PARTITIONS
+        while left > 0:
+            yield batch.slice(0, min(per_batch, left))
+            left -= per_batch
+
+
+def ceiling_batch(rows: int, partition: int) -> pa.RecordBatch:
+    values = np.full(rows * RECORD_BYTES, 65 + partition, dtype=np.uint8)
+    topic = b"bench-in"
+    columns = [
+        pa.nulls(rows, pa.binary()),
+        pa.Array.from_buffers(
+            pa.binary(), rows,
+            [None, pa.py_buffer(np.arange(rows + 1, dtype=np.int32) * RECORD_BYTES),
+             pa.py_buffer(values)],
+        ),
+        pa.Array.from_buffers(
+            pa.string(), rows,
+            [None, pa.py_buffer(np.arange(rows + 1, dtype=np.int32) * len(topic)),
+             pa.py_buffer(topic * rows)],
+        ),
+        pa.array(np.full(rows, partition, dtype=np.int32)),
+        pa.array(np.arange(rows, dtype=np.int64)),
+        pa.array(np.arange(rows, dtype=np.int64), type=TIMESTAMP_TYPE),
+    ]  # fmt: skip
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below `pid`, with their names."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                head, tail = (entry / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            names[int(entry.name)] = head.split("(", 1)[1]
+            children.setdefault(int(tail.split()[1]), []).append(int(entry.name))
+    out: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out[child] = names[child]
+        todo.extend(children.get(child, []))
     return out
 
 
-def summary(rows: int, seconds: list[float]) -> dict[str, float]:
+def cpu_by_group(brokers: list[int]) -> dict[str, float]:
+    """CPU seconds so far of the brokers, the JVM and Python (this process, the workers)."""
+    groups = {"brokers": sum(cpu_s(p) for p in brokers), "jvm": 0.0, "python": cpu_s(os.getpid())}
+    for pid, name in descendants(os.getpid()).items():
+        groups["jvm" if name == "java" else "python"] += cpu_s(pid)
+    return groups
+
+
+def timed(action: Any, repeats: int, brokers: list[int]) -> tuple[list[float], dict[str, float]]:
+    """Seconds of each of `repeats` runs, after one untimed run (JIT, Python workers), and
+    the median CPU seconds each process group spent in a run."""
+    action()
+    seconds, spent = [], []
+    for _ in range(repeats):
+        before = cpu_by_group(brokers)
+        started = time.perf_counter()
+        action()
+        seconds.append(time.perf_counter() - started)
+        after = cpu_by_group(brokers)
+        spent.append({group: after[group] - before.get(group, 0.0) for group in after})
+    return seconds, {group: statistics.median(s[group] for s in spent) for group in spent[0]}
+
+
+def summary(rows: int, run: tuple[list[float], dict[str, float]]) -> dict[str, Any]:
+    seconds, cpu = run
     rates = sorted(rows / s for s in seconds)
-    return {"rows_per_s": statistics.median(rates), "min": rates[0], "max": rates[-1]}
+    return {"rows_per_s": statistics.median(rates), "min": rates[0], "max": rates[-1], "cpu_s": cpu}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     records = args.records // PARTITIONS * PARTITIONS
@@ -87,7 +196,9 @@ def main() -> int:
 
     from laminar.spark import register
 
-    results: dict[str, Any] = {"records": records, "record_bytes": RECORD_BYTES}
+    results: dict[str, Any] = {
+        "records": records, "record_bytes": RECORD_BYTES, "spark_conf": args.conf
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), 3, prefix="127.0.44", fsync="interval")
         cluster.start()
@@ -99,6 +210,7 @@ def main() -> int:
                 client.run(client.async_client.wait_for_leaders("bench-out"))
             results["fill_s"] = fill(cluster, "bench-in", records)
             brokers = ",".join(cluster.urls)
+            pids = [n.pid for n in cluster.nodes.values() if n.pid is not None]
 
             options = Options.parse({"brokers": brokers, "topic": "bench-in"}, stream=False)
             with Client(cluster.urls) as client:
@@ -111,28 +223,35 @@ def main() -> int:
                 rows = sum(b.num_rows for r in ranges for b in read_range(options, r))
                 assert rows == records, rows
 
-            results["python_read"] = summary(records, timed(plain, args.repeats))
+            results["python_read"] = summary(records, timed(plain, args.repeats, pids))
 
-            spark = (
+            builder = (
                 SparkSession.builder.master("local[2]")
                 .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
                 .config("spark.driver.memory", "4g")
-                .getOrCreate()
             )
+            for setting in args.conf:
+                key, _, value = setting.partition("=")
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
             register(spark)
+            spark.dataSource.register(CeilingSource)
             source = spark.read.format("laminar").option("brokers", brokers)
             read = source.option("topic", "bench-in").load()
             ranged = spark.range(records).selectExpr(
                 f"cast(repeat('x', {RECORD_BYTES}) as binary) value"
             )
 
-            results["spark_read"] = summary(
-                records,
-                timed(lambda: read.write.format("noop").mode("overwrite").save(), args.repeats),
-            )
-            results["spark_range"] = summary(
-                records,
-                timed(lambda: ranged.write.format("noop").mode("overwrite").save(), args.repeats),
+            ceiling = spark.read.format("ceiling").option("rows", records).load()
+
+            def into_noop(frame: Any) -> Any:
+                return lambda: frame.write.format("noop").mode("overwrite").save()
+
+            results["spark_read"] = summary(records, timed(into_noop(read), args.repeats, pids))
+            results["spark_range"] = summary(records, timed(into_noop(ranged), args.repeats, pids))
+            results["python_source"] = summary(
+                records, timed(into_noop(ceiling), args.repeats, pids)
             )
             sink = (
                 ranged.repartition(PARTITIONS)
@@ -141,7 +260,7 @@ def main() -> int:
                 .option("topic", "bench-out")
                 .mode("append")
             )
-            results["spark_write"] = summary(records, timed(sink.save, args.repeats))
+            results["spark_write"] = summary(records, timed(sink.save, args.repeats, pids))
             spark.stop()
         finally:
             cluster.stop()
@@ -153,18 +272,25 @@ def main() -> int:
 
 def report(results: dict[str, Any]) -> None:
     ceiling = results["spark_range"]["rows_per_s"]
+    python_ceiling = results["python_source"]["rows_per_s"]
     print(f"{results['records']:,} records of {results['record_bytes']} B in {PARTITIONS} "
           f"partitions (filled in {results['fill_s']:.1f} s)")  # fmt: skip
+    if results["spark_conf"]:
+        print("Spark settings:", " ".join(results["spark_conf"]))
     for name, label in (
         ("spark_range", "spark.range into noop (the ceiling)"),
+        ("python_source", "ready-made Arrow batches from Python"),
         ("spark_read", "laminar source into noop"),
         ("spark_write", "spark.range into the laminar sink"),
         ("python_read", "read_range, one Python process, no Spark"),
     ):
         r = results[name]
+        cpu = ", ".join(f"{group} {s:.2f}" for group, s in r["cpu_s"].items())
         print(f"{label:44} {r['rows_per_s']:>12,.0f} rows/s ({r['min']:,.0f}-{r['max']:,.0f}), "
               f"{r['rows_per_s'] * results['record_bytes'] / 1e6:,.0f} MB/s, "
-              f"{r['rows_per_s'] / ceiling:.2f} of the ceiling")  # fmt: skip
+              f"{r['rows_per_s'] / ceiling:.2f} of the ceiling, "
+              f"{r['rows_per_s'] / python_ceiling:.2f} of the Python source's")  # fmt: skip
+        print(f"{'':44} CPU seconds a run: {cpu}")
     met = results["spark_read"]["rows_per_s"] >= TARGET_ROWS_PER_S
     print(f"read target >= {TARGET_ROWS_PER_S:,} rows/s: {'met' if met else 'not met'}")
 
