@@ -81,10 +81,10 @@ GC_GEN0_THRESHOLD = 50_000
 
 def run(config: BrokerConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    allocator.keep_read_buffers()
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
     )
+    allocator.keep_read_buffers()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a dependency on Linux; plain asyncio works too

@@ -3,7 +3,8 @@ per record where the records allow it.
 
 Records of one batch that share their key and value lengths and carry no headers (the usual
 case: fixed-size values, no key or fixed-size keys) are sliced out with numpy as one
-(records x stride) matrix; any other batch goes through the record walker
+(records x stride) matrix, and the values (and keys) of such batches are copied once, into
+one buffer per Arrow batch; any other batch goes through the record walker
 (`laminar.log.batch.iter_records`). Every batch used is checksum-verified, once.
 """
 
