@@ -152,10 +152,12 @@ def descendants(pid: int) -> dict[int, str]:
 
 
 def cpu_by_group(brokers: list[int]) -> dict[str, float]:
-    """CPU seconds so far of the brokers, the JVM and Python (this process, the workers)."""
+    """CPU seconds so far of the brokers, the JVM and Python (this process and Spark's
+    Python workers; the brokers are this process's children too, and counted apart)."""
     groups = {"brokers": sum(cpu_s(p) for p in brokers), "jvm": 0.0, "python": cpu_s(os.getpid())}
     for pid, name in descendants(os.getpid()).items():
-        groups["jvm" if name == "java" else "python"] += cpu_s(pid)
+        if pid not in brokers:
+            groups["jvm" if name == "java" else "python"] += cpu_s(pid)
     return groups
 
 
