@@ -222,7 +222,11 @@ async def consume(
         position, end, records = state.log_start, state.commit_index + 1, 0
         url = f"{base}/v1/topics/{topic}/partitions/{n}/records"
         while position < end:
-            params = {"from": str(position), "max_bytes": str(max_bytes), "max_records": "100000"}
+            # wait_ms: a follower may not yet have learned the leader's commit index
+            params = {
+                "from": str(position), "max_bytes": str(max_bytes), "max_records": "100000",
+                "wait_ms": "10000",
+            }  # fmt: skip
             async with session.get(url, params=params, headers=headers) as response:
                 if response.status != 200:
                     raise LaminarError(response.status, "read", await response.text())

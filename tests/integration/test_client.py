@@ -400,3 +400,16 @@ def test_the_sync_client(cluster3: Any) -> None:
             future = producer.send(b"four", key=b"k")
         assert future.result(timeout=30).partition == partition_for(b"k", 2)
         client.delete_topic(name)
+
+
+def test_closing_the_sync_client_cancels_calls_in_flight(cluster3: Any) -> None:
+    client = Client(cluster3.urls, token=getattr(cluster3, "token", None))
+    name = unique("close")
+    client.create_topic(name, partitions=1, replication_factor=3)
+    # a long poll far past the end: still waiting when the client closes
+    past = client.describe_topic(name).partition_states[0].commit_index + 1000
+    waiting = client.submit(client.async_client.read(name, 0, past, wait_ms=60_000))
+    client.close()
+    assert waiting.cancelled()
+    with Client(cluster3.urls, token=getattr(cluster3, "token", None)) as admin:
+        admin.delete_topic(name)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import urllib.request
 import zlib
@@ -27,6 +28,8 @@ from laminar.client import Client  # noqa: E402
 from laminar.local_cluster import LocalCluster  # noqa: E402
 from laminar.log.batch import Record  # noqa: E402
 from laminar.spark import register  # noqa: E402
+from laminar.spark.options import Options, Range  # noqa: E402
+from laminar.spark.source import bounds_of, read_range  # noqa: E402
 
 from ..integration.conftest import make_cluster  # noqa: E402
 
@@ -124,6 +127,25 @@ def test_a_batch_read_is_what_was_produced(spark: SparkSession, brokers: LocalCl
     ).load()  # fmt: skip
     counts = {r["partition"]: r["count"] for r in ranged.groupBy("partition").count().collect()}
     assert counts == {0: 10, 1: 200, 2: 200}
+
+
+def test_a_range_read_waits_for_records_its_replica_has_not_yet_committed(
+    brokers: LocalCluster,
+) -> None:
+    # A range is planned from the leader's commit index; the replica serving its read may
+    # not have learned it yet. Here the last 100 records of the range arrive a second late.
+    create(brokers, "lagging", 1)
+    produce(brokers, "lagging", 1, 100)
+    options = Options.parse({"brokers": ",".join(brokers.urls), "topic": "lagging"}, stream=False)
+    bounds = bounds_of(options)["lagging"]["0"]
+    late = threading.Timer(1.0, produce, (brokers, "lagging", 1, 100, 100))
+    late.start()
+    try:
+        batches = list(read_range(options, Range("lagging", 0, bounds.log_start, bounds.end + 100)))
+    finally:
+        late.join()
+    values = [value for batch in batches for value in batch.column("value").to_pylist()]
+    assert values == [b"value-0-%d" % i for i in range(200)]
 
 
 def stream_once(spark: SparkSession, cluster: LocalCluster, topic: str, checkpoint: Path,

@@ -91,18 +91,28 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def close(self) -> None:
-        """Close the connections and stop the loop thread (idempotent)."""
+        """Cancel the calls still in flight (`submit`), close the connections and stop the
+        loop thread (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             try:
-                self.run(self._async.close())
+                self.run(self._shut())
             finally:
                 self._closed = True
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=10)
                 if not self._thread.is_alive():
                     self._loop.close()
+
+    async def _shut(self) -> None:
+        """On the loop: cancel every other task and wait for them, then close the client (a
+        task left pending would be destroyed with the loop)."""
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await self._async.close()
 
     def __enter__(self) -> Client:
         return self

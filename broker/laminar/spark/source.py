@@ -51,6 +51,9 @@ except ImportError:  # pragma: no cover (Spark 4.0 / 4.1)
 
 READ_MAX_BYTES = 8 * 1024 * 1024
 READ_MAX_RECORDS = 100_000
+#: How long a replica may take to learn that the range's records are committed: the range was
+#: planned from the leader's commit index, and the replica serving the read may lag it.
+READ_WAIT_MS = 10_000
 
 
 class DataLossError(RuntimeError):
@@ -98,9 +101,11 @@ class RangePartition(InputPartition):
 def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
     """The committed records low <= index < high of one partition, as Arrow batches.
 
-    The next read is asked for (from the answer's Laminar-Next-Index) before this one is
-    decoded, so the broker works while this process builds columns. The answers and columns
-    are buffers of megabytes: this process keeps them mapped between reads (`allocator`)."""
+    A read long-polls (`wait_ms`): a replica that has not yet learned the commit index the
+    range was planned from answers once it has. The next read is asked for (from the answer's
+    Laminar-Next-Index) before this one is decoded, so the broker works while this process
+    builds columns. The answers and columns are buffers of megabytes: this process keeps them
+    mapped between reads (`allocator`)."""
     allocator.keep_read_buffers()
     builder = ColumnBuilder(part.topic, part.partition, options.include_headers)
     with Client(list(options.brokers), token=options.token) as client:
@@ -110,6 +115,7 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
                 client.async_client.read_batches(
                     part.topic, part.partition, at,
                     max_records=min(READ_MAX_RECORDS, part.high - at), max_bytes=READ_MAX_BYTES,
+                    wait_ms=READ_WAIT_MS,
                 )
             )  # fmt: skip
 
@@ -136,9 +142,11 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
             after = builder.add(raw.body, position, part.high)
             if after <= position:
                 if guess is None or guess <= position:
+                    lagging = raw.commit_index < position
                     raise RuntimeError(
                         f"{part.topic}/{part.partition}: no progress reading at {position} "
-                        f"(committed up to {raw.commit_index})"
+                        f"(the replica has committed up to {raw.commit_index}"
+                        + (f" after waiting {READ_WAIT_MS / 1000:g} s)" if lagging else ")")
                     )
                 after = guess  # only control batches, or nothing stored there
             position = after
