@@ -83,11 +83,14 @@ async def create_topic(http: Http, topic: str, partitions: int, **config: Any) -
 
 
 async def produce(http: Http, topic: str, partition: int, values: list[str]) -> list[int]:
-    answer = await http.ok(
-        "POST",
-        f"/v1/topics/{topic}/partitions/{partition}/records",
-        {"records": [{"value": v} for v in values]},
-    )
+    # idempotent: `Http` retries a 503, and an append answered 503 (its leader stepped down
+    # before the commit) may still be committed by the next leader
+    body = {
+        "records": [{"value": v} for v in values],
+        "producer_id": random.getrandbits(62) + 1,
+        "sequence": 0,
+    }
+    answer = await http.ok("POST", f"/v1/topics/{topic}/partitions/{partition}/records", body)
     return list(range(answer["base_index"], answer["base_index"] + answer["count"]))
 
 
