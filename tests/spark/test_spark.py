@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 pyspark = pytest.importorskip("pyspark", reason="pip install '.[spark]' for the Spark tests")
 if shutil.which("java") is None:
@@ -287,13 +288,17 @@ def replica_gauges(cluster: LocalCluster, name: str, topic: str, partition: int)
     """One partition gauge (e.g. laminar_partition_log_start) of every replica, from each
     broker's /metrics: retention runs on each replica on its own, and any replica may serve
     a read."""
-    series = f'{name}{{partition="{partition}",topic="{topic}"}} '
+    labels = {"topic": topic, "partition": str(partition)}
     values = []
     for url in cluster.urls:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
             text = answer.read().decode()
-        values += [int(float(line[len(series):])) for line in text.splitlines()
-                   if line.startswith(series)]  # fmt: skip
+        values += [
+            int(sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and sample.labels == labels
+        ]
     return values
 
 
