@@ -5,27 +5,36 @@ The broker's driver persists what the Raft core asks and calls `on_committed` an
 `on_leadership`; HTTP handlers call `propose` and `read`. Appends are bounded: at most
 `max_pending_bytes` of this replica's proposals may wait for their commit (more is refused
 with `Overloaded`, never queued without bound).
+
+Damage: a replica opens repaired (`laminar.raft.repair`: the log cut at damage it may have
+acknowledged, with a repair floor until the leader has refilled it); a damaged batch that a
+read meets later is reported through `on_damage`, and the broker reopens the replica with
+`repair_at` (a leader so steps down).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
+from ..log.errors import CorruptBatchError
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import FileDirectory
 from ..queue.applier import QueueApplier
 from ..raft.config import RaftConfig
-from ..raft.log_storage import LogStorage
+from ..raft.log_storage import COMMIT_SAVE_INDEXES, LogStorage
 from ..raft.messages import ConfState
-from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
+from ..raft.raft import ProposalDropped, Role
+from ..raft.repair import Damage, last_entry, open_raft
 from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
 from .groups import ConsumerGroups
 from .signal import Signal
@@ -34,6 +43,18 @@ from .signal import Signal
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
+#: beside the log: which topic (by its identity, the metadata index of its creation) the
+#: replica belongs to, so that only a committed deletion of *that* topic removes it
+TOPIC_FILE = "topic.json"
+
+
+def topic_identity(path: Path) -> int | None:
+    """The created_index of the topic the replica in `path` belongs to (None: not recorded,
+    a replica from before it was recorded)."""
+    try:
+        return int(json.loads((path / TOPIC_FILE).read_text())["created_index"])
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(slots=True)
@@ -102,35 +123,48 @@ class Replica:
         group: str | None = None,
         max_pending_bytes: int = 64 << 20,
         queues: bool = True,
+        commit_save_indexes: int = COMMIT_SAVE_INDEXES,
+        repair_at: int | None = None,
     ) -> None:
         """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
-        groups (data partitions do; the metadata group does not)."""
+        groups (data partitions do; the metadata group does not); `repair_at`: the index of
+        a damaged batch found while the replica ran (its log is cut and repaired there)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
+        self.node_id = node_id
         self.path = path
         self.max_pending_bytes = max_pending_bytes
         path.mkdir(parents=True, exist_ok=True)
         directory = FileDirectory(str(path))
         self.log = SegmentedLog.open(directory, log_config)
-        self.storage = LogStorage(directory, self.log, conf=bootstrap)
-        hard_state, _ = self.storage.initial_state()
-        self.raft = Raft(
+        self.storage = LogStorage(
+            directory, self.log, conf=bootstrap, commit_save_indexes=commit_save_indexes
+        )
+        damage = None
+        if repair_at is not None:
+            reason = f"damaged batch at {repair_at} met by a read"
+            damage = Damage(repair_at, last_entry(self.storage), reason)
+        self.raft, applier, self.repairs = open_raft(
             self.group,
             node_id,
             self.storage,
             raft_config,
             random.Random(),
-            pending_confs=scan_pending_confs(self.storage, hard_state.commit),
+            lambda: QueueApplier(self.storage) if queues else None,
+            damage,
         )
+        #: told (once per index) of each damaged batch a read meets: the broker repairs
+        self.on_damage: Callable[[Replica, int], None] = _ignore_damage
+        self.damaged_at: int | None = None
+        self.log.on_corrupt = self._corrupt
+        self.topic_created_index = topic_identity(path) if queues else None
         self.producers = ProducerTable()
         self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
         self.pending_bytes = 0
         self._committed = Signal()  # long-polling readers wait on it
         self._led_term = -1  # the term this replica last led in (its producer table's)
-        self.groups = (
-            ConsumerGroups(self.raft, self.log, QueueApplier(self.storage)) if queues else None
-        )
+        self.groups = ConsumerGroups(self.raft, self.log, applier) if applier else None
         self.closed = False
 
     # ---- state -----------------------------------------------------------------------------
@@ -138,6 +172,31 @@ class Replica:
     @property
     def is_leader(self) -> bool:
         return self.raft.role is Role.LEADER
+
+    @property
+    def repairable(self) -> bool:
+        """Damage can be fetched again from another voter (this is not the only one)."""
+        return self.raft.conf.voters != (self.node_id,)
+
+    @property
+    def repairing(self) -> bool:
+        """The log lacks entries it had (cut at damage) until the leader has refilled it."""
+        return self.raft.repair_floor is not None
+
+    def bind_topic(self, created_index: int) -> None:
+        """Record (durably) the identity of the topic this replica belongs to."""
+        document = {
+            "topic": self.topic,
+            "partition": self.partition,
+            "created_index": created_index,
+        }
+        self.storage.save_file(TOPIC_FILE, json.dumps(document, sort_keys=True).encode())
+        self.topic_created_index = created_index
+
+    def _corrupt(self, error: CorruptBatchError) -> None:
+        if self.damaged_at is None or error.index < self.damaged_at:
+            self.damaged_at = error.index
+            self.on_damage(self, error.index)
 
     @property
     def commit_index(self) -> int:
@@ -276,3 +335,7 @@ class Replica:
         """Close and delete the replica's data (it was moved elsewhere or the topic deleted)."""
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _ignore_damage(replica: Replica, index: int) -> None:
+    pass

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..log.batch import single_record_batch
+from ..log.errors import CorruptBatchError
 from ..partition.errors import CommitLost, NotLeader, Overloaded
 from ..partition.groups import ConsumerGroups, Delivery, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
 from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
-from .http import ApiError, json_response, record_json, unavailable
+from .http import ApiError, damaged, json_response, record_json, unavailable
 
 if TYPE_CHECKING:
     from .api import Api
@@ -52,7 +53,7 @@ class GroupsApi:
 
     async def _leader(self, request: web.Request) -> tuple[Replica, ConsumerGroups, str]:
         api = self.api
-        topic, partition = api._partition(request)
+        topic, partition = await api._partition(request)
         group = request.match_info["group"]
         if not GROUP_NAME.fullmatch(group):
             raise ApiError(
@@ -89,6 +90,8 @@ class GroupsApi:
             raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
         except CommitLost as e:
             raise unavailable(f"{e}; retrying is harmless") from e
+        except CorruptBatchError as e:
+            raise damaged(replica, e) from e
 
     async def _commit(
         self, request: web.Request, replica: Replica, command: QueueCommand
