@@ -35,6 +35,7 @@ from ..queue.entries import encode_entry
 from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
 from .errors import CommitLost, NotLeader, Overloaded
+from .futures import answer_future
 from .signal import Signal
 
 #: Queue commands that may wait for their commit on one replica at a time.
@@ -117,7 +118,7 @@ class ConsumerGroups:
             index = raft.propose(encode_entry(command), 1)
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result] = answer_future(asyncio.get_running_loop())
         self._waiters[index] = _Waiter(raft.term, future)
         self.on_propose()
         return future
@@ -279,15 +280,13 @@ class ConsumerGroups:
         future = self.propose(Configure(max_deliveries))
         self._configuring = True
 
-        def done(finished: asyncio.Future[Result]) -> None:
+        def done(_: asyncio.Future[Result]) -> None:
             self._configuring = False
-            _retrieve(finished)
 
         future.add_done_callback(done)
 
-    def _settled(self, group: str, future: asyncio.Future[Result]) -> None:
+    def _settled(self, group: str, _: asyncio.Future[Result]) -> None:
         self._expiring.discard(group)
-        _retrieve(future)
 
     def dead_letters(self) -> list[tuple[str, int, DeadLetter]]:
         """(group, index, dead letter) waiting for their dead-letter append, by group, then
@@ -301,9 +300,3 @@ class ConsumerGroups:
 
 def _nothing() -> None:
     pass
-
-
-def _retrieve(future: asyncio.Future[Result]) -> None:
-    """Mark a fire-and-forget proposal's failure as seen (it is retried by the next round)."""
-    if not future.cancelled():
-        future.exception()

@@ -27,6 +27,7 @@ from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
 from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from .futures import answer_future
 from .groups import ConsumerGroups
 from .signal import Signal
 
@@ -171,7 +172,7 @@ class Replica:
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
         self.producers.record_header(header, base)
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         self.pending[base] = PendingAppend(
             raft.term, base + header.record_count - 1, len(batch), future
         )
@@ -183,7 +184,7 @@ class Replica:
         pending = self.pending.get(base)
         if pending is not None:
             return pending.future
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         if base <= self.commit_index:
             future.set_result(base)
         else:
