@@ -3,12 +3,14 @@ a three-voter group whose peers are played by the test (it steps their Raft mess
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from laminar.log.config import LogConfig
 from laminar.partition.replica import Replica
 from laminar.raft.config import RaftConfig
-from laminar.raft.messages import ConfState, Message, MessageType
+from laminar.raft.messages import ConfState, Entry, EntryKind, Message, MessageType
+from laminar.raft.raft import encode_control
 
 VOTERS = ("n1", "n2", "n3")
 
@@ -53,3 +55,36 @@ def depose(replica: Replica, leader: str = "n2") -> None:
     raft.step(Message(MessageType.HEARTBEAT, raft.group, leader, raft.id, raft.term + 1))
     drive(replica)
     assert not replica.is_leader and raft.lead == leader
+
+
+def noop(index: int, term: int) -> Entry:
+    """The no-op a new leader of `term` appends at `index`."""
+    return Entry(index, 1, term, encode_control(EntryKind.NOOP), EntryKind.NOOP)
+
+
+def append_from(
+    replica: Replica,
+    leader: str,
+    term: int,
+    after: int,
+    entries: Sequence[Entry] = (),
+    *,
+    commit: int,
+) -> None:
+    """`leader` of `term` sends `entries` following index `after` (which it holds with the
+    term n1 has there), and its commit index."""
+    raft = replica.raft
+    raft.step(
+        Message(
+            MessageType.APPEND,
+            raft.group,
+            leader,
+            raft.id,
+            term,
+            log_term=raft.log.term(after) or 0,
+            index=after,
+            entries=tuple(entries),
+            commit=commit,
+        )
+    )
+    drive(replica)

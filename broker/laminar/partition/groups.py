@@ -34,7 +34,7 @@ from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
 from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
-from .errors import CommitLost, NotLeader, Overloaded
+from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded
 from .futures import answer_future
 from .signal import Signal
 
@@ -131,21 +131,30 @@ class ConsumerGroups:
                 if self.log.term_at(applied.index) == waiter.term:
                     waiter.future.set_result(applied.result)
                 else:
-                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+                    waiter.future.set_exception(
+                        CommitLost(
+                            f"{self.raft.group}: another leader's entry took index {applied.index}"
+                        )
+                    )
         if self._waiters:
             # a proposal whose index now holds another (committed) entry was lost
             for index in [i for i in self._waiters if i <= self.applier.applied_index]:
                 waiter = self._waiters.pop(index)
                 if not waiter.future.done():
-                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+                    waiter.future.set_exception(
+                        CommitLost(f"{self.raft.group}: another leader's entry took index {index}")
+                    )
         self._changed.notify()
 
     def fail_all(self, why: str) -> None:
-        """Leadership changed (or the replica closes): nothing proposed here will be answered."""
+        """Leadership changed (or the replica closes): nothing proposed here will be answered
+        (the next leader may still commit and apply it)."""
         waiters, self._waiters = self._waiters, {}
-        for waiter in waiters.values():
+        for index, waiter in waiters.items():
             if not waiter.future.done():
-                waiter.future.set_exception(CommitLost(f"{self.raft.group}: {why}"))
+                waiter.future.set_exception(
+                    CommitUnknown(f"{self.raft.group}: {why} before entry {index} was committed")
+                )
         self._tentative.clear()
         self._changed.notify()
 

@@ -26,7 +26,7 @@ from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
-from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, SequenceConflict
 from .futures import answer_future
 from .groups import ConsumerGroups
 from .signal import Signal
@@ -205,7 +205,9 @@ class Replica:
                 if self.log.term_at(base) == pending.term or pending.size_bytes == 0:
                     pending.future.set_result(base)
                 else:
-                    pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
+                    pending.future.set_exception(
+                        CommitLost(f"{self.group}: another leader's entry took index {base}")
+                    )
         if self.groups is not None:
             self.groups.on_committed(last)
         self._committed.notify()
@@ -225,11 +227,15 @@ class Replica:
             self._fail_pending(f"no longer the leader (leader: {raft.lead})")
 
     def _fail_pending(self, why: str) -> None:
+        """No waiting append will learn its commit here any more (its entry may be in other
+        replicas' logs and be committed by the next leader)."""
         if self.groups is not None:
             self.groups.fail_all(why)
-        for pending in self.pending.values():
+        for base, pending in self.pending.items():
             if not pending.future.done():
-                pending.future.set_exception(CommitLost(f"{self.group}: {why}"))
+                pending.future.set_exception(
+                    CommitUnknown(f"{self.group}: {why} before entry {base} was committed")
+                )
         self.pending.clear()
         self.pending_bytes = 0
 

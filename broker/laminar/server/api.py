@@ -39,10 +39,16 @@ from ..metadata import (
     SetWeight,
 )
 from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
-from ..partition.errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from ..partition.errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    SequenceConflict,
+)
 from ..partition.replica import Replica
 from .groups_api import GroupsApi
-from .http import ApiError, json_response, record_json, unavailable
+from .http import ApiError, json_response, outcome_unknown, record_json, unavailable
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -56,6 +62,10 @@ VIEW_TTL_S = 1.0
 COLLECT_INTERVAL_S = 3.0
 #: How long a handoff waits for the leaderships to move.
 HANDOFF_TIMEOUT_S = 10.0
+APPEND_MAY_COMMIT = (
+    "the append may still be committed: retry with the same producer id and sequence "
+    "(the broker deduplicates it); without a producer id, check before appending again"
+)
 BROKER_KEY = web.AppKey("broker", Broker)
 STATUS_CODES = {
     "invalid": (400, "bad_request"),
@@ -501,9 +511,13 @@ class Api:
         try:
             base = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retry idempotently") from e
+            raise outcome_unknown(
+                "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
+            ) from e
+        except CommitUnknown as e:
+            raise outcome_unknown("outcome_unknown", f"{e}; {APPEND_MAY_COMMIT}") from e
         except CommitLost as e:
-            raise unavailable(f"{e}; retry (idempotent producers are deduplicated)") from e
+            raise unavailable(f"{e}: the append was not written; retry") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
         return json_response(

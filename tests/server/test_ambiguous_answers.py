@@ -1,0 +1,134 @@
+"""What the API answers when it does not know whether a write committed (504), when nothing
+was done (503), and that no failure is left for asyncio to report as never retrieved.
+
+The real HTTP handlers over a real partition replica (files, Raft): the test plays the
+broker's driver and the replica's two peers, stepping their Raft messages in, so a leader
+steps down exactly while a request waits (docs/api.md, "All errors").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from laminar.metadata import CreateTopic
+from laminar.partition.replica import Replica
+from laminar.server.api import Api
+from laminar.server.config import BrokerConfig
+from laminar.server.metrics import BrokerMetrics
+from laminar.server.node import Broker
+from tests.replicas import VOTERS, append_from, depose, drive, elect, noop, open_replica
+
+RECORDS = "/v1/topics/t/partitions/0/records"
+GROUP = "/v1/topics/t/partitions/0/groups/g"
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
+    """An HTTP client of a broker (never started: no peers, no driver) hosting partition t/0,
+    whose replica n1 leads; and what asyncio reports to the loop's exception handler (checked
+    empty at the end, after a collection)."""
+    reported: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _, context: reported.append(context["message"])
+    )
+    broker = Broker(BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=60_000))
+    broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
+    replica = open_replica(tmp_path / "t-0")
+    broker.replicas[replica.group] = replica
+    elect(replica)
+    api = Api(broker, BrokerMetrics(broker))
+    async with TestClient(TestServer(api.app(), host="127.0.0.1")) as client:
+        yield client, replica, reported
+    replica.close()
+    gc.collect()
+    assert reported == []
+
+
+async def until(condition: Callable[[], object]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+def error_of(status: int, body: Any) -> tuple[int, str, str]:
+    return status, body["error"]["code"], body["error"]["message"]
+
+
+async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
+    async with client.post(path, json=body) as response:
+        return response.status, await response.json()
+
+
+async def test_an_append_whose_leader_stepped_down_is_504_and_may_still_commit(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
+        await until(lambda: replica.pending)
+        (base,) = replica.pending
+        drive(replica)  # written here and sent to the peers, not acknowledged
+        depose(replica)  # n2 won an election: n1 cannot know whether n2 has the entry
+        status, code, message = error_of(*await answer)
+        assert (status, code) == (504, "outcome_unknown")
+        assert "may still be committed" in message and "same producer id" in message
+
+        # n2 had it: it commits the entry the client was told nothing certain about
+        term = replica.raft.term
+        append_from(replica, "n2", term, base, [noop(base + 1, term)], commit=base + 1)
+        async with client.get(RECORDS, params={"from": base}) as response:
+            records = (await response.json())["records"]
+        assert [(r["index"], r["value"]) for r in records] == [(base, "v")]
+
+
+async def test_an_append_whose_index_the_next_leader_took_is_503(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
+        await until(lambda: replica.pending)
+        (base,) = replica.pending
+        drive(replica)
+        # n2 never got it: its own no-op takes the index, committed
+        term = replica.raft.term + 1
+        append_from(replica, "n2", term, base - 1, [noop(base, term)], commit=base)
+        status, code, message = error_of(*await answer)
+        assert (status, code) == (503, "unavailable")
+        assert "not written" in message
+
+
+async def test_an_append_waiting_when_the_replica_closes_is_504(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
+        await until(lambda: replica.pending)
+        drive(replica)  # on disk here: a restarted n1 may still commit it
+        replica.close()
+        assert error_of(*await answer)[:2] == (504, "outcome_unknown")
+
+
+async def test_a_queue_command_whose_leader_stepped_down_is_504(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        groups = replica.groups
+        assert groups is not None
+        body = {"consumer": "c", "indexes": [0]}
+        answer = asyncio.create_task(post(client, GROUP + "/accept", body))
+        await until(lambda: groups._waiters)
+        drive(replica)
+        depose(replica)
+        status, code, message = error_of(*await answer)
+        assert (status, code) == (504, "outcome_unknown")
+        assert "repeating an accept" in message
+
+
+async def test_a_request_refused_before_anything_was_proposed_is_no_504(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        depose(replica)  # no address known for n2: nothing to redirect to
+        for path, body in (
+            (RECORDS, {"records": [{"value": "v"}]}),
+            (GROUP + "/accept", {"consumer": "c", "indexes": [0]}),
+        ):
+            status, code, _ = error_of(*await post(client, path, body))
+            assert (status, code) == (503, "unavailable"), path
