@@ -132,3 +132,44 @@ async def test_a_request_refused_before_anything_was_proposed_is_no_504(tmp_path
         ):
             status, code, _ = error_of(*await post(client, path, body))
             assert (status, code) == (503, "unavailable"), path
+
+
+async def test_long_polls_interrupted_by_the_replica_closing_are_503(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        groups = replica.groups
+        assert groups is not None
+
+        async def read() -> tuple[int, Any, str | None]:
+            query = {"from": replica.log_end, "wait_ms": 30_000}
+            async with client.get(RECORDS, params=query) as response:
+                retry = response.headers.get("Retry-After")
+                return response.status, await response.json(), retry
+
+        async def acquire() -> tuple[int, Any, str | None]:
+            body = {"consumer": "c", "wait_ms": 30_000}
+            async with client.post(GROUP + "/acquire", json=body) as response:
+                retry = response.headers.get("Retry-After")
+                return response.status, await response.json(), retry
+
+        reading = asyncio.create_task(read())
+        acquiring = asyncio.create_task(acquire())
+        await until(lambda: replica._committed._waiters and groups._changed._waiters)
+        replica.close()  # the broker stops, or dropped the replica: not "nothing new yet"
+        for answer in (reading, acquiring):
+            status, body, retry = await answer
+            assert (status, body["error"]["code"], retry) == (503, "unavailable", "1")
+
+
+async def test_every_request_to_a_closed_replica_is_503(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, replica, _):
+        replica.close()
+        for method, path, body in (
+            ("GET", RECORDS + "?from=0", None),  # committed here: the log is closed
+            ("GET", RECORDS, None),
+            ("POST", RECORDS, {"records": [{"value": "v"}]}),
+            ("POST", GROUP + "/acquire", {"consumer": "c"}),
+            ("POST", GROUP + "/accept", {"consumer": "c", "indexes": [0]}),
+        ):
+            async with client.request(method, path, json=body) as response:
+                answer = response.status, (await response.json())["error"]["code"]
+            assert answer == (503, "unavailable"), (method, path)

@@ -23,3 +23,8 @@ class CommitLost(Exception):
 class CommitUnknown(Exception):
     """Leadership was lost, or the replica closed, after the entry was proposed and before its
     commit was known: the next leader may still commit it, or not."""
+
+
+class ReplicaClosed(Exception):
+    """The replica is closed (the broker is stopping, or the replica was dropped or moved):
+    it refuses requests and ends long polls without doing anything."""

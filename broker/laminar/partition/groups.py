@@ -34,7 +34,7 @@ from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
 from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
-from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded
+from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
 from .futures import answer_future
 from .signal import Signal
 
@@ -99,6 +99,7 @@ class ConsumerGroups:
         self._last_batch: StoredBatch | None = None
         #: called after each proposal (the broker wakes its driver to persist it)
         self.on_propose: Callable[[], None] = _nothing
+        self.closed = False
 
     @property
     def state(self) -> QueueState:
@@ -108,6 +109,8 @@ class ConsumerGroups:
 
     def propose(self, command: QueueCommand) -> asyncio.Future[Result]:
         """Propose `command` (leader only): a future for its result once applied here."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.raft.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
@@ -158,6 +161,11 @@ class ConsumerGroups:
         self._tentative.clear()
         self._changed.notify()
 
+    def close(self) -> None:
+        """The replica closes: waiting commands fail, long-polling acquires end."""
+        self.closed = True
+        self.fail_all("the replica is closing")
+
     def reset(self) -> None:
         """A snapshot was installed."""
         self.applier.reset()
@@ -186,6 +194,8 @@ class ConsumerGroups:
         deadline = loop.time() + wait_s
         attempts = 0
         while True:
+            if self.closed:
+                raise ReplicaClosed(f"{self.raft.group} is closed")
             if self.raft.role is not Role.LEADER:
                 raise NotLeader(self.raft.lead)
             now = now_ms()
@@ -240,6 +250,8 @@ class ConsumerGroups:
         return picked
 
     def record(self, index: int) -> StoredRecord | None:
+        if self.closed:
+            raise ReplicaClosed(f"{self.raft.group} is closed")
         batch = self.batch(index)
         return None if batch is None else batch.record(index)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
+from ..log.errors import LogClosedError
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import FileDirectory
@@ -26,7 +27,14 @@ from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
-from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, SequenceConflict
+from .errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    ReplicaClosed,
+    SequenceConflict,
+)
 from .futures import answer_future
 from .groups import ConsumerGroups
 from .signal import Signal
@@ -157,6 +165,8 @@ class Replica:
     def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
         """Propose a verified batch: a future resolving to its base index once committed, and
         whether it is a duplicate (then the future gives the original's base index)."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
@@ -253,14 +263,21 @@ class Replica:
     # ---- reads -----------------------------------------------------------------------------
 
     def read(self, from_index: int, max_bytes: int) -> ReadResult:
-        """Whole committed batches from the one holding `from_index` (empty at the end)."""
+        """Whole committed batches from the one holding `from_index` (empty at the end).
+        Raises ReplicaClosed once closed (an empty answer would say "nothing new yet")."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         end = self.commit_index + 1
         if from_index >= end:
             return ReadResult(b"", from_index, from_index, 0)
-        return self.log.read_range(from_index, max_bytes, end)
+        try:
+            return self.log.read_range(from_index, max_bytes, end)
+        except LogClosedError as e:
+            raise ReplicaClosed(f"{self.group} is closed") from e
 
     async def wait_for(self, index: int, timeout_s: float) -> None:
-        """Return once `index` is committed here, or after `timeout_s`."""
+        """Return once `index` is committed here, after `timeout_s`, or once the replica is
+        closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while index > self.commit_index and not self.closed:
@@ -274,6 +291,8 @@ class Replica:
         if self.closed:
             return
         self.closed = True
+        if self.groups is not None:
+            self.groups.close()
         self._fail_pending("the replica is closing")
         self._committed.notify()
         self.storage.flush()

@@ -44,6 +44,7 @@ from ..partition.errors import (
     CommitUnknown,
     NotLeader,
     Overloaded,
+    ReplicaClosed,
     SequenceConflict,
 )
 from ..partition.replica import Replica
@@ -147,6 +148,10 @@ class Api:
             return await handler(request)
         except ApiError as e:
             error = e
+        except ReplicaClosed as e:
+            # the broker is stopping, or dropped the replica, under the request (a long poll
+            # included): nothing was done, another replica or the new leader will answer
+            error = unavailable(f"{e}; retry")
         except web.HTTPRequestEntityTooLarge as e:
             error = ApiError(413, "payload_too_large", e.text or "request body too large")
         except web.HTTPNotFound:
