@@ -1,16 +1,27 @@
 """Real partition replicas on files, driven by hand as the broker's driver would drive them:
-a three-voter group whose peers are played by the test (it steps their Raft messages in)."""
+a three-voter group whose peers are played by the test (it steps their Raft messages in);
+and the broker's real HTTP API serving such a replica."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+from aiohttp.test_utils import TestClient, TestServer
+
 from laminar.log.config import LogConfig
+from laminar.metadata import CreateTopic
 from laminar.partition.replica import Replica
 from laminar.raft.config import RaftConfig
 from laminar.raft.messages import ConfState, Entry, EntryKind, Message, MessageType
 from laminar.raft.raft import encode_control
+from laminar.server.api import Api
+from laminar.server.config import BrokerConfig
+from laminar.server.metrics import BrokerMetrics
+from laminar.server.node import Broker
 
 VOTERS = ("n1", "n2", "n3")
 
@@ -88,3 +99,40 @@ def append_from(
         )
     )
     drive(replica)
+
+
+def ack(replica: Replica, voter: str = "n2") -> None:
+    """`voter` has (and persisted) everything the leader n1 sent: n1 commits it."""
+    raft = replica.raft
+    last = raft.log.last_index()
+    raft.step(Message(MessageType.APPEND_RESP, raft.group, voter, raft.id, raft.term, index=last))
+    drive(replica)
+
+
+async def until(condition: Callable[[], object]) -> None:
+    """Wait for `condition` to hold (requests in flight get to run meanwhile)."""
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
+    """An HTTP client of a broker (never started: no peers, no driver) hosting partition t/0,
+    whose replica n1 leads; and what asyncio reports to the loop's exception handler (checked
+    empty at the end, after a collection)."""
+    reported: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _, context: reported.append(context["message"])
+    )
+    broker = Broker(BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=60_000))
+    broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
+    replica = open_replica(tmp_path / "t-0")
+    broker.replicas[replica.group] = replica
+    elect(replica)
+    api = Api(broker, BrokerMetrics(broker))
+    async with TestClient(TestServer(api.app(), host="127.0.0.1")) as client:
+        broker.set_api_addr(f"{client.host}:{client.port}")  # what describe_topic tells
+        yield client, replica, reported
+    replica.close()
+    gc.collect()
+    assert reported == []

@@ -9,51 +9,15 @@ steps down exactly while a request waits (docs/api.md, "All errors").
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from laminar.metadata import CreateTopic
-from laminar.partition.replica import Replica
-from laminar.server.api import Api
-from laminar.server.config import BrokerConfig
-from laminar.server.metrics import BrokerMetrics
-from laminar.server.node import Broker
-from tests.replicas import VOTERS, append_from, depose, drive, elect, noop, open_replica
+from tests.replicas import append_from, depose, drive, noop, serving, until
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 GROUP = "/v1/topics/t/partitions/0/groups/g"
-
-
-@asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
-    """An HTTP client of a broker (never started: no peers, no driver) hosting partition t/0,
-    whose replica n1 leads; and what asyncio reports to the loop's exception handler (checked
-    empty at the end, after a collection)."""
-    reported: list[str] = []
-    asyncio.get_running_loop().set_exception_handler(
-        lambda _, context: reported.append(context["message"])
-    )
-    broker = Broker(BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=60_000))
-    broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
-    replica = open_replica(tmp_path / "t-0")
-    broker.replicas[replica.group] = replica
-    elect(replica)
-    api = Api(broker, BrokerMetrics(broker))
-    async with TestClient(TestServer(api.app(), host="127.0.0.1")) as client:
-        yield client, replica, reported
-    replica.close()
-    gc.collect()
-    assert reported == []
-
-
-async def until(condition: Callable[[], object]) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
 
 
 def error_of(status: int, body: Any) -> tuple[int, str, str]:
