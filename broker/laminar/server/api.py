@@ -256,7 +256,11 @@ class Api:
         except MetadataError as e:
             raise self._meta_error(e) from e
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "the metadata change did not commit in time") from e
+            raise outcome_unknown(
+                "timeout",
+                f"the metadata change did not commit within {self.timeout_s:g} s; it may still "
+                "be applied: look before repeating it",
+            ) from e
 
     # ---- cluster ---------------------------------------------------------------------------
 
