@@ -33,7 +33,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 class Http:
-    """JSON calls that follow 307 to the leader and retry 503 (no leader yet)."""
+    """JSON calls that follow 307 to the leader and retry 503 (no leader yet) and 504
+    (outcome unknown: the tests' appends carry a producer id, queue commands may be repeated)."""
 
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
         self.session = session
@@ -54,7 +55,7 @@ class Http:
             if status == 307 and location:
                 url = location
                 continue
-            if status == 503 and time.monotonic() < deadline:
+            if status in (503, 504) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
                 url = (base or self.base) + path
                 continue
@@ -83,7 +84,7 @@ async def create_topic(http: Http, topic: str, partitions: int, **config: Any) -
 
 
 async def produce(http: Http, topic: str, partition: int, values: list[str]) -> list[int]:
-    # idempotent: `Http` retries a 503, and an append answered 503 (its leader stepped down
+    # idempotent: `Http` retries a 504, and an append answered 504 (its leader stepped down
     # before the commit) may still be committed by the next leader
     body = {
         "records": [{"value": v} for v in values],

@@ -24,10 +24,12 @@ How it works (API: docs/api.md, "Shared queues"):
 * **Settling.** `accept` / `release` / `reject` calls are batched per partition: those made
   within `settle_linger_ms` (or up to `settle_batch` indexes) go in one request. Each resolves
   to True (settled) or False (refused: the lease was lost, the message may come again).
-* **Errors.** Retryable errors (no leader during an election, a broker restarting) are retried
-  with backoff forever; any other error (the topic was deleted, a bad token) is raised by the
-  iterator and `run`. Partitions added to the topic are picked up (checked every
-  `partition_check_s`).
+* **Errors.** Retryable errors (no leader during an election, a broker restarting, a 504
+  whose outcome is unknown) are retried with backoff forever; any other error (the topic was
+  deleted, a bad token) is raised by the iterator and `run`. Settling is idempotent, so a
+  repeated accept/release/reject is harmless; an acquire repeated after a 504 may leave what
+  the lost one took held until its lease ends, then it is delivered again. Partitions added
+  to the topic are picked up (checked every `partition_check_s`).
 * **Closing.** `close()` stops acquiring, waits (up to `close_timeout_s`) for acquires under
   way and `run` handlers, sends pending settlements, then releases every message still held
   (best effort: those it cannot release come back when their lease ends).

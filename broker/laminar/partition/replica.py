@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
-from ..log.errors import CorruptBatchError
+from ..log.errors import CorruptBatchError, LogClosedError
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import FileDirectory
@@ -35,7 +35,15 @@ from ..raft.log_storage import COMMIT_SAVE_INDEXES, LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Role
 from ..raft.repair import Damage, last_entry, open_raft
-from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from .errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    ReplicaClosed,
+    SequenceConflict,
+)
+from .futures import answer_future
 from .groups import ConsumerGroups
 from .signal import Signal
 
@@ -215,6 +223,8 @@ class Replica:
     def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
         """Propose a verified batch: a future resolving to its base index once committed, and
         whether it is a duplicate (then the future gives the original's base index)."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
@@ -230,7 +240,7 @@ class Replica:
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
         self.producers.record_header(header, base)
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         self.pending[base] = PendingAppend(
             raft.term, base + header.record_count - 1, len(batch), future
         )
@@ -242,7 +252,7 @@ class Replica:
         pending = self.pending.get(base)
         if pending is not None:
             return pending.future
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         if base <= self.commit_index:
             future.set_result(base)
         else:
@@ -263,7 +273,9 @@ class Replica:
                 if self.log.term_at(base) == pending.term or pending.size_bytes == 0:
                     pending.future.set_result(base)
                 else:
-                    pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
+                    pending.future.set_exception(
+                        CommitLost(f"{self.group}: another leader's entry took index {base}")
+                    )
         if self.groups is not None:
             self.groups.on_committed(last)
         self._committed.notify()
@@ -283,11 +295,15 @@ class Replica:
             self._fail_pending(f"no longer the leader (leader: {raft.lead})")
 
     def _fail_pending(self, why: str) -> None:
+        """No waiting append will learn its commit here any more (its entry may be in other
+        replicas' logs and be committed by the next leader)."""
         if self.groups is not None:
             self.groups.fail_all(why)
-        for pending in self.pending.values():
+        for base, pending in self.pending.items():
             if not pending.future.done():
-                pending.future.set_exception(CommitLost(f"{self.group}: {why}"))
+                pending.future.set_exception(
+                    CommitUnknown(f"{self.group}: {why} before entry {base} was committed")
+                )
         self.pending.clear()
         self.pending_bytes = 0
 
@@ -305,14 +321,21 @@ class Replica:
     # ---- reads -----------------------------------------------------------------------------
 
     def read(self, from_index: int, max_bytes: int) -> ReadResult:
-        """Whole committed batches from the one holding `from_index` (empty at the end)."""
+        """Whole committed batches from the one holding `from_index` (empty at the end).
+        Raises ReplicaClosed once closed (an empty answer would say "nothing new yet")."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         end = self.commit_index + 1
         if from_index >= end:
             return ReadResult(b"", from_index, from_index, 0)
-        return self.log.read_range(from_index, max_bytes, end)
+        try:
+            return self.log.read_range(from_index, max_bytes, end)
+        except LogClosedError as e:
+            raise ReplicaClosed(f"{self.group} is closed") from e
 
     async def wait_for(self, index: int, timeout_s: float) -> None:
-        """Return once `index` is committed here, or after `timeout_s`."""
+        """Return once `index` is committed here, after `timeout_s`, or once the replica is
+        closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while index > self.commit_index and not self.closed:
@@ -326,6 +349,8 @@ class Replica:
         if self.closed:
             return
         self.closed = True
+        if self.groups is not None:
+            self.groups.close()
         self._fail_pending("the replica is closing")
         self._committed.notify()
         self.storage.flush()

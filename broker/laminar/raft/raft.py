@@ -22,9 +22,10 @@ campaigns nor accepts a leadership transfer, and it grants votes only to candida
 as up to date as the floor: exactly the votes it would have granted with its old log. It
 tells the leader of its term where its log now ends, so that the leader sends the rest again
 (its progress no longer counts what was lost), and asks for the leader's last index (REPAIR /
-REPAIR_RESP); it is repaired once its commit index reaches that index: its log then matches the leader's up to an entry
-the leader appended after everything this node could have acknowledged to it, and, as it was
-elected without this node's vote, after every entry committed before its term.
+REPAIR_RESP). It is repaired once its commit index reaches that index: its log then matches
+the leader's up to an entry the leader appended after everything this node could have
+acknowledged to it, and, as the leader was elected without this node's vote, after every
+entry committed before its term.
 """
 
 from __future__ import annotations

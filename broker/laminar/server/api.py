@@ -39,10 +39,17 @@ from ..metadata import (
     SetWeight,
 )
 from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME, Topic
-from ..partition.errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from ..partition.errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    ReplicaClosed,
+    SequenceConflict,
+)
 from ..partition.replica import Replica
 from .groups_api import GroupsApi
-from .http import ApiError, damaged, json_response, record_json, unavailable
+from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -60,6 +67,10 @@ HANDOFF_TIMEOUT_S = 10.0
 #: metadata leader, that it has applied all the committed metadata (then: 404), and how long
 #: /readyz waits for the same.
 METADATA_BARRIER_TIMEOUT_S = 3.0
+APPEND_MAY_COMMIT = (
+    "the append may still be committed: retry with the same producer id and sequence "
+    "(the broker deduplicates it); without a producer id, check before appending again"
+)
 BROKER_KEY = web.AppKey("broker", Broker)
 STATUS_CODES = {
     "invalid": (400, "bad_request"),
@@ -141,6 +152,10 @@ class Api:
             return await handler(request)
         except ApiError as e:
             error = e
+        except ReplicaClosed as e:
+            # the broker is stopping, or dropped the replica, under the request (a long poll
+            # included): nothing was done, another replica or the new leader will answer
+            error = unavailable(f"{e}; retry")
         except web.HTTPRequestEntityTooLarge as e:
             error = ApiError(413, "payload_too_large", e.text or "request body too large")
         except web.HTTPNotFound:
@@ -258,7 +273,11 @@ class Api:
         except MetadataError as e:
             raise self._meta_error(e) from e
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "the metadata change did not commit in time") from e
+            raise outcome_unknown(
+                "timeout",
+                f"the metadata change did not commit within {self.timeout_s:g} s; it may still "
+                "be applied: look before repeating it",
+            ) from e
 
     # ---- cluster ---------------------------------------------------------------------------
 
@@ -515,9 +534,13 @@ class Api:
         try:
             base = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retry idempotently") from e
+            raise outcome_unknown(
+                "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
+            ) from e
+        except CommitUnknown as e:
+            raise outcome_unknown("outcome_unknown", f"{e}; {APPEND_MAY_COMMIT}") from e
         except CommitLost as e:
-            raise unavailable(f"{e}; retry (idempotent producers are deduplicated)") from e
+            raise unavailable(f"{e}: the append was not written; retry") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
         return json_response(

@@ -17,13 +17,13 @@ from aiohttp import web
 
 from ..log.batch import single_record_batch
 from ..log.errors import CorruptBatchError
-from ..partition.errors import CommitLost, NotLeader, Overloaded
+from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded
 from ..partition.groups import ConsumerGroups, Delivery, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
 from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
-from .http import ApiError, damaged, json_response, record_json, unavailable
+from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
 
 if TYPE_CHECKING:
     from .api import Api
@@ -37,6 +37,10 @@ DEFAULT_ACQUIRE_BYTES = 1 << 20
 MAX_WAIT_MS = 60_000
 PREFIX = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 SETTLE_FIELDS = frozenset({"consumer", "indexes"})
+COMMAND_MAY_COMMIT = (
+    "the command may still be applied: repeating an accept, release, reject or renew is "
+    "harmless; a repeated acquire may leave what the first one took held until its lease ends"
+)
 
 
 class GroupsApi:
@@ -87,9 +91,12 @@ class GroupsApi:
         except QueueError as e:
             raise ApiError(400, "bad_request", str(e)) from e
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
+            message = f"not committed within {self.api.timeout_s:g} s; {COMMAND_MAY_COMMIT}"
+            raise outcome_unknown("timeout", message) from e
+        except CommitUnknown as e:
+            raise outcome_unknown("outcome_unknown", f"{e}; {COMMAND_MAY_COMMIT}") from e
         except CommitLost as e:
-            raise unavailable(f"{e}; retrying is harmless") from e
+            raise unavailable(f"{e}: the command was not applied; retry") from e
         except CorruptBatchError as e:
             raise damaged(replica, e) from e
 

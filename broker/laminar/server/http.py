@@ -50,6 +50,7 @@ class ApiError(Exception):
 
 
 def unavailable(message: str) -> ApiError:
+    """503: nothing was done (no leader known, not ready, shutting down); retry."""
     return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
 
 
@@ -69,6 +70,13 @@ def damaged(replica: Replica, error: CorruptBatchError) -> ApiError:
         f"partition has no other replica to fetch them from; read on from {end}",
         next_index=end,
     )
+
+
+def outcome_unknown(code: str, message: str) -> ApiError:
+    """504: a write was proposed but whether it committed is not known (`timeout`: not within
+    the request timeout; `outcome_unknown`: leadership was lost, or the replica closed, first).
+    It may still commit: only a retry the broker deduplicates is safe."""
+    return ApiError(504, code, message)
 
 
 def record_json(record: Any) -> dict[str, Any]:

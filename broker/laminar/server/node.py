@@ -51,7 +51,7 @@ from ..metadata import (
     validate,
 )
 from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
-from ..partition.errors import NotLeader, Overloaded
+from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
 from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import Replica, topic_identity
@@ -770,8 +770,11 @@ class Broker:
 
     async def propose_metadata(self, command: Command, timeout_s: float) -> None:
         """Commit an admin command through the metadata group (leader only); raises
-        MetadataError (invalid / exists / not_found), NotLeader or TimeoutError."""
+        MetadataError (invalid / exists / not_found), NotLeader, ReplicaClosed or
+        TimeoutError."""
         meta = self.meta
+        if meta is not None and meta.closed:
+            raise ReplicaClosed(f"{meta.group} is closed")
         if meta is None or meta.raft.role is not Role.LEADER:
             raise NotLeader(self.metadata_leader)
         if (
