@@ -716,8 +716,9 @@ class AsyncClient:
         self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
     ) -> Settled:
         """Accept messages `consumer` holds: the group forgets them (never delivered again).
-        Repeating is harmless (`done` again), so it is retried after a 504 too; indexes not
-        held by `consumer` are `refused`."""
+        A repeat of its accept is `done` again (retrying is safe, so it is retried after a 504
+        too); indexes it does not hold under a current lease (its lease ended) are `refused`
+        (docs/api.md)."""
         return await self._settle("accept", topic, partition, group, consumer, indexes, {})
 
     async def release(

@@ -158,18 +158,19 @@ class GroupsApi:
                 400, "bad_request", f"indexes must be a list of 1..{MAX_SCAN} record indexes"
             )
         command: QueueCommand
+        now = now_ms()  # a lease ending at or before this has ended: settling it is refused
         if action == "accept":
-            command = Accept(group, consumer, tuple(indexes))
+            command = Accept(group, consumer, tuple(indexes), now)
         elif action == "release":
-            command = Release(group, consumer, tuple(indexes))
+            command = Release(group, consumer, tuple(indexes), now)
         elif action == "reject":
             reason = body.get("reason", "rejected")
             if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
                 raise ApiError(400, "bad_request", "reason must be a string of 1..200 characters")
-            command = Reject(group, consumer, tuple(indexes), reason)
+            command = Reject(group, consumer, tuple(indexes), reason, now)
         else:
             lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
-            command = Renew(group, consumer, tuple(indexes), lease_ms, now_ms())
+            command = Renew(group, consumer, tuple(indexes), lease_ms, now)
         result = await self._commit(request, replica, command)
         answer: dict[str, Any] = {"done": result.done, "refused": result.refused}
         if isinstance(command, Renew):
