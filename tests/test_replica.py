@@ -13,8 +13,9 @@ import pytest
 from laminar.log.batch import Record, encode_batch, parse_header
 from laminar.partition.replica import Replica, SequenceConflict
 from laminar.queue import Accept
+from laminar.raft.messages import Message, MessageType
 from tests import replicas
-from tests.replicas import depose, drive, elect
+from tests.replicas import ack, depose, drive, elect
 
 
 def open_replica(path: Path) -> Replica:
@@ -94,3 +95,29 @@ async def test_waits_that_gave_up_leave_no_unretrieved_failure(tmp_path: Path) -
     assert not replica.pending
     gc.collect()
     assert [context["message"] for context in errors] == []
+
+
+async def test_a_retry_reaching_a_new_leader_before_its_first_round_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    """n1 appended (producer 9, sequence 0) and lost the leadership before the commit; it
+    leads again, and the client's retry arrives before the driver's round ends (on_leadership
+    not called yet): the retry must still be recognised as the entry already in the log."""
+    replica = replicas.open_replica(tmp_path / "p")
+    elect(replica)
+    data = batch(9, 0)
+    first, duplicate = replica.propose(data, parse_header(data))
+    assert not duplicate
+    drive(replica)
+    depose(replica)
+    raft = replica.raft
+    raft.campaign()  # leads again: only the core knows yet
+    raft.step(Message(MessageType.PRE_VOTE_RESP, raft.group, "n2", raft.id, raft.term + 1))
+    raft.step(Message(MessageType.VOTE_RESP, raft.group, "n2", raft.id, raft.term))
+    assert replica.is_leader
+    retry, duplicate = replica.propose(data, parse_header(data))
+    assert duplicate
+    drive(replica)
+    ack(replica)
+    assert await retry == await first
+    replica.close()

@@ -228,6 +228,10 @@ class Replica:
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
+        if self._led_term != raft.term:
+            # leader since this round (the driver has not called on_leadership yet): the
+            # producer table must know the log before it judges a retry
+            self._take_leadership()
         loop = asyncio.get_running_loop()
         if header.producer_id:
             duplicate = self.producers.check(header.producer_id, header.producer_seq)
@@ -289,13 +293,18 @@ class Replica:
         raft = self.raft
         if raft.role is Role.LEADER:
             if self._led_term != raft.term:
-                self._led_term = raft.term
-                self._fail_queue_commands("leadership changed")
-                self._rebuild_producers()
+                self._take_leadership()
         elif self._led_term != -1:
             self._led_term = -1
             self.producers.clear()
             self._fail_queue_commands(f"no longer the leader (leader: {raft.lead})")
+
+    def _take_leadership(self) -> None:
+        """A new term as leader: the queue commands of the old one fail, and the producer
+        table is rebuilt from the log (before any proposal of the new term)."""
+        self._led_term = self.raft.term
+        self._fail_queue_commands("leadership changed")
+        self._rebuild_producers()
 
     def _fail_queue_commands(self, why: str) -> None:
         if self.groups is not None:
