@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _merge(items: list[dict[str, list[float | None]]]) -> dict[str, list[float | None]]:
-    merged: dict[str, list[float | None]] = {}
+def _merge(items: list[dict[str, list[float | str]]]) -> dict[str, list[float | str]]:
+    merged: dict[str, list[float | str]] = {}
     for item in items:
         for kind, values in item.items():
             merged.setdefault(kind, []).extend(values)

@@ -3,7 +3,6 @@ to conclude: every answer is kept, nothing is retried here."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +109,7 @@ async def call(
         except aiohttp.ClientConnectorError:
             # connect() failed: nothing was sent
             return Answer(0, "refused", b"", {}, url, sent_s, time.monotonic())
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return Answer(0, "timeout", b"", {}, url, sent_s, time.monotonic())
         except (aiohttp.ClientError, OSError) as e:
             return Answer(0, "connection_lost", str(e).encode(), {}, url, sent_s, time.monotonic())

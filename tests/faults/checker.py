@@ -14,6 +14,7 @@ What an answer allows (see calls.DEFINITE_STATUSES for the classification):
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,9 +59,7 @@ class Stored:
     source: str  # the node whose copy it is
 
 
-def reference(
-    report: Report, topic: str, partition: int, replicas: list[Replica]
-) -> Stored | None:
+def reference(report: Report, topic: str, partition: int, replicas: list[Replica]) -> Stored | None:
     """The leader's copy (else the readable one with the highest commit index), decoded;
     unreadable replicas are violations: a replica must serve what it has committed."""
     for r in replicas:
@@ -152,7 +151,7 @@ def check_value(report: Report, value: Value, found: list[int], copy: Stored | N
     if all(a.definite for a in value.attempts):
         report.add("written_though_refused", partition=where, value=name, found_at=found,
                    outcomes=[a.outcome for a in value.attempts])  # fmt: skip
-    if value.mode == PLAIN:
+    elif value.mode == PLAIN:
         # each attempt that succeeded or ended ambiguously may have written the value once
         allowed = sum(1 for a in value.attempts if not a.definite)
         if len(found) > allowed:
@@ -161,14 +160,16 @@ def check_value(report: Report, value: Value, found: list[int], copy: Stored | N
     elif len(found) > 1:
         report.add("duplicate", partition=where, mode=value.mode, value=name, found_at=found,
                    outcomes=[a.outcome for a in value.attempts])  # fmt: skip
-    for n, attempt in enumerate(value.attempts):
+    first_of_batch = value.sequence is None or value.seq == value.sequence
+    for n, attempt in enumerate(value.attempts if first_of_batch else []):
         if attempt.duplicate:
             before = value.attempts[:n]
             if any(a.outcome.startswith("503") for a in before) and all(
                 a.definite or a.outcome.startswith("503") for a in before
             ):
                 report.add("answered_503_but_committed", partition=where, value=name,
-                           outcomes=[a.outcome for a in value.attempts[: n + 1]])  # fmt: skip
+                           outcomes=[a.outcome for a in value.attempts[: n + 1]],
+                           messages=sorted({a.message for a in before}))  # fmt: skip
             break
 
 
@@ -180,7 +181,7 @@ def check_order(report: Report, recorder: Recorder) -> None:
             by_writer[(value.writer, value.topic, value.partition)].append(value)
     for (writer, topic, partition), values in by_writer.items():
         values.sort(key=lambda v: v.seq)
-        for earlier, later in zip(values, values[1:], strict=False):
+        for earlier, later in itertools.pairwise(values):
             assert earlier.acked_index is not None and later.acked_index is not None
             if later.acked_index <= earlier.acked_index:
                 report.add("order", writer=writer, partition=f"{topic}/{partition}",
@@ -282,7 +283,13 @@ def check(
         report.add(bad["kind"], **{k: v for k, v in bad.items() if k != "kind"})
     modes = Counter(v.mode for v in recorder.values.values())
     acked = Counter(v.mode for v in recorder.values.values() if v.acked_index is not None)
+    writers: dict[str, list[int]] = {}
+    for value in recorder.values.values():
+        sent_acked = writers.setdefault(value.writer, [0, 0])
+        sent_acked[0] += 1
+        sent_acked[1] += value.acked_index is not None
     report.counts = {
+        "values_sent_acknowledged_by_writer": dict(sorted(writers.items())),
         "values_sent": dict(modes),
         "values_acknowledged": dict(acked),
         "attempts": sum(len(v.attempts) for v in recorder.values.values()),
@@ -296,4 +303,3 @@ def check(
         "records_read": sum(len(c.values) for c in stored.values()),
     }
     return report
-

@@ -25,7 +25,8 @@ GOSSIP_PORT = 7072
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.1
-FAKETIME_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+#: Debian's libfaketime (any architecture's directory)
+FAKETIME_LIBRARY = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 #: how long libfaketime may cache the offset file: a jump is seen within this
 FAKETIME_CACHE_S = 1
 
@@ -84,7 +85,7 @@ class Cluster:
 
     @property
     def faketime(self) -> bool:
-        return FAKETIME_LIBRARY.exists()
+        return FAKETIME_LIBRARY is not None
 
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

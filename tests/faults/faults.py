@@ -279,14 +279,13 @@ class DiskFull(Fault):
         self.target = self.pick_node(self.env.running())
         path = self.env.cluster.brokers[self.target].data_dir / "filler"
         written = 0
-        with open(path, "wb") as f:
+        # unbuffered: each write reaches the filesystem now, and ENOSPC surfaces at once
+        with open(path, "wb", buffering=0) as f:
             for chunk_bytes in (FILL_CHUNK_BYTES, 4096, 1):
                 chunk = b"\0" * chunk_bytes
                 try:
                     while True:
-                        f.write(chunk)
-                        f.flush()
-                        written += chunk_bytes
+                        written += f.write(chunk) or 0
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
@@ -388,4 +387,3 @@ FAULTS: dict[str, type[Fault]] = {
 
 def make_fault(plan: FaultPlan, env: Env) -> Fault:
     return FAULTS[plan.kind](plan, env)
-

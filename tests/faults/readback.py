@@ -182,4 +182,3 @@ async def read_all(env: Env) -> dict[tuple[str, int], list[Replica]]:
     for group in replicas.values():
         await asyncio.gather(*(read_replica(env, r) for r in group))
     return replicas
-

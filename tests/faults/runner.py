@@ -29,8 +29,8 @@ from .workload import (
     PLAIN,
     Context,
     Recorder,
-    producer_writer,
     probe,
+    producer_writer,
     queue_consumer,
     raw_writer,
 )
@@ -44,6 +44,7 @@ COOLDOWN_S = 4.0
 WORKLOAD_STOP_TIMEOUT_S = 60.0
 LOG_NEEDLES = ("Traceback", "removing", "Corrupt", "ERROR", "CRITICAL")
 LOG_LINES_PER_BROKER = 15
+REMOVING = "removing "  # broker log: "removing t/0: its topic no longer exists"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,10 @@ def recovery_s(
                     best = took if best is None else min(best, took)
         per_partition[f"{topic}/{partition}"] = None if best is None else round(best, 2)
     known = [v for v in per_partition.values() if v is not None]
-    worst: float | None = max(known) if len(known) == len(per_partition) else None
+    # a partition that took no append before the next event: at least that long
+    worst: float | str = (
+        max(known) if len(known) == len(per_partition) else f">{until_s - since_s:.1f}"
+    )
     slowest = max(per_partition, key=lambda k: per_partition[k] or float("inf"))
     return {"all_partitions_s": worst, "slowest": slowest, "per_partition_s": per_partition}
 
@@ -139,9 +143,7 @@ def start_workload(
         name = f"plain-{i}"
         jobs.append(raw_writer(ctx, name, PLAIN, WRITE_TOPIC, i % partitions, rng(name)))
         name = f"idem-{i}"
-        jobs.append(
-            raw_writer(ctx, name, IDEMPOTENT, WRITE_TOPIC, (i + 1) % partitions, rng(name))
-        )
+        jobs.append(raw_writer(ctx, name, IDEMPOTENT, WRITE_TOPIC, (i + 1) % partitions, rng(name)))
         name = f"prod-{i}"
         jobs.append(
             producer_writer(ctx, name, WRITE_TOPIC, (i + 2) % partitions, partitions, rng(name))
@@ -210,6 +212,13 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         report = check(recorder, replicas, QUEUE_TOPIC, partitions, groups, GROUP)
         for gap in gaps:
             report.add("no_convergence", gap=gap)
+        for node in cluster.node_ids:
+            for line in cluster.grep(node, (REMOVING,), limit=1000):
+                removed = line.split(REMOVING, 1)[1].split(":", 1)[0].rsplit("/", 1)[0]
+                if removed.removesuffix(".dlq") in recorder.topics:
+                    # no topic is ever deleted in a run: a broker that drops a replica of one
+                    # has misread the metadata (acknowledged records may go with it)
+                    report.add("replica_of_existing_topic_removed", node=node, line=line)
         for finding in env.findings:
             report.add(finding["kind"], **{k: v for k, v in finding.items() if k != "kind"})
         phases["check_s"] = time.monotonic() - check_started
@@ -225,7 +234,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         event["hold_s"] = round(event["heal_s"] - event["inject_s"], 2)
         for key in ("inject_s", "heal_s", "healed_s"):
             event[key] = round(event[key] - workload_started, 2)
-    unavailability: dict[str, list[float | None]] = {}
+    unavailability: dict[str, list[float | str]] = {}
     for event in events:
         unavailability.setdefault(event["kind"], []).append(
             event["unavailability_after_inject"]["all_partitions_s"]

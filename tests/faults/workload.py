@@ -9,6 +9,7 @@ event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class Attempt:
     index: int | None = None  # where the broker said the record is (success only)
     duplicate: bool = False  # an idempotent append answered "duplicate": true
     url: str = ""
+    message: str = ""  # the broker's error message, for failures
 
 
 @dataclass
@@ -171,8 +173,9 @@ def _attempt(answer: Answer) -> Attempt:
     code = answer.error_code()
     if code and not answer.ok:
         outcome = f"{outcome}:{code}"
+    message = "" if answer.ok else answer.message()[:120]
     return Attempt(answer.sent_s, answer.answered_s, outcome, answer.definite_failure,
-                   url=answer.url)  # fmt: skip
+                   url=answer.url, message=message)  # fmt: skip
 
 
 async def append_values(
@@ -301,10 +304,8 @@ async def producer_writer(
             for item in pending:
                 await settle(*item)
         finally:
-            try:
+            with contextlib.suppress(TimeoutError, LaminarError):
                 await asyncio.wait_for(producer.close(), CLOSE_TIMEOUT_S)
-            except (TimeoutError, LaminarError):
-                pass
 
 
 def group_url(base: str, topic: str, partition: int, action: str = "") -> str:
