@@ -246,7 +246,8 @@ def check_queue(
                        stored=(copy.values.get(g.index) or "")[:60])  # fmt: skip
     for key in sorted(rejected_done):
         if dlq[key] != 1:
-            report.add("rejected_not_dead_lettered_once", message=list(key), in_dlq=dlq[key])
+            report.add("rejected_not_dead_lettered_once", message=list(key), in_dlq=dlq[key],
+                       story=message_story(recorder, key))  # fmt: skip
     # every acknowledged message was accepted or dead-lettered; an accept whose answer was
     # lost may have been applied, so it explains a message that is in neither
     for value in recorder.values.values():
@@ -254,12 +255,32 @@ def check_queue(
             continue
         key = (value.partition, value.acked_index)
         if key not in accepted_done and not dlq[key] and key not in accept_ambiguous:
-            report.add("queue_message_unfinished", message=list(key), value=value.text[:60])
+            report.add("queue_message_unfinished", message=list(key), value=value.text[:60],
+                       story=message_story(recorder, key))  # fmt: skip
     for p, description in enumerate(groups):
         if description.get("pending") != 0 or description.get("acquired") != 0:
             report.add("queue_not_drained", partition=p, group=description)
         if description.get("dead_letter_pending") != 0:
             report.add("dead_letters_stuck", partition=p, group=description)
+
+
+def message_story(recorder: Recorder, key: tuple[int, int]) -> list[str]:
+    """What the consumers did with one message, in time order (monotonic seconds)."""
+    partition, index = key
+    events = [
+        (g.sent_s, f"{g.sent_s:.2f}-{g.answered_s:.2f} {g.consumer} granted, deliveries "
+                   f"{g.deliveries}, lease until {g.lease_deadline_ms}")
+        for g in recorder.grants
+        if (g.partition, g.index) == key
+    ]  # fmt: skip
+    for s in recorder.settles:
+        if s.partition == partition and index in s.indexes:
+            answer = "done" if index in s.done else "refused" if index in s.refused else "?"
+            events.append(
+                (s.sent_s, f"{s.sent_s:.2f}-{s.answered_s:.2f} {s.consumer} {s.action}: "
+                           f"{s.outcome} {answer}")
+            )  # fmt: skip
+    return [text for _, text in sorted(events)]
 
 
 def check(

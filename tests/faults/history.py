@@ -17,10 +17,10 @@ from .workload import IDEMPOTENT, Context, raw_writer
 CREATE_TIMEOUT_S = 60.0
 LEADERS_TIMEOUT_S = 60.0
 HANDOFF_TIMEOUT_S = 15.0
-HISTORY_BATCHES = 100  # per partition; with the records below, > 2 segments of 256 KiB
-HISTORY_BATCH_RECORDS = 20
-HISTORY_PADDING_BYTES = 300
-LATE_HISTORY_BATCHES = 5
+HISTORY_BATCHES = 25  # per partition; with the records below, > 2 segments of 256 KiB
+HISTORY_BATCH_RECORDS = 50
+HISTORY_PADDING_BYTES = 500
+LATE_HISTORY_BATCHES = 2
 
 
 async def create_topic(
@@ -103,19 +103,23 @@ async def make_history(env: Env, seed: int, topic: str, partitions: int, rf: int
     rng = random.Random(f"history-{seed}")
     steps: list[dict[str, Any]] = []
     started = time.monotonic()
+
+    def done(**step: Any) -> None:
+        steps.append({**step, "at_s": round(time.monotonic() - started, 1)})
+
     await create_topic(env, topic, partitions, rf, {})
     await write_history(env, topic, partitions, seed, HISTORY_BATCHES, "hist")
-    steps.append({"step": "created and wrote", "topic": topic})
+    done(step="created and wrote", topic=topic)
     for node in env.cluster.node_ids:
         await env.cluster.restart(node)
-    steps.append({"step": "graceful restart of every broker in turn"})
+        done(step="graceful restart", node=node)
     victim = rng.choice(env.cluster.node_ids)
     await env.cluster.kill9(victim)
     env.cluster.start(victim)
     await env.cluster.wait_ready([victim])
-    steps.append({"step": "kill -9 and restart", "node": victim})
+    done(step="kill -9 and restart", node=victim)
     await move_metadata_leader(env, steps)
+    done(step="metadata leader moved")
     await write_history(env, topic, partitions, seed, LATE_HISTORY_BATCHES, "late")
-    steps.append({"step": "wrote after the restarts", "topic": topic})
-    steps.append({"took_s": round(time.monotonic() - started, 1)})
+    done(step="wrote after the restarts", topic=topic)
     return steps

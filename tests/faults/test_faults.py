@@ -23,6 +23,7 @@ from .schedule import KINDS
 ROOT = Path(__file__).resolve().parents[2]
 #: a run's own bound: start, history, faults, checks (each run takes 2-3 minutes here)
 RUN_TIMEOUT_S = 420
+STOP_TIMEOUT_S = 90
 PROCESS_KINDS = "kill9,kill9_leader,kill9_meta_leader,kill9_all,pause,bitflip_clean,bitflip_kill9"
 NETWORK_KINDS = "isolate,isolate_leader,one_way,bridge,disk_full,clock_jump"
 RUNS = [
@@ -54,14 +55,21 @@ def test_fault_run(brokers: int, seed: int, faults: str, count: int, tmp_path: P
     ]  # fmt: skip
     if count:
         command += ["--fault-count", str(count)]
-    result = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    sys.stderr.write(result.stderr[-20_000:])
     try:
-        summary = json.loads(result.stdout)
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # SIGTERM: the run removes its namespaces, mounts and brokers before it exits
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=STOP_TIMEOUT_S)
+        pytest.fail(f"the run took over {RUN_TIMEOUT_S} s:\n{stderr[-5000:]}")
+    sys.stderr.write(stderr[-20_000:])
+    try:
+        summary = json.loads(stdout)
     except ValueError:
-        pytest.fail(f"no summary (exit {result.returncode}):\n{result.stdout[-5000:]}")
+        pytest.fail(f"no summary (exit {process.returncode}):\n{stdout[-3000:]}{stderr[-3000:]}")
     print(json.dumps(_short(summary), indent=2))
     if summary.get("violations", {}).get("total"):
         pytest.fail(
@@ -76,7 +84,7 @@ def test_fault_run(brokers: int, seed: int, faults: str, count: int, tmp_path: P
         f"the harness did not inject every fault as asked: {summary['harness_problems']}\n"
         f"replay: {summary['replay']}"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert process.returncode == 0, stderr[-3000:]
 
 
 def _short(summary: dict[str, object]) -> dict[str, object]:
