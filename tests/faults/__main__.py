@@ -86,4 +86,8 @@ def _merge(items: list[dict[str, list[float | str]]]) -> dict[str, list[float | 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        say(f"interrupted ({e}); namespaces, mounts and brokers removed")
+        sys.exit(130)

@@ -72,16 +72,16 @@ def convergence_gaps(topics: dict[str, int], view: dict[str, list[dict[str, Any]
                 continue
             leader = max(leaders, key=lambda i: int(i["term"]))
             for voter in leader.get("voters", []):
-                item = replicas.get(voter)
-                if item is None:
+                mine = replicas.get(voter)
+                if mine is None:
                     gaps.append(f"{topic}/{p}: voter {voter} does not report it")
-                elif (item["commit_index"], item["log_end"]) != (
+                elif (mine["commit_index"], mine["log_end"]) != (
                     leader["commit_index"],
                     leader["log_end"],
                 ):
                     gaps.append(
-                        f"{topic}/{p}: {voter} at commit {item['commit_index']} end "
-                        f"{item['log_end']}, leader at {leader['commit_index']} "
+                        f"{topic}/{p}: {voter} at commit {mine['commit_index']} end "
+                        f"{mine['log_end']}, leader at {leader['commit_index']} "
                         f"{leader['log_end']}"
                     )
     return gaps

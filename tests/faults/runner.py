@@ -264,7 +264,10 @@ def run(config: RunConfig) -> dict[str, Any]:
     names = [f"n{i}" for i in range(1, config.brokers + 1)]
     network = Network(names)
     cluster = Cluster(network, config.run_dir, BrokerSettings())
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM and SIGINT raise in the main thread, out of the event loop (asyncio's own
+    # SIGINT handling only cancels the main task, which a cleanup path may outlive): the
+    # `finally` below then removes the brokers, mounts and namespaces
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         network.up()
         cluster.setup()
@@ -279,7 +282,8 @@ def run(config: RunConfig) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             cluster.teardown()
         network.down()
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:
