@@ -10,6 +10,7 @@ import random
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,19 @@ def recovery_s(
     )
     slowest = max(per_partition, key=lambda k: per_partition[k] or float("inf"))
     return {"all_partitions_s": worst, "slowest": slowest, "per_partition_s": per_partition}
+
+
+def outcomes_between(recorder: Recorder, since_s: float, until_s: float) -> dict[str, int]:
+    """How the appends sent while a fault was held were answered (e.g. what a full disk
+    answers: it may refuse appends, with a clear error, never a 500)."""
+    return dict(
+        Counter(
+            a.outcome
+            for value in recorder.values.values()
+            for a in value.attempts
+            if since_s <= a.sent_s < until_s
+        )
+    )
 
 
 async def heal_everything(env: Env) -> None:
@@ -204,11 +218,23 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         phases["workload_s"] = time.monotonic() - workload_started
         say("workload stopped; healing, converging, draining, reading back")
         check_started = time.monotonic()
+
+        def lap(name: str) -> None:
+            phases[name] = (
+                time.monotonic()
+                - check_started
+                - sum(v for k, v in phases.items() if k.startswith("check_"))
+            )
+
         await heal_everything(env)
+        lap("check_heal_s")
         gaps = await readback.wait_converged(env)
+        lap("check_converge_s")
         groups = await readback.drain(ctx, env, QUEUE_TOPIC, partitions)
+        lap("check_drain_s")
         gaps += await readback.wait_converged(env)
         replicas = await readback.read_all(env)
+        lap("check_read_s")
         report = check(recorder, replicas, QUEUE_TOPIC, partitions, groups, GROUP)
         for gap in gaps:
             report.add("no_convergence", gap=gap)
@@ -221,7 +247,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
                     report.add("replica_of_existing_topic_removed", node=node, line=line)
         for finding in env.findings:
             report.add(finding["kind"], **{k: v for k, v in finding.items() if k != "kind"})
-        phases["check_s"] = time.monotonic() - check_started
+        phases["check_total_s"] = time.monotonic() - check_started
     end_s = time.monotonic()
     for n, event in enumerate(events):
         next_s = events[n + 1]["inject_s"] if n + 1 < len(events) else end_s
@@ -230,6 +256,9 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         )
         event["unavailability_after_heal"] = recovery_s(
             recorder, probe_partitions, event["healed_s"], next_s
+        )
+        event["append_outcomes_while_held"] = outcomes_between(
+            recorder, event["inject_s"], event["heal_s"]
         )
         event["hold_s"] = round(event["heal_s"] - event["inject_s"], 2)
         for key in ("inject_s", "heal_s", "healed_s"):
