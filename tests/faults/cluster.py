@@ -259,6 +259,16 @@ class Cluster:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def notable(self, node_id: str, needles: tuple[str, ...], limit: int) -> list[str]:
+        """The distinct log lines that contain a needle (the timestamp left out, so that a
+        line repeated every round counts once), each with how often it came."""
+        counts: dict[str, int] = {}
+        for line in self.grep(node_id, needles, limit=100_000):
+            parts = line.split(" ", 2)
+            key = parts[2] if len(parts) == 3 and parts[0][:2] == "20" else line
+            counts[key] = counts.get(key, 0) + 1
+        return [f"{n}x {line}" for line, n in list(counts.items())[:limit]]
+
     def grep(self, node_id: str, needles: tuple[str, ...], limit: int = 30) -> list[str]:
         path = self.brokers[node_id].log_path
         if not path.exists():

@@ -43,8 +43,10 @@ QUEUE_MAX_DELIVERIES = 4
 WARMUP_S = 3.0
 COOLDOWN_S = 4.0
 WORKLOAD_STOP_TIMEOUT_S = 60.0
-LOG_NEEDLES = ("Traceback", "removing", "Corrupt", "ERROR", "CRITICAL")
-LOG_LINES_PER_BROKER = 15
+#: broker log lines worth a look: replicas removed, corruption, errors and the exception line
+#: that ends each traceback (laminar.*Error: ..., OSError: ...)
+LOG_NEEDLES = ("removing ", "Corrupt", " ERROR ", " CRITICAL ", "Error: ")
+LOG_LINES_PER_BROKER = 25
 REMOVING = "removing "  # broker log: "removing t/0: its topic no longer exists"
 
 
@@ -268,7 +270,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         unavailability.setdefault(event["kind"], []).append(
             event["unavailability_after_inject"]["all_partitions_s"]
         )
-    logs = {n: cluster.grep(n, LOG_NEEDLES, LOG_LINES_PER_BROKER) for n in cluster.node_ids}
+    logs = {n: cluster.notable(n, LOG_NEEDLES, LOG_LINES_PER_BROKER) for n in cluster.node_ids}
     return {
         "ok": report.total() == 0,
         "seed": config.seed,
