@@ -4,36 +4,21 @@ rebuilt from the log's batch headers by a new leader (after a restart)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from laminar.log.batch import Record, encode_batch, parse_header
-from laminar.log.config import LogConfig
 from laminar.partition.replica import Replica, SequenceConflict
-from laminar.raft.config import RaftConfig
-from laminar.raft.messages import ConfState
+from laminar.queue import Accept
+from tests import replicas
+from tests.replicas import depose, drive, elect
 
 
 def open_replica(path: Path) -> Replica:
-    return Replica(
-        "t", 0, "n1", path, LogConfig(segment_bytes=4096), RaftConfig(), ConfState(("n1",))
-    )
-
-
-def drive(replica: Replica) -> None:
-    """What the broker's driver does, for a single-voter group."""
-    while replica.raft.has_ready():
-        ready = replica.raft.ready()
-        if ready.entries:
-            replica.storage.append(ready.entries)
-            replica.storage.sync()
-        if ready.hard_state is not None:
-            replica.storage.set_hard_state(ready.hard_state)
-        if ready.committed is not None:
-            replica.on_committed(*ready.committed)
-        replica.raft.advance(ready)
-        replica.on_leadership()
+    return replicas.open_replica(path, ("n1",))
 
 
 def lead(replica: Replica) -> None:
@@ -79,3 +64,32 @@ async def test_duplicates_are_answered_with_the_original_index_across_a_restart(
     assert not duplicate and await asyncio.wait_for(future, 1) == end
     assert reopened.log_end > end
     reopened.close()
+
+
+def loop_errors() -> list[dict[str, Any]]:
+    """What the running loop's exception handler is given from now on: asyncio reports a
+    collected future whose exception nobody retrieved there ("Future exception was never
+    retrieved", logged by the default handler)."""
+    seen: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: seen.append(context))
+    return seen
+
+
+async def test_waits_that_gave_up_leave_no_unretrieved_failure(tmp_path: Path) -> None:
+    errors = loop_errors()
+    replica = replicas.open_replica(tmp_path / "p")
+    elect(replica)
+    assert replica.groups is not None
+    data = batch(0, 0)
+    append, _ = replica.propose(data, parse_header(data))
+    command = replica.groups.propose(Accept("g", "c", (0,)))
+    drive(replica)
+    for future in (append, command):  # as the API waits: its request timeout passed
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(future), 0)
+    del append, command, future
+    depose(replica)  # leadership lost: both fail, and nobody waits for them any more
+    assert not replica.pending
+    gc.collect()
+    assert [context["message"] for context in errors] == []
+    replica.close()

@@ -21,6 +21,7 @@ from laminar.client import (
     NotFound,
     Producer,
     RecordMetadata,
+    Timeout,
     Unavailable,
     partition_for,
 )
@@ -48,6 +49,7 @@ class FakeLog:
         self.lose_answers = 0  # write, then fail as if the answer was lost
         self.refuse = 0  # fail before writing
         self.error: Exception | None = None  # raised on every call when set
+        self.errors: list[Exception] = []  # raised first, one per call
         self.gate: asyncio.Event | None = None  # appends wait for it when set
         self.in_flight: dict[int, int] = defaultdict(int)
         self.max_in_flight: dict[int, int] = defaultdict(int)
@@ -71,6 +73,8 @@ class FakeLog:
             header = parse_header(records)
             decoded = decode_batch(records)
             self.calls.append(Call(partition, header, decoded, len(records)))
+            if self.errors:
+                raise self.errors.pop(0)
             if self.error is not None:
                 raise self.error
             if self.refuse:
@@ -258,6 +262,20 @@ async def test_retries_stop_at_the_delivery_timeout() -> None:
     future = await producer.send(b"a")
     with pytest.raises(Unavailable):
         await asyncio.wait_for(future, timeout=10)
+    await producer.close()
+
+
+async def test_a_batch_that_may_have_been_written_fails_marked_ambiguous() -> None:
+    log = FakeLog(partitions=1)
+    unknown = Timeout(504, "outcome_unknown", "the leader stepped down; it may still commit")
+    unknown.ambiguous = True  # as the client marks a 504
+    log.errors = [unknown]
+    log.error = Unavailable(503, "unavailable", "no leader")  # from then on, until given up
+    producer = Producer(log, "t", linger_ms=0, delivery_timeout_s=0.3)
+    future = await producer.send(b"a")
+    with pytest.raises(Unavailable) as info:
+        await asyncio.wait_for(future, timeout=10)
+    assert info.value.ambiguous  # the last error is a 503, but the 504's append may be written
     await producer.close()
 
 

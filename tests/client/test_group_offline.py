@@ -58,6 +58,8 @@ class FakeGroup:
     deliveries: dict[int, int] = field(default_factory=dict)
     held: dict[int, Held] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
+    #: index -> (consumer, action) that settled it last since it was handed out
+    settled: dict[int, tuple[str, str]] = field(default_factory=dict)
     accepted: int = 0
     dead: list[tuple[int, str]] = field(default_factory=list)
 
@@ -175,7 +177,7 @@ class FakeBroker:
             return await self.acquire(p, g, body)
         consumer, indexes = body["consumer"], body["indexes"]
         mine = [i for i in indexes if i in g.held and g.held[i].consumer == consumer]
-        done = [i for i in indexes if i in mine or (action != "renew" and i in g.finished)]
+        done = [i for i in indexes if i in mine or g.settled.get(i) == (consumer, action)]
         refused = [i for i in indexes if i not in done]
         answer: dict[str, Any] = {"done": done, "refused": refused}
         now = int(time.time() * 1000)
@@ -185,6 +187,7 @@ class FakeBroker:
                 answer["lease_deadline_ms"] = now + body["lease_ms"]
                 continue
             del g.held[i]
+            g.settled[i] = (consumer, action)
             if action == "accept":
                 g.finished.add(i)
                 g.accepted += 1
@@ -215,6 +218,7 @@ class FakeBroker:
         for m in free:
             i = m["index"]
             g.held[i] = Held(consumer, deadline_ms)
+            g.settled.pop(i, None)
             g.deliveries[i] = g.deliveries.get(i, 0) + 1
             value = m["value"] if m["value"] is not None else f"m{i}".encode()
             item: dict[str, Any] = {
@@ -525,7 +529,29 @@ async def test_settling_twice_is_refused_and_lost_leases_answer_false() -> None:
             broker.expire(0, second.index)  # someone else holds it now
             assert await second.accept() is False
             assert second.state == "lost"
+            assert consumer.refused == 1
         assert broker.group(0).dead == [(first.index, "bad")]
+
+
+async def test_run_goes_on_when_the_broker_refuses_a_settlement(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with fake() as (broker, client):
+        broker.add(0, 2)
+        consumer = GroupConsumer(client, TOPIC, GROUP, consumer="c", wait_ms=20, limit=2)
+
+        async def handler(delivery: Delivery) -> None:
+            if delivery.index == 3:
+                broker.expire(0, delivery.index)  # its lease ended while it was worked on
+                raise ValueError("poison")
+
+        async with consumer:
+            async with asyncio.timeout(5):
+                await consumer.run(handler)  # ends at `limit`
+        assert consumer.refused == 1
+        g = broker.group(0)
+        assert g.dead == [] and g.accepted == 1 and g.held[3].consumer == "someone-else"
+        assert "refused to reject 1 of 1 messages of jobs/0" in caplog.text
 
 
 async def test_it_holds_at_most_max_in_flight() -> None:

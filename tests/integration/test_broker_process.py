@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -185,5 +186,45 @@ async def test_append_backpressure_is_bounded_in_bytes(tmp_path: Path) -> None:
             assert state.log_end == end
             records = (await client.read("bounded", 0, small.base_index)).records
             assert [len(r.value or b"") for r in records] == [10_000]
+    finally:
+        cluster.stop()
+
+
+async def test_long_polls_waiting_when_the_broker_stops_answer_503(tmp_path: Path) -> None:
+    """SIGTERM while a long-poll read and a long-poll acquire wait on an empty partition: the
+    broker closes the replica under them, and each answers 503 `unavailable` + Retry-After
+    (a request the server reads only once it stopped listening sees its connection close):
+    never 500, and never an empty 200, which would say "nothing new yet"."""
+    cluster = make_cluster(tmp_path / "stopping", 1)
+    try:
+        async with AsyncClient(cluster.urls) as client:
+            await client.create_topic("quiet", partitions=1, replication_factor=1)
+            await client.wait_for_leaders("quiet")
+            end = (await client.describe_topic("quiet")).partition_states[0].log_end
+        base = f"{cluster.urls[0]}/v1/topics/quiet/partitions/0"
+        async with aiohttp.ClientSession() as session:
+
+            async def answer(method: str, url: str, **kw: Any) -> tuple[int, Any, Any] | None:
+                try:
+                    async with session.request(method, url, **kw) as response:
+                        body = await response.json()
+                        return response.status, response.headers.get("Retry-After"), body
+                except aiohttp.ClientConnectionError:
+                    return None  # closed without an answer
+
+            long_polls = [
+                asyncio.create_task(answer("GET", f"{base}/records?from={end}&wait_ms=30000")),
+                asyncio.create_task(
+                    answer("POST", f"{base}/groups/g/acquire", json={"wait_ms": 30000})
+                ),
+            ]
+            async with session.get(f"{cluster.urls[0]}/healthz") as response:
+                assert response.status == 200  # the long polls went out before this
+            assert await asyncio.to_thread(cluster.stop_node, "n1") == 0
+            for answered in await asyncio.gather(*long_polls):
+                if answered is not None:
+                    status, retry_after, body = answered
+                    assert (status, retry_after) == (503, "1"), body
+                    assert body["error"]["code"] == "unavailable"
     finally:
         cluster.stop()

@@ -2,7 +2,8 @@
 
 4 senders and 4 receivers in one group; acquire + release then acquire through any broker;
 acquire + kill -9 of the partition leader (the lease holds across the failover, then expires);
-reject → the dead-letter topic exactly once; max_deliveries; bad input changes nothing.
+reject → the dead-letter topic exactly once; a reject after the lease ended is refused and the
+message comes again; max_deliveries; bad input changes nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 class Http:
-    """JSON calls that follow 307 to the leader and retry 503 (no leader yet)."""
+    """JSON calls that follow 307 to the leader and retry 503 (no leader yet) and 504
+    (outcome unknown: the tests' appends carry a producer id, queue commands may be repeated)."""
 
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
         self.session = session
@@ -54,7 +56,7 @@ class Http:
             if status == 307 and location:
                 url = location
                 continue
-            if status == 503 and time.monotonic() < deadline:
+            if status in (503, 504) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
                 url = (base or self.base) + path
                 continue
@@ -83,7 +85,7 @@ async def create_topic(http: Http, topic: str, partitions: int, **config: Any) -
 
 
 async def produce(http: Http, topic: str, partition: int, values: list[str]) -> list[int]:
-    # idempotent: `Http` retries a 503, and an append answered 503 (its leader stepped down
+    # idempotent: `Http` retries a 504, and an append answered 504 (its leader stepped down
     # before the commit) may still be committed by the next leader
     body = {
         "records": [{"value": v} for v in values],
@@ -282,6 +284,43 @@ async def test_rejected_message_is_dead_lettered_exactly_once(cluster: LocalClus
         labels = f'group="{group}",partition="1",topic="{topic}"'
         assert f"laminar_group_dead_lettered{{{labels}}} 1.0" in text
         assert f"laminar_group_accepted{{{labels}}} 2.0" in text
+
+
+async def test_a_reject_after_the_lease_ended_is_refused_and_the_message_comes_again(
+    cluster: LocalCluster,
+) -> None:
+    topic, group = "late", "g"
+    async with aiohttp.ClientSession() as session:
+        http = Http(session, cluster.urls[0])
+        await create_topic(http, topic, 1)
+        (index,) = await produce(http, topic, 0, ["slow-job"])
+        first = await acquire(http, topic, 0, group, "a", max=1, lease_ms=500)
+        assert [(m["index"], m["deliveries"]) for m in first] == [(index, 1)]
+
+        async def lease_ended() -> Any:
+            described = await http.ok("GET", group_path(topic, 0, group))
+            return True if described["acquired"] == 0 else described
+
+        await wait_until("the leader to expire a's lease", lease_ended)
+        late = await settle(http, "reject", topic, 0, group, "a", [index], reason="too late")
+        assert late == {"done": [], "refused": [index]}
+        # not lost: delivered again, and its new holder's reject dead-letters it once
+        second = await acquire(http, topic, 0, group, "b", max=1, lease_ms=60_000)
+        assert [(m["index"], m["deliveries"]) for m in second] == [(index, 2)]
+        result = await settle(http, "reject", topic, 0, group, "b", [index], reason="poison")
+        assert result == {"done": [index], "refused": []}
+        await dead_lettered(http, topic, 0, group, 1)
+        again = await settle(http, "reject", topic, 0, group, "a", [index], reason="too late")
+        assert again == {"done": [], "refused": [index]}
+        records = await read_values(http, f"{topic}.dlq", 0)
+        assert [(r["value"], r["headers"]["laminar.dlq.index"]) for r in records] == [
+            ("slow-job", str(index))
+        ]
+        assert records[0]["headers"]["laminar.dlq.reason"] == "poison"
+        assert records[0]["headers"]["laminar.dlq.deliveries"] == "2"
+        described = await http.ok("GET", group_path(topic, 0, group))
+        counts = [described[key] for key in ("dead_lettered", "accepted", "acquired")]
+        assert counts == [1, 0, 0], described
 
 
 async def test_max_deliveries_dead_letters_a_message_nobody_finishes(

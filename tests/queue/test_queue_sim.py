@@ -11,16 +11,20 @@ import os
 import re
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from laminar.queue.applier import QueueApplier
 from laminar.queue.state import (
+    Accept,
     DeadLetter,
     DeadLettered,
     Group,
     QueueCommand,
     QueueState,
+    Reject,
+    Release,
     Result,
 )
 from laminar.sim import InvariantViolation
@@ -63,6 +67,8 @@ def test_many_seeds_keep_the_queue_guarantees_under_faults() -> None:
         "dlq_duplicate_appends",  # a leader change between the DLQ append and its commit
         "dlq_failures",
         "lost_answers",
+        "repeated_settles",  # a consumer settling again after its answer was lost
+        "late_settles",  # settling after the lease ended (refused)
         "consumer_crashes",
         "crashes",
         "snapshots",  # installed on lagging replicas: their appliers reset from the data
@@ -168,3 +174,36 @@ def test_the_checks_catch_a_replica_that_ignores_installed_snapshots(
 ) -> None:
     monkeypatch.setattr(QueueApplier, "reset", lambda self: None)
     _violation("different queue states|past the oracle")
+
+
+def test_the_checks_catch_a_settle_after_the_lease_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    apply = QueueState.apply
+
+    def clockless(self: QueueState, command: QueueCommand) -> Result:
+        if isinstance(command, Accept | Release | Reject):
+            command = replace(command, now_ms=None)  # a lease not expired yet counts as held
+        return apply(self, command)
+
+    monkeypatch.setattr(QueueState, "apply", clockless)
+    _violation("answered done but did not take effect")
+
+
+def test_the_checks_catch_a_settle_answered_done_for_someone_elses_settlement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Anything:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    def any_settlement(self: Group, index: int) -> Any:
+        return Anything()  # every message not held counts as settled by whoever asks
+
+    monkeypatch.setattr(Group, "settlement", any_settlement)
+    _violation("answered done but did not take effect")
+
+
+def test_the_checks_catch_a_repeated_settle_that_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Group, "settlement", lambda self, index: None)  # remembers nothing
+    _violation(r"repeated \w+ of \d+ refused")

@@ -5,10 +5,11 @@ standing in for a replica that catches up), then drains everything to completion
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -24,9 +25,11 @@ from laminar.queue import (
     Reject,
     Release,
     Renew,
+    Result,
     decode_command,
     encode_command,
 )
+from laminar.queue import state as state_module
 
 G = "workers"
 
@@ -202,13 +205,16 @@ def test_snapshot_round_trip_is_canonical() -> None:
 def test_commands_round_trip_and_bad_ones_are_refused() -> None:
     for command in (
         Acquire(G, "c-1", (1, 2), 500, 7),
-        Accept(G, "c-1", (1,)),
-        Release(G, "c-1", (2,)),
-        Reject(G, "c-1", (2,), "no"),
+        Accept(G, "c-1", (1,), now_ms=8),
+        Release(G, "c-1", (2,), now_ms=8),
+        Reject(G, "c-1", (2,), "no", now_ms=8),
         Expire(G, 9),
         DeadLettered(G, (2,)),
     ):
         assert decode_command(encode_command(command)) == command
+    # settles logged before they carried the leader's clock still decode (time unknown)
+    old = b'{"consumer":"c-1","group":"workers","indexes":[2],"kind":"reject","reason":"no"}'
+    assert decode_command(old) == Reject(G, "c-1", (2,), "no", now_ms=None)
     state = state_with(1)
     before = state.snapshot()
     for bad in (
@@ -218,12 +224,149 @@ def test_commands_round_trip_and_bad_ones_are_refused() -> None:
         Accept(G, "c", (-1,)),
         Acquire(G, "c", (1,), 0, 0),
         Reject(G, "c", (1,), ""),
+        Accept(G, "c", (1,), now_ms=-1),
     ):
         with pytest.raises(QueueError):
             state.apply(bad)
     assert state.snapshot() == before
     with pytest.raises(QueueError):
         decode_command(b'{"kind": "explode"}')
+
+
+# ---- who may settle: the holder while its lease holds, or a repeat of its own settlement ---
+
+
+@pytest.mark.parametrize("expired_first", [True, False], ids=["expired", "not-yet-expired"])
+def test_a_reject_after_the_lease_ended_is_refused_and_the_message_comes_again(
+    expired_first: bool,
+) -> None:
+    state = state_with(1)
+    assert acquire(state, "a", 1, now=0, lease=500) == [1]
+    if expired_first:  # the leader's Expire applied before the reject (or not yet)
+        state.apply(Expire(G, 2_000))
+    result = state.apply(Reject(G, "a", (1,), now_ms=2_000))
+    assert (result.done, result.refused, result.dead_lettered) == ([], [1], [])
+    group = state.groups[G]
+    assert not group.dead_pending and not group.acquired and group.deliveries == {1: 1}
+    # not lost: free again, delivered again, and its new holder's reject dead-letters it once
+    granted = state.apply(Acquire(G, "b", (1,), 500, 2_000)).granted
+    assert [(g.index, g.deliveries) for g in granted] == [(1, 2)]
+    assert state.apply(Reject(G, "b", (1,), "poison", now_ms=2_100)).dead_lettered == [1]
+    assert state.apply(Reject(G, "a", (1,), now_ms=2_200)).refused == [1]
+    assert state.apply(DeadLettered(G, (1,))).done == [1]
+    again = state.apply(Reject(G, "b", (1,), "poison", now_ms=2_300))  # b's, repeated
+    assert (again.done, again.dead_lettered) == ([1], [])
+    assert state.describe(G)["dead_lettered"] == 1 and group.dead_pending == {}
+    assert group.cursor == 2 and state.available(G, 10, 10_000) == []
+
+
+@pytest.mark.parametrize("expired_first", [True, False], ids=["expired", "not-yet-expired"])
+@pytest.mark.parametrize("action", ["accept", "release"])
+def test_an_accept_or_release_after_the_lease_ended_is_refused(
+    action: str, expired_first: bool
+) -> None:
+    state = state_with(2)
+    assert acquire(state, "a", 2, now=0, lease=500) == [1, 2]
+    if expired_first:
+        state.apply(Expire(G, 500))
+    command = Accept if action == "accept" else Release
+    result = state.apply(command(G, "a", (1, 2), now_ms=500))  # the lease ends at 500
+    assert (result.done, result.refused) == ([], [1, 2])
+    assert state.describe(G)["accepted"] == 0
+    assert state.available(G, 10, 500) == [1, 2]
+    assert state.groups[G].deliveries == {1: 1, 2: 1}
+
+
+def test_a_lease_that_holds_at_the_settles_time_is_settled() -> None:
+    state = state_with(1)
+    acquire(state, "a", 1, now=0, lease=500)
+    assert state.apply(Accept(G, "a", (1,), now_ms=499)).done == [1]
+
+
+@pytest.mark.parametrize("later", ["accept", "release", "reject"])
+@pytest.mark.parametrize("first", ["accept", "reject"])
+def test_settling_what_another_consumer_settled_is_refused(first: str, later: str) -> None:
+    state = state_with(1)
+    acquire(state, "a", 1, now=0, lease=500)
+    state.apply(Acquire(G, "b", (1,), 500, 1_000))  # a's lease ended: b holds it now
+    settle(state, "b", first, 1_100)
+    assert settle(state, "a", later, 1_200).refused == [1]
+    state.apply(DeadLettered(G, (1,)))
+    assert state.groups[G].cursor == 2  # finished: below the cursor too
+    assert settle(state, "a", later, 1_300).refused == [1]
+    assert settle(state, "c", later, 1_300).refused == [1]  # never held it at all
+
+
+def settle(state: QueueState, consumer: str, action: str, now: int) -> Result:
+    if action == "accept":
+        return state.apply(Accept(G, consumer, (1,), now_ms=now))
+    if action == "release":
+        return state.apply(Release(G, consumer, (1,), now_ms=now))
+    return state.apply(Reject(G, consumer, (1,), now_ms=now))
+
+
+def test_a_retried_settle_by_the_same_consumer_is_done_and_takes_effect_once() -> None:
+    state = state_with(3)
+    acquire(state, "a", 3, now=0, lease=500)
+    assert state.apply(Accept(G, "a", (1,), now_ms=10)).done == [1]
+    assert state.apply(Reject(G, "a", (2,), now_ms=10)).dead_lettered == [2]
+    state.apply(DeadLettered(G, (2,)))
+    assert state.groups[G].cursor == 3
+    # the answers were lost: the same calls again, after the leases would have ended
+    assert state.apply(Accept(G, "a", (1,), now_ms=5_000)).done == [1]
+    repeated = state.apply(Reject(G, "a", (2,), now_ms=5_000))
+    assert (repeated.done, repeated.dead_lettered) == ([2], [])
+    assert (state.describe(G)["accepted"], state.describe(G)["dead_lettered"]) == (1, 1)
+    # another action than the one that took effect is not a repeat
+    assert state.apply(Reject(G, "a", (1,), now_ms=5_000)).refused == [1]
+    assert state.apply(Accept(G, "a", (2,), now_ms=5_000)).refused == [2]
+    # once it is handed out again, a release of the earlier delivery is no repeat
+    assert state.apply(Release(G, "a", (3,), now_ms=5_000)).refused == [3]  # lease ended
+    state.apply(Acquire(G, "a", (3,), 500, 5_000))
+    assert state.apply(Release(G, "a", (3,), now_ms=5_100)).done == [3]
+    assert state.apply(Release(G, "a", (3,), now_ms=5_200)).done == [3]  # repeated
+    state.apply(Acquire(G, "b", (3,), 500, 5_300))
+    assert state.apply(Release(G, "a", (3,), now_ms=5_400)).refused == [3]
+    # a repeat survives a snapshot (a replica that catches up answers the same)
+    restored = QueueState.restore(state.snapshot())
+    assert restored.apply(Accept(G, "a", (1,), now_ms=6_000)).done == [1]
+
+
+def test_settlements_are_remembered_in_two_bounded_generations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(state_module, "SETTLED_GENERATION", 4)
+    state = state_with(20)
+    acquire(state, "a", 20, now=0, lease=10_000)
+    for index in range(1, 21):
+        state.apply(Accept(G, "a", (index,), now_ms=1))
+        group = state.groups[G]
+        assert len(group.settled) <= 4 and len(group.settled_before) <= 4
+    # the last settlements are remembered, the older ones forgotten (refused: unknown)
+    assert state.apply(Accept(G, "a", (17, 20), now_ms=2)).done == [17, 20]
+    assert state.apply(Accept(G, "a", (12,), now_ms=2)).refused == [12]
+    restored = QueueState.restore(state.snapshot())
+    assert restored.snapshot() == state.snapshot()
+    assert restored.apply(Accept(G, "a", (17, 20), now_ms=2)).done == [17, 20]
+
+
+def test_a_version_1_snapshot_is_restored_without_settlements() -> None:
+    # written by the code before settlements were remembered: a holds 1, accepted 2 and
+    # rejected 3 (dead-lettered); b holds 4
+    old = (
+        b'{"end_index":5,"groups":{"workers":{"accepted_total":1,"acquired":[[1,"a",1000,1],'
+        b'[4,"b",1000,1]],"cursor":1,"dead_done":[3],"dead_lettered_total":1,"dead_pending"'
+        b':[],"deliveries":[],"done":[2,3],"frontier":5,"next_dead_sequence":1}},'
+        b'"max_deliveries":10,"ranges":[[1,5]],"start_index":0,"version":1}'
+    )
+    state = QueueState.restore(old)
+    group = state.groups[G]
+    assert group.cursor == 1 and group.done == {2, 3} and not group.settled
+    # what it did not remember is refused, even the true repeat
+    assert state.apply(Accept(G, "a", (2, 3), now_ms=10)).refused == [2, 3]
+    assert state.apply(Accept(G, "a", (1,), now_ms=10)).done == [1]
+    assert state.apply(Accept(G, "a", (1,), now_ms=20)).done == [1]  # remembered from now
+    assert group.cursor == 4 and json.loads(state.snapshot())["version"] == 2
 
 
 # ---- random sequences against the invariants ----------------------------------------------
@@ -242,6 +385,8 @@ class GroupMachine(RuleBasedStateMachine):
         self.dead: dict[int, int] = {}  # index -> times dead-lettered (confirmed)
         self.ever_pending: set[int] = set()
         self.leases: dict[int, tuple[str, int]] = {}  # the model: index -> (holder, deadline)
+        #: the model: index -> (consumer, action) that settled it last since it was granted
+        self.settled: dict[int, tuple[str, str]] = {}
 
     @rule(count=st.integers(1, 5))
     def produce(self, count: int) -> None:
@@ -272,6 +417,7 @@ class GroupMachine(RuleBasedStateMachine):
             holder = self.leases.get(granted.index)
             assert holder is None or holder[1] <= self.now, f"two holders of {granted.index}"
             self.leases[granted.index] = (consumer, granted.deadline_ms)
+            self.settled.pop(granted.index, None)
             assert granted.index not in self.accepted, "an accepted message came back"
             assert granted.index not in self.dead, "a dead-lettered message came back"
             assert granted.index not in self.ever_pending, "a dead-lettered message came back"
@@ -282,20 +428,36 @@ class GroupMachine(RuleBasedStateMachine):
     @precondition(lambda self: G in self.state.groups)
     @rule(consumer=st.sampled_from(CONSUMERS), data=st.data())
     def settle(self, consumer: str, data: st.DataObject) -> None:
+        """Settle some of what `consumer` holds (its lease may have ended), and maybe other
+        indexes too (settled by it or by others before, held by others, never acquired)."""
         held = self._held(consumer)
-        if not held:
-            return
-        picked = tuple(data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True)))
-        kind = data.draw(st.sampled_from(["accept", "release", "reject"]))
-        for index in picked:
-            self.leases.pop(index, None)
-        if kind == "accept":
-            result = self.state.apply(Accept(G, consumer, picked))
+        others = st.integers(0, self.appended + 2)
+        candidates = st.sampled_from(held) | others if held else others
+        picked = tuple(data.draw(st.lists(candidates, min_size=1, max_size=6, unique=True)))
+        action = data.draw(st.sampled_from(["accept", "release", "reject"]))
+        expected_done = []
+        for index in picked:  # the model: the holder while its lease holds, or a repeat
+            holder, deadline = self.leases.get(index, ("", 0))
+            if holder == consumer and deadline > self.now:
+                del self.leases[index]
+                self.settled[index] = (consumer, action)
+                expected_done.append(index)
+            elif self.settled.get(index) == (consumer, action):
+                event("a repeated settle")
+                expected_done.append(index)
+            elif holder == consumer:
+                event("a settle after the lease ended")
+            elif index in self.settled:
+                event("a settle of what another settlement finished")
+        if action == "accept":
+            result = self.state.apply(Accept(G, consumer, picked, now_ms=self.now))
             self.accepted.update(result.done)
-        elif kind == "release":
-            self.state.apply(Release(G, consumer, picked))
+        elif action == "release":
+            result = self.state.apply(Release(G, consumer, picked, now_ms=self.now))
         else:
-            self.state.apply(Reject(G, consumer, picked, "rejected"))
+            result = self.state.apply(Reject(G, consumer, picked, now_ms=self.now))
+        assert result.done == expected_done
+        assert result.refused == [i for i in picked if i not in expected_done]
 
     @rule(ms=st.integers(1, 40))
     def tick(self, ms: int) -> None:
@@ -395,8 +557,10 @@ def test_accepting_a_dead_lettered_message_is_refused_before_and_after_its_appen
     state.apply(DeadLettered(G, (2, 3)))
     assert state.apply(Accept(G, "a", (2, 3))).refused == [2, 3]
     assert state.apply(Accept(G, "b", (1,))).done == [1]
-    # below the cursor the group no longer tells accepted from dead-lettered
-    assert state.groups[G].cursor == 4 and not state.groups[G].dead_done
+    # below the cursor too: only b's own accept is done (repeated)
+    assert state.groups[G].cursor == 4
+    assert state.apply(Accept(G, "a", (2, 3))).refused == [2, 3]
+    assert state.apply(Accept(G, "b", (1,))).done == [1]
 
 
 def test_lowering_max_deliveries_dead_letters_free_messages_already_past_it() -> None:

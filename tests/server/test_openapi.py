@@ -151,6 +151,18 @@ def test_the_error_examples_of_the_spec_validate(doc: dict[str, Any]) -> None:
     )
 
 
+def test_writes_through_raft_may_answer_503_and_504(doc: dict[str, Any]) -> None:
+    """Every write the broker proposes to a Raft group (metadata, records, queue commands) may
+    answer 503 (nothing done) and 504 (the outcome unknown)."""
+    proposing = {
+        (method, path)
+        for method, path in ENDPOINTS
+        if method != "get" and path.startswith("/v1/") and not path.endswith("/handoff")
+    }
+    for method, path in proposing:
+        assert {"503", "504"} <= set(operations(doc)[(method, path)]["responses"]), (method, path)
+
+
 def test_records_speak_the_binary_batch_format(doc: dict[str, Any]) -> None:
     path = "/v1/topics/{topic}/partitions/{p}/records"
     append = operations(doc)[("post", path)]

@@ -4,17 +4,21 @@ What it does for every call:
 
 * **Redirects.** It follows 307/308 itself (aiohttp does not send a POST body again on a 307),
   sending the same method and body to `Location`, at most `MAX_REDIRECTS` hops per attempt.
-* **Retries.** 503 `unavailable`, 429 `overloaded` and connection failures are retried with
-  capped exponential backoff (`INITIAL_BACKOFF_S` doubling up to `MAX_BACKOFF_S`, with jitter;
-  a 429's `Retry-After` is honoured up to the cap) until the call's deadline (`timeout_s`,
-  plus `wait_ms` for long-polling reads) passes; then the last error is raised.
-  A broker that cannot be connected to is skipped for the next one at once. A connection
-  that broke after the request was sent (and a 504) is *ambiguous*: the write may have
+* **Retries.** 503 `unavailable` (the broker did nothing), 429 `overloaded` and connection
+  failures are retried with capped exponential backoff (`INITIAL_BACKOFF_S` doubling up to
+  `MAX_BACKOFF_S`, with jitter; a 429's `Retry-After` is honoured up to the cap) until the
+  call's deadline (`timeout_s`, plus `wait_ms` for long-polling reads) passes; then the last
+  error is raised. A broker that cannot be connected to is skipped for the next one at once.
+  A 504 (`timeout`, `outcome_unknown`: the write was proposed and may or may not commit) and
+  a connection that broke after the request was sent are *ambiguous*: the write may have
   happened. Such calls are retried only when repeating them is safe: reads, admin calls,
-  idempotent appends (with a producer id; the broker deduplicates the retry), topic creation
-  (a 409 after an ambiguous attempt returns the topic's description) and deletion (a 404
-  after an ambiguous attempt counts as done). A plain append without a producer id is not
-  retried then: it raises with `error.ambiguous = True`.
+  idempotent appends (with a producer id; the broker deduplicates the retry), queue commands
+  (repeating an accept, release, reject or renew is harmless; a repeated acquire may leave
+  what a lost one took held until its lease ends), topic creation (a 409 after an ambiguous
+  attempt returns the topic's description) and deletion (a 404 after an ambiguous attempt
+  counts as done). A plain append without a producer id is never repeated then: it raises
+  the `Timeout` (or `Unavailable`, for a broken connection) with `error.ambiguous = True`,
+  and whether it was written is for the caller to find out.
 * **Routing.** Partition leaders (`leader_url` of `describe_topic`) are cached and appends go
   straight to the leader. Reads go to the in-sync replicas of the partition ranked by weighted
   rendezvous hashing (`rank(partition_key(topic, p), ...)`, the brokers' own placement
@@ -534,8 +538,12 @@ class AsyncClient:
         `records` is a sequence of `Record`s (encoded here as one binary batch carrying
         `producer_id`/`sequence`) or an already encoded batch (`encode_batch`), whose header
         then carries the producer id and sequence (if given here too, they must match).
-        With a producer id the append is idempotent and retried after any failure; without one
-        it is retried only when the broker certainly did not take it (see the module doc).
+        With a producer id the append is idempotent and retried after any retryable failure,
+        504 included (a retry of a batch that was written is answered as a duplicate, with
+        the original index). Without one it is retried only when the broker certainly did not
+        take it (503, 429, no connection): a 504 (`timeout` or `outcome_unknown`: it may or may
+        not be written) or a connection lost after sending raises at once, with
+        `error.ambiguous = True` (see the module doc).
         """
         if isinstance(records, bytes | bytearray | memoryview):
             data = bytes(records)
@@ -665,9 +673,10 @@ class AsyncClient:
         first, each held for `lease_ms`; long-polls up to `wait_ms` while none is free.
 
         Without `consumer` the broker makes an id up (`Acquired.consumer`): settle and renew
-        with it. Served by the partition leader. The call is retried like a read; a retry after
-        a connection that broke mid-call can leave what the lost attempt acquired held until
-        its lease ends (then it is delivered again).
+        with it. Served by the partition leader. The call is retried like a read, 504 included;
+        a retry after a 504 or a connection that broke mid-call can leave what the lost
+        attempt acquired held, hidden from the group, until its lease ends (then it is
+        delivered again).
         """
         check_group(group)
         if consumer is not None:
@@ -707,7 +716,9 @@ class AsyncClient:
         self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
     ) -> Settled:
         """Accept messages `consumer` holds: the group forgets them (never delivered again).
-        Repeating is harmless (`done` again); indexes not held by `consumer` are `refused`."""
+        A repeat of its accept is `done` again (retrying is safe, so it is retried after a 504
+        too); indexes it does not hold under a current lease (its lease ended) are `refused`
+        (docs/api.md)."""
         return await self._settle("accept", topic, partition, group, consumer, indexes, {})
 
     async def release(
@@ -981,11 +992,11 @@ class AsyncClient:
                 if 200 <= answer.status < 300:
                     return answer
                 error = error_from_response(answer.status, answer.json())
+                if isinstance(error, Timeout):  # proposed: it may still commit
+                    ambiguous = ambiguous or method != "GET"
                 error.ambiguous = ambiguous
                 if not error.retryable or (isinstance(error, Timeout) and not idempotent):
                     raise error
-                if isinstance(error, Timeout):
-                    ambiguous = True
                 if not isinstance(error, Overloaded):
                     self._forget(target)
                 last = error

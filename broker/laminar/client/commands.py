@@ -761,6 +761,7 @@ class _ProduceTally:
     json: bool
     produced: int = 0
     failed: int = 0
+    maybe_written: int = 0  # failed, but the outcome of their append is unknown
     first_error: BaseException | None = None
     partitions: Counter[int] = field(default_factory=Counter)
 
@@ -768,10 +769,13 @@ class _ProduceTally:
         error = future.exception()
         if error is not None:
             self.failed += 1
+            ambiguous = isinstance(error, LaminarError) and error.ambiguous
+            self.maybe_written += ambiguous
             if self.first_error is None:
                 self.first_error = error
             if self.json:
-                _print_json({"line": line, "error": _error_text(error)})
+                failure = {"line": line, "error": _error_text(error)}
+                _print_json({**failure, "maybe_written": True} if ambiguous else failure)
             return
         meta = future.result()
         self.produced += 1
@@ -840,8 +844,10 @@ async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
         )
     sys.stdout.flush()
     if tally.first_error is not None:
+        unknown = tally.maybe_written
         _error(
             f"{tally.failed} record{'s' if tally.failed != 1 else ''} not produced"
+            f"{f' ({unknown} of them may have been written all the same)' if unknown else ''}"
             f"{f' (stopped reading at line {line_no})' if stopped else ''}"
             f": {_error_text(tally.first_error)}"
         )

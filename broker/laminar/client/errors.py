@@ -14,8 +14,10 @@ from typing import Any
 class LaminarError(Exception):
     """An error answered by a broker (or status 0: no answer at all).
 
-    `ambiguous` is set when an earlier attempt of the same call may have taken effect (its
-    connection broke after the request was sent) before this error was received.
+    `ambiguous` is set when the call may have taken effect although it failed: a write
+    answered 504 (its outcome is unknown), or an attempt whose connection broke after the
+    request was sent. `retryable` says whether a retry may succeed: before repeating a write
+    that is not idempotent (an append without a producer id), look at `ambiguous` first.
     """
 
     def __init__(
@@ -86,7 +88,8 @@ class Overloaded(LaminarError):
 
 
 class Unavailable(LaminarError):
-    """503 (no leader known, not ready) or status 0: no broker could be reached."""
+    """503 (nothing was done: no leader known, not ready, the broker is stopping) or status 0:
+    no broker could be reached (or the connection broke: then `ambiguous`)."""
 
     @property
     def retryable(self) -> bool:
@@ -94,8 +97,9 @@ class Unavailable(LaminarError):
 
 
 class Timeout(LaminarError):
-    """504 (not committed within the broker's request timeout; the append MAY still commit)
-    or status 0: the client's own deadline passed before an answer."""
+    """504, the outcome of a write is unknown: `timeout` (not committed within the broker's
+    request timeout) or `outcome_unknown` (the leader lost its leadership first); it MAY
+    still commit. Or status 0: the client's own deadline passed before an answer."""
 
     @property
     def retryable(self) -> bool:

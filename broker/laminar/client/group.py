@@ -23,10 +23,14 @@ How it works (API: docs/api.md, "Shared queues"):
   if it was not handed out yet it is dropped; settling it answers False.
 * **Settling.** `accept` / `release` / `reject` calls are batched per partition: those made
   within `settle_linger_ms` (or up to `settle_batch` indexes) go in one request. Each resolves
-  to True (settled) or False (refused: the lease was lost, the message may come again).
-* **Errors.** Retryable errors (no leader during an election, a broker restarting) are retried
-  with backoff forever; any other error (the topic was deleted, a bad token) is raised by the
-  iterator and `run`. Partitions added to the topic are picked up (checked every
+  to True (settled) or False (refused: the lease was lost, the message may come again; logged
+  as a warning, counted in `refused`; `run` goes on).
+* **Errors.** Retryable errors (no leader during an election, a broker restarting, a 504
+  whose outcome is unknown) are retried with backoff forever; any other error (the topic was
+  deleted, a bad token) is raised by the iterator and `run`. A repeated accept/release/reject
+  of the consumer's own settlement is `done` again, so retrying one is harmless; an acquire
+  repeated after a 504 may leave what the lost one took held until its lease ends, then it is
+  delivered again. Partitions added to the topic are picked up (checked every
   `partition_check_s`).
 * **Closing.** `close()` stops acquiring, waits (up to `close_timeout_s`) for acquires under
   way and `run` handlers, sends pending settlements, then releases every message still held
@@ -317,6 +321,7 @@ class GroupConsumer:
         self._reserved = 0  # room promised to acquires under way
         self._acquired = 0  # messages acquired that were or will be handed out (for `limit`)
         self._handed = 0
+        self._refused = 0
         self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()
         self._batches: dict[_BatchKey, _Batch] = {}
         self._sending: set[asyncio.Task[None]] = set()
@@ -347,6 +352,11 @@ class GroupConsumer:
     def partitions(self) -> list[int]:
         """The partitions consumed (known once started)."""
         return sorted(self._partitions)
+
+    @property
+    def refused(self) -> int:
+        """Settlements the broker refused so far (their lease had ended: they may come again)."""
+        return self._refused
 
     @property
     def in_flight(self) -> int:
@@ -749,11 +759,24 @@ class GroupConsumer:
                 raise
             return
         done = set(settled.done)
+        refused = 0
         for delivery, result in batch.items:
             ok = delivery.index in done
+            refused += not ok
             self._forget(delivery, _DONE[batch.action] if ok else "lost")
             if not result.done():
                 result.set_result(ok)
+        if refused:
+            self._refused += refused
+            log.warning(
+                "the broker refused to %s %d of %d messages of %s/%d (their leases had ended: "
+                "they may be delivered again)",
+                batch.action,
+                refused,
+                len(batch.items),
+                self._topic,
+                batch.partition,
+            )
 
     async def _release_held(self) -> None:
         """Release every message still held (best effort)."""

@@ -355,8 +355,9 @@ class Acquired:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """An accept/release/reject/renew answer. `done`: settled (or renewed) now or before;
-    `refused`: not held by this consumer. `lease_deadline_ms`: the new deadline (renew only)."""
+    """An accept/release/reject/renew answer. `done`: settled (or renewed) now, or a repeat of
+    this consumer's own settlement; `refused`: nothing changed (not held by this consumer under
+    a current lease). `lease_deadline_ms`: the new deadline (renew only)."""
 
     done: tuple[int, ...]
     refused: tuple[int, ...]

@@ -21,10 +21,12 @@
   the earlier one a 409 `conflict`: records of a partition would be lost or reordered. With one
   in flight, retries cannot reorder anything. `max_in_flight` bounds the appends in flight
   across all partitions of this producer.
-* **Retries.** Retryable failures (`Unavailable`, `Overloaded`, `Timeout`; the client already
-  retried them within its own `timeout_s`) are retried until `delivery_timeout_s` after the
-  batch was first sent; then, and on any other error, the futures of the batch's records fail
-  with the error. Sequence numbers of failed batches are not reused (gaps are allowed).
+* **Retries.** Retryable failures (`Unavailable`: 503, nothing written; `Overloaded`: 429;
+  `Timeout`: 504, maybe written, so the retry is answered as a duplicate if it was; the
+  client already retried them within its own `timeout_s`) are retried until
+  `delivery_timeout_s` after the batch was first sent; then, and on any other error, the
+  futures of the batch's records fail with the error, `ambiguous` when any attempt may have
+  been written. Sequence numbers of failed batches are not reused (gaps are allowed).
 * **Backpressure.** `send` waits while the records not yet acknowledged hold more than
   `buffer_bytes` (one record alone is always admitted).
 """
@@ -352,16 +354,19 @@ class Producer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._delivery_timeout_s
         attempt = 0
+        maybe_written = False
         while True:
             try:
                 result = await self._client.append(self._topic, partition, data)
             except LaminarError as e:
+                maybe_written = maybe_written or e.ambiguous
                 delay = min(MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S * 2**attempt)
                 delay *= random.uniform(0.5, 1)
                 if e.retryable and loop.time() + delay < deadline:
                     await asyncio.sleep(delay)
                     attempt += 1
                     continue
+                e.ambiguous = maybe_written  # an earlier attempt may have been written
                 self._fail(batch, e)
                 return
             except asyncio.CancelledError:

@@ -61,6 +61,9 @@ class SegmentRecovery:
     cut_bytes: int  # bytes cut from the end of the store (torn or damaged)
     cut_reason: str | None
     corrupt_indexes: tuple[int, ...]  # first indexes of damaged batches or spans, never served
+    #: (index, term) of the last valid record beyond damage that the cut removed (see
+    #: `ScanResult.lost_last`): None for a torn write at the end
+    lost_last: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,7 @@ class Segment:
             cut_bytes,
             scan.stop_reason,
             tuple(scan.corrupt_indexes),
+            scan.lost_last,
         )
         return segment, recovery
 

@@ -34,14 +34,17 @@ from .errors import (
     AppendInProgressError,
     AppendThresholdError,
     BatchChecksumError,
+    BatchError,
     BatchFramingError,
     BatchTooLargeError,
+    CorruptBatchError,
     IndexOutOfRangeError,
     LogClosedError,
     LogError,
     NotBatchBoundaryError,
     SegmentError,
     StorageError,
+    StoreError,
 )
 from .segment import (
     ReadResult,
@@ -52,6 +55,7 @@ from .segment import (
     store_name,
 )
 from .storage import Directory
+from .store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +75,17 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class LostRecords:
+    """Records that recovery cut although they were not a torn write at the end of the log:
+    damage inside data written before other data, which may have been synced (and, in a
+    replicated log, acknowledged)."""
+
+    first_index: int
+    #: (index, term) of the last record cut, when the damaged files still told it
+    last: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What opening the log found and cut. Empty `cuts` means nothing was lost."""
 
@@ -80,6 +95,8 @@ class RecoveryReport:
     #: damage repaired without losing records (a rewritten store header)
     repairs: tuple[str, ...]
     cut_bytes: int
+    #: set when the cuts removed more than a torn tail
+    lost: LostRecords | None = None
 
     @property
     def corrupt_indexes(self) -> tuple[int, ...]:
@@ -113,6 +130,8 @@ class SegmentedLog:
         self._sync_writes = config.fsync is not FsyncPolicy.NEVER
         self._stream: StreamAppend | None = None
         self._closed = False
+        #: told of every damaged batch a read finds, before the read raises
+        self.on_corrupt: Callable[[CorruptBatchError], None] | None = None
 
     # ---- open / close ----------------------------------------------------------------------
 
@@ -143,6 +162,8 @@ class SegmentedLog:
         cuts: list[str] = []
         repairs: list[str] = []
         cut_bytes = 0
+        lost: LostRecords | None = None
+        limit = config.batch_limit_bytes
         for position, base in enumerate(store_bases):
             is_last = position == len(store_bases) - 1
             if segments and base != segments[-1].next_index:
@@ -150,7 +171,9 @@ class SegmentedLog:
                     f"segment {base} does not follow segment {segments[-1].base_index} "
                     f"(which ends at {segments[-1].next_index})"
                 )
-                cut_bytes += _remove_stores(directory, store_bases[position:])
+                removed = store_bases[position:]
+                lost = LostRecords(segments[-1].next_index, _last_record(directory, removed, limit))
+                cut_bytes += _remove_stores(directory, removed)
                 break
             try:
                 segment, recovery = Segment.open(
@@ -162,7 +185,9 @@ class SegmentedLog:
                 )
             except SegmentError as e:
                 cuts.append(f"segment {base} could not be opened: {e}")
-                cut_bytes += _remove_stores(directory, store_bases[position:])
+                removed = store_bases[position:]
+                lost = LostRecords(base, _last_record(directory, removed, limit))
+                cut_bytes += _remove_stores(directory, removed)
                 break
             segments.append(segment)
             recoveries.append(recovery)
@@ -175,8 +200,13 @@ class SegmentedLog:
                 )
                 cut_bytes += recovery.cut_bytes
                 if not is_last:
-                    cut_bytes += _remove_stores(directory, store_bases[position + 1 :])
+                    removed = store_bases[position + 1 :]
+                    beyond = _last_record(directory, removed, limit)
+                    lost = LostRecords(segment.next_index, beyond or recovery.lost_last)
+                    cut_bytes += _remove_stores(directory, removed)
                     break
+                if recovery.lost_last is not None:
+                    lost = LostRecords(segment.next_index, recovery.lost_last)
         for segment, recovery in zip(segments, recoveries, strict=True):
             if recovery.index_rebuilt and segment.sealed:
                 segment.save_index(sync=sync)
@@ -190,7 +220,7 @@ class SegmentedLog:
             # What recovery kept may sit only in the page cache after a process crash.
             segments[-1].sync()
             _sync_directory(directory)
-        report = RecoveryReport(tuple(recoveries), tuple(cuts), tuple(repairs), cut_bytes)
+        report = RecoveryReport(tuple(recoveries), tuple(cuts), tuple(repairs), cut_bytes, lost)
         for problem in cuts + repairs:
             logger.warning("log recovery: %s", problem)
         for segment_recovery in recoveries:
@@ -376,11 +406,20 @@ class SegmentedLog:
             return ReadResult(b"", from_index, from_index, 0)
         self._check_index(from_index)
         limit = self.next_index if end_index is None else min(end_index, self.next_index)
-        return self._segment_of(from_index).read(from_index, max_bytes, limit)
+        try:
+            return self._segment_of(from_index).read(from_index, max_bytes, limit)
+        except CorruptBatchError as e:
+            self._report(e)
+            raise
+
+    def _report(self, error: CorruptBatchError) -> None:
+        if self.on_corrupt is not None:
+            self.on_corrupt(error)
 
     def batch_headers(self, from_index: int) -> Iterator[BatchHeader]:
         """The headers of the stored batches from the one holding `from_index`, reading 72
-        bytes each: payloads are neither read nor verified (bookkeeping, never serving)."""
+        bytes each: payloads are neither read nor verified (bookkeeping, never serving). A
+        header that does not parse raises CorruptBatchError."""
         if from_index >= self.next_index:
             return
         self._check_index(from_index)
@@ -389,12 +428,26 @@ class SegmentedLog:
             start = segment.slot_of(from_index) if number == 0 else 0
             positions = segment.index.positions
             for slot in range(start, len(positions)):
-                yield parse_header(segment.store.read(positions[slot], BATCH_HEADER_BYTES))
+                try:
+                    yield parse_header(segment.store.read(positions[slot], BATCH_HEADER_BYTES))
+                except BatchError as e:
+                    base = segment.batch_range(slot)[0]
+                    error = CorruptBatchError(
+                        f"batch {base} in segment {segment.base_index}: {e}",
+                        index=base,
+                        segment_base_index=segment.base_index,
+                    )
+                    self._report(error)
+                    raise error from e
 
     def read(self, index: int) -> ReadResult:
         """The one batch holding `index`."""
         self._check_index(index)
-        return self._segment_of(index).read(index, 0, self.next_index)
+        try:
+            return self._segment_of(index).read(index, 0, self.next_index)
+        except CorruptBatchError as e:
+            self._report(e)
+            raise
 
     # ---- truncation and retention ----------------------------------------------------------
 
@@ -599,6 +652,31 @@ def _sync_directory(directory: Directory) -> None:
         directory.sync()
     except StorageError as e:
         raise LogError(f"directory sync failed: {e}") from e
+
+
+def _last_record(
+    directory: Directory, bases: list[int], max_batch_bytes: int
+) -> tuple[int, int] | None:
+    """(index, term) of the last valid record in the stores of `bases` (about to be removed
+    as damaged), from the newest store that still has one; None if none does."""
+    for base in reversed(bases):
+        try:
+            storage = directory.open(store_name(base), create=False)
+        except StorageError:
+            continue
+        try:
+            store, _ = Store.open(storage, base, repair_ms=0)
+            scan = store.scan(base, max_batch_bytes)
+        except (StoreError, StorageError):
+            storage.close()
+            continue
+        storage.close()
+        found = [(scan.next_index - 1, scan.terms[-1])] if scan.terms else []
+        if scan.lost_last is not None:
+            found.append(scan.lost_last)
+        if found:
+            return max(found)
+    return None
 
 
 def _remove_stores(directory: Directory, bases: list[int]) -> int:

@@ -31,6 +31,7 @@ STORE_VERSION = 1
 STORE_HEADER = struct.Struct("<4sHHQqqQ")  # magic, version, flags, base, created, sealed, xxh3
 STORE_HEADER_BYTES = STORE_HEADER.size
 SCAN_CHUNK_BYTES = 1 << 20
+MAX_INDEX = (1 << 63) - 1
 
 
 @dataclass(slots=True)
@@ -51,6 +52,11 @@ class ScanResult:
     stop_reason: str | None = None
     #: first indexes of batches (or holes) that fail verification, kept but never served
     corrupt_indexes: list[int] = field(default_factory=list)
+    #: Active segment: (index, term) of the last record of valid batches found *after* the
+    #: damage where the scan stopped. Set, the damage is not a torn write at the end (which
+    #: only loses bytes that were never all written) but lies inside data written later, so
+    #: cutting there loses records that may have been synced and acknowledged.
+    lost_last: tuple[int, int] | None = None
 
 
 class Store:
@@ -184,6 +190,7 @@ class Store:
                 reason = f"checksum mismatch in batch {result.next_index}"
             if sealed_next_index is None:
                 result.stop_reason = reason
+                result.lost_last = self._last_record_after(position + 1, max_batch_bytes, result)
                 break
             # Nothing in a damaged batch's header can be trusted, its record count included:
             # the next valid batch (or the next segment) says where the damage ends.
@@ -245,6 +252,29 @@ class Store:
         view = memoryview(self._scan_read(position, header.batch_bytes))
         digest = payload_hash(view[BATCH_HEADER_BYTES:])
         return header, header_checksum(view[:CHECKSUM_OFFSET], digest) == header.checksum
+
+    def _last_record_after(
+        self, from_position: int, max_batch_bytes: int, result: ScanResult
+    ) -> tuple[int, int] | None:
+        """(index, term) of the last record of the valid batches after damage at
+        `result.next_index`, resynchronising past further damage; None if none follows."""
+        last = None
+        above = result.next_index
+        position = from_position
+        while found := self._next_valid_batch(position, max_batch_bytes, above, MAX_INDEX):
+            position, expected = found
+            while position < self.size:
+                batch = self._batch_at(position, expected, max_batch_bytes)
+                if isinstance(batch, str) or not batch[1]:
+                    break
+                header = batch[0]
+                last = (header.next_index - 1, header.term)
+                position += header.batch_bytes
+                expected = header.next_index
+            above = expected
+            position += 1
+        self._read_ahead = (0, b"")
+        return last
 
     def _next_valid_batch(
         self, from_position: int, max_batch_bytes: int, above_index: int, below_index: int

@@ -50,6 +50,9 @@ class Topic:
     #: each partition's initial voters: every node bootstraps the partition's Raft group
     #: with these, so all agree; later moves are Raft configuration changes in the group
     assignment: Assignment = ()
+    #: the metadata index of the CreateTopic: the topic's identity (a topic deleted and
+    #: created again under the same name is another topic). -1: created before it was kept.
+    created_index: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,12 +226,12 @@ class ClusterState:
         self.applied_index = index
         try:
             validate(command)
-            self._apply(command)
+            self._apply(index, command)
         except MetadataError as e:
             return e
         return None
 
-    def _apply(self, command: Command) -> None:
+    def _apply(self, index: int, command: Command) -> None:
         if isinstance(command, CreateTopic):
             if command.name in self.topics:
                 raise MetadataError("exists", f"topic {command.name} exists")
@@ -238,6 +241,7 @@ class ClusterState:
                 command.replication_factor,
                 _check_config(command.config),
                 command.assignment,
+                created_index=index,
             )
         elif isinstance(command, AlterTopic):
             topic = self._topic(command.name)
@@ -258,6 +262,7 @@ class ClusterState:
                 topic.replication_factor,
                 _check_config(config),
                 topic.assignment + command.assignment,
+                created_index=topic.created_index,
             )
         elif isinstance(command, DeleteTopic):
             self._topic(command.name)
@@ -286,6 +291,7 @@ class ClusterState:
                     "replication_factor": t.replication_factor,
                     "config": dict(t.config),
                     "assignment": [list(voters) for voters in t.assignment],
+                    "created_index": t.created_index,
                 }
                 for _, t in sorted(self.topics.items())
             ],
@@ -310,6 +316,7 @@ class ClusterState:
                 topic["replication_factor"],
                 topic["config"],
                 tuple(tuple(voters) for voters in topic["assignment"]),
+                created_index=topic.get("created_index", -1),
             )
         state.weights = dict(document["weights"])
         state.draining = set(document["draining"])

@@ -16,4 +16,15 @@ class SequenceConflict(Exception):
 
 
 class CommitLost(Exception):
-    """The append was not committed: the leader changed before it was."""
+    """The entry was certainly not committed: the next leader's entry took its index (nothing
+    of it was written; the request may be repeated as it is)."""
+
+
+class CommitUnknown(Exception):
+    """Leadership was lost, or the replica closed, after the entry was proposed and before its
+    commit was known: the next leader may still commit it, or not."""
+
+
+class ReplicaClosed(Exception):
+    """The replica is closed (the broker is stopping, or the replica was dropped or moved):
+    it refuses requests and ends long polls without doing anything."""

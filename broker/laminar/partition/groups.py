@@ -34,7 +34,8 @@ from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
 from ..queue.state import DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
-from .errors import CommitLost, NotLeader, Overloaded
+from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
+from .futures import answer_future
 from .signal import Signal
 
 #: Queue commands that may wait for their commit on one replica at a time.
@@ -98,6 +99,7 @@ class ConsumerGroups:
         self._last_batch: StoredBatch | None = None
         #: called after each proposal (the broker wakes its driver to persist it)
         self.on_propose: Callable[[], None] = _nothing
+        self.closed = False
 
     @property
     def state(self) -> QueueState:
@@ -107,6 +109,8 @@ class ConsumerGroups:
 
     def propose(self, command: QueueCommand) -> asyncio.Future[Result]:
         """Propose `command` (leader only): a future for its result once applied here."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.raft.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
@@ -117,7 +121,7 @@ class ConsumerGroups:
             index = raft.propose(encode_entry(command), 1)
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result] = answer_future(asyncio.get_running_loop())
         self._waiters[index] = _Waiter(raft.term, future)
         self.on_propose()
         return future
@@ -130,23 +134,37 @@ class ConsumerGroups:
                 if self.log.term_at(applied.index) == waiter.term:
                     waiter.future.set_result(applied.result)
                 else:
-                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+                    waiter.future.set_exception(
+                        CommitLost(
+                            f"{self.raft.group}: another leader's entry took index {applied.index}"
+                        )
+                    )
         if self._waiters:
             # a proposal whose index now holds another (committed) entry was lost
             for index in [i for i in self._waiters if i <= self.applier.applied_index]:
                 waiter = self._waiters.pop(index)
                 if not waiter.future.done():
-                    waiter.future.set_exception(CommitLost(f"{self.raft.group}: entry lost"))
+                    waiter.future.set_exception(
+                        CommitLost(f"{self.raft.group}: another leader's entry took index {index}")
+                    )
         self._changed.notify()
 
     def fail_all(self, why: str) -> None:
-        """Leadership changed (or the replica closes): nothing proposed here will be answered."""
+        """Leadership changed (or the replica closes): nothing proposed here will be answered
+        (the next leader may still commit and apply it)."""
         waiters, self._waiters = self._waiters, {}
-        for waiter in waiters.values():
+        for index, waiter in waiters.items():
             if not waiter.future.done():
-                waiter.future.set_exception(CommitLost(f"{self.raft.group}: {why}"))
+                waiter.future.set_exception(
+                    CommitUnknown(f"{self.raft.group}: {why} before entry {index} was committed")
+                )
         self._tentative.clear()
         self._changed.notify()
+
+    def close(self) -> None:
+        """The replica closes: waiting commands fail, long-polling acquires end."""
+        self.closed = True
+        self.fail_all("the replica is closing")
 
     def reset(self) -> None:
         """A snapshot was installed."""
@@ -176,6 +194,8 @@ class ConsumerGroups:
         deadline = loop.time() + wait_s
         attempts = 0
         while True:
+            if self.closed:
+                raise ReplicaClosed(f"{self.raft.group} is closed")
             if self.raft.role is not Role.LEADER:
                 raise NotLeader(self.raft.lead)
             now = now_ms()
@@ -230,6 +250,8 @@ class ConsumerGroups:
         return picked
 
     def record(self, index: int) -> StoredRecord | None:
+        if self.closed:
+            raise ReplicaClosed(f"{self.raft.group} is closed")
         batch = self.batch(index)
         return None if batch is None else batch.record(index)
 
@@ -279,15 +301,13 @@ class ConsumerGroups:
         future = self.propose(Configure(max_deliveries))
         self._configuring = True
 
-        def done(finished: asyncio.Future[Result]) -> None:
+        def done(_: asyncio.Future[Result]) -> None:
             self._configuring = False
-            _retrieve(finished)
 
         future.add_done_callback(done)
 
-    def _settled(self, group: str, future: asyncio.Future[Result]) -> None:
+    def _settled(self, group: str, _: asyncio.Future[Result]) -> None:
         self._expiring.discard(group)
-        _retrieve(future)
 
     def dead_letters(self) -> list[tuple[str, int, DeadLetter]]:
         """(group, index, dead letter) waiting for their dead-letter append, by group, then
@@ -301,9 +321,3 @@ class ConsumerGroups:
 
 def _nothing() -> None:
     pass
-
-
-def _retrieve(future: asyncio.Future[Result]) -> None:
-    """Mark a fire-and-forget proposal's failure as seen (it is retried by the next round)."""
-    if not future.cancelled():
-        future.exception()

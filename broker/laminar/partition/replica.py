@@ -5,28 +5,45 @@ The broker's driver persists what the Raft core asks and calls `on_committed` an
 `on_leadership`; HTTP handlers call `propose` and `read`. Appends are bounded: at most
 `max_pending_bytes` of this replica's proposals may wait for their commit (more is refused
 with `Overloaded`, never queued without bound).
+
+Damage: a replica opens repaired (`laminar.raft.repair`: the log cut at damage it may have
+acknowledged, with a repair floor until the leader has refilled it); a damaged batch that a
+read meets later is reported through `on_damage`, and the broker reopens the replica with
+`repair_at` (a leader so steps down).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
+from ..log.errors import CorruptBatchError, LogClosedError
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import FileDirectory
 from ..queue.applier import QueueApplier
 from ..raft.config import RaftConfig
-from ..raft.log_storage import LogStorage
+from ..raft.log_storage import COMMIT_SAVE_INDEXES, LogStorage
 from ..raft.messages import ConfState
-from ..raft.raft import ProposalDropped, Raft, Role, scan_pending_confs
-from .errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from ..raft.raft import ProposalDropped, Role
+from ..raft.repair import Damage, last_entry, open_raft
+from .errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    ReplicaClosed,
+    SequenceConflict,
+)
+from .futures import answer_future
 from .groups import ConsumerGroups
 from .signal import Signal
 
@@ -34,6 +51,18 @@ from .signal import Signal
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
+#: beside the log: which topic (by its identity, the metadata index of its creation) the
+#: replica belongs to, so that only a committed deletion of *that* topic removes it
+TOPIC_FILE = "topic.json"
+
+
+def topic_identity(path: Path) -> int | None:
+    """The created_index of the topic the replica in `path` belongs to (None: not recorded,
+    a replica from before it was recorded)."""
+    try:
+        return int(json.loads((path / TOPIC_FILE).read_text())["created_index"])
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(slots=True)
@@ -102,35 +131,48 @@ class Replica:
         group: str | None = None,
         max_pending_bytes: int = 64 << 20,
         queues: bool = True,
+        commit_save_indexes: int = COMMIT_SAVE_INDEXES,
+        repair_at: int | None = None,
     ) -> None:
         """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
-        groups (data partitions do; the metadata group does not)."""
+        groups (data partitions do; the metadata group does not); `repair_at`: the index of
+        a damaged batch found while the replica ran (its log is cut and repaired there)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
+        self.node_id = node_id
         self.path = path
         self.max_pending_bytes = max_pending_bytes
         path.mkdir(parents=True, exist_ok=True)
         directory = FileDirectory(str(path))
         self.log = SegmentedLog.open(directory, log_config)
-        self.storage = LogStorage(directory, self.log, conf=bootstrap)
-        hard_state, _ = self.storage.initial_state()
-        self.raft = Raft(
+        self.storage = LogStorage(
+            directory, self.log, conf=bootstrap, commit_save_indexes=commit_save_indexes
+        )
+        damage = None
+        if repair_at is not None:
+            reason = f"damaged batch at {repair_at} met by a read"
+            damage = Damage(repair_at, last_entry(self.storage), reason)
+        self.raft, applier, self.repairs = open_raft(
             self.group,
             node_id,
             self.storage,
             raft_config,
             random.Random(),
-            pending_confs=scan_pending_confs(self.storage, hard_state.commit),
+            lambda: QueueApplier(self.storage) if queues else None,
+            damage,
         )
+        #: told (once per index) of each damaged batch a read meets: the broker repairs
+        self.on_damage: Callable[[Replica, int], None] = _ignore_damage
+        self.damaged_at: int | None = None
+        self.log.on_corrupt = self._corrupt
+        self.topic_created_index = topic_identity(path) if queues else None
         self.producers = ProducerTable()
         self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
         self.pending_bytes = 0
         self._committed = Signal()  # long-polling readers wait on it
         self._led_term = -1  # the term this replica last led in (its producer table's)
-        self.groups = (
-            ConsumerGroups(self.raft, self.log, QueueApplier(self.storage)) if queues else None
-        )
+        self.groups = ConsumerGroups(self.raft, self.log, applier) if applier else None
         self.closed = False
 
     # ---- state -----------------------------------------------------------------------------
@@ -138,6 +180,31 @@ class Replica:
     @property
     def is_leader(self) -> bool:
         return self.raft.role is Role.LEADER
+
+    @property
+    def repairable(self) -> bool:
+        """Damage can be fetched again from another voter (this is not the only one)."""
+        return self.raft.conf.voters != (self.node_id,)
+
+    @property
+    def repairing(self) -> bool:
+        """The log lacks entries it had (cut at damage) until the leader has refilled it."""
+        return self.raft.repair_floor is not None
+
+    def bind_topic(self, created_index: int) -> None:
+        """Record (durably) the identity of the topic this replica belongs to."""
+        document = {
+            "topic": self.topic,
+            "partition": self.partition,
+            "created_index": created_index,
+        }
+        self.storage.save_file(TOPIC_FILE, json.dumps(document, sort_keys=True).encode())
+        self.topic_created_index = created_index
+
+    def _corrupt(self, error: CorruptBatchError) -> None:
+        if self.damaged_at is None or error.index < self.damaged_at:
+            self.damaged_at = error.index
+            self.on_damage(self, error.index)
 
     @property
     def commit_index(self) -> int:
@@ -156,6 +223,8 @@ class Replica:
     def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
         """Propose a verified batch: a future resolving to its base index once committed, and
         whether it is a duplicate (then the future gives the original's base index)."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
@@ -171,7 +240,7 @@ class Replica:
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
         self.producers.record_header(header, base)
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         self.pending[base] = PendingAppend(
             raft.term, base + header.record_count - 1, len(batch), future
         )
@@ -183,7 +252,7 @@ class Replica:
         pending = self.pending.get(base)
         if pending is not None:
             return pending.future
-        future: asyncio.Future[int] = loop.create_future()
+        future: asyncio.Future[int] = answer_future(loop)
         if base <= self.commit_index:
             future.set_result(base)
         else:
@@ -204,7 +273,9 @@ class Replica:
                 if self.log.term_at(base) == pending.term or pending.size_bytes == 0:
                     pending.future.set_result(base)
                 else:
-                    pending.future.set_exception(CommitLost(f"{self.group}: entry {base} lost"))
+                    pending.future.set_exception(
+                        CommitLost(f"{self.group}: another leader's entry took index {base}")
+                    )
         if self.groups is not None:
             self.groups.on_committed(last)
         self._committed.notify()
@@ -224,11 +295,15 @@ class Replica:
             self._fail_pending(f"no longer the leader (leader: {raft.lead})")
 
     def _fail_pending(self, why: str) -> None:
+        """No waiting append will learn its commit here any more (its entry may be in other
+        replicas' logs and be committed by the next leader)."""
         if self.groups is not None:
             self.groups.fail_all(why)
-        for pending in self.pending.values():
+        for base, pending in self.pending.items():
             if not pending.future.done():
-                pending.future.set_exception(CommitLost(f"{self.group}: {why}"))
+                pending.future.set_exception(
+                    CommitUnknown(f"{self.group}: {why} before entry {base} was committed")
+                )
         self.pending.clear()
         self.pending_bytes = 0
 
@@ -246,14 +321,21 @@ class Replica:
     # ---- reads -----------------------------------------------------------------------------
 
     def read(self, from_index: int, max_bytes: int) -> ReadResult:
-        """Whole committed batches from the one holding `from_index` (empty at the end)."""
+        """Whole committed batches from the one holding `from_index` (empty at the end).
+        Raises ReplicaClosed once closed (an empty answer would say "nothing new yet")."""
+        if self.closed:
+            raise ReplicaClosed(f"{self.group} is closed")
         end = self.commit_index + 1
         if from_index >= end:
             return ReadResult(b"", from_index, from_index, 0)
-        return self.log.read_range(from_index, max_bytes, end)
+        try:
+            return self.log.read_range(from_index, max_bytes, end)
+        except LogClosedError as e:
+            raise ReplicaClosed(f"{self.group} is closed") from e
 
     async def wait_for(self, index: int, timeout_s: float) -> None:
-        """Return once `index` is committed here, or after `timeout_s`."""
+        """Return once `index` is committed here, after `timeout_s`, or once the replica is
+        closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while index > self.commit_index and not self.closed:
@@ -267,6 +349,8 @@ class Replica:
         if self.closed:
             return
         self.closed = True
+        if self.groups is not None:
+            self.groups.close()
         self._fail_pending("the replica is closing")
         self._committed.notify()
         self.storage.flush()
@@ -276,3 +360,7 @@ class Replica:
         """Close and delete the replica's data (it was moved elsewhere or the topic deleted)."""
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _ignore_damage(replica: Replica, index: int) -> None:
+    pass

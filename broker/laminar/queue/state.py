@@ -8,6 +8,12 @@ everywhere. The Qpid guarantees, per group:
 * an acquired message is not given to anyone else while its lease holds;
 * a released or expired message (its consumer gone) is given out again, delivery count + 1;
 * an accepted message is never given out again;
+* only the consumer holding a message under a lease that has not ended settles it (accept,
+  release, reject): settle commands carry the leader's `now_ms` too, and a lease whose
+  deadline is at or before it has ended, whether or not an Expire said so yet. A settle is
+  answered `done` only if it took effect, or repeats the very settlement (same consumer, same
+  action) that was the message's last since it was last handed out; the group remembers its
+  recent settlements for that (two generations of at most SETTLED_GENERATION each);
 * a rejected message, or one whose delivery count reached `max_deliveries` when it came back,
   is dead-lettered exactly once: it waits in `dead_pending` with a sequence number of its own
   (the broker appends it to `<topic>.dlq` as an idempotent producer with that sequence) until
@@ -16,9 +22,9 @@ everywhere. The Qpid guarantees, per group:
   redeliveries.
 
 A group's `cursor` is the first record index it has not finished; indexes below it need no
-memory, and record ranges below every group's cursor are forgotten, so the state does not grow
-with history (`snapshot` is canonical JSON). A new group starts at `start_index`: the log
-start, or where the slowest existing group is.
+memory (but its last settlements, a bounded number), and record ranges below every group's
+cursor are forgotten, so the state does not grow with history (`snapshot` is canonical JSON).
+A new group starts at `start_index`: the log start, or where the slowest existing group is.
 """
 
 from __future__ import annotations
@@ -30,14 +36,22 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import filterfalse, islice
+from typing import Any
 
 import orjson
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+#: Snapshots this code restores: 1 had no settlement memory (restored as empty).
+READABLE_SNAPSHOT_VERSIONS = (1, 2)
 #: An acquire looks at most this many record indexes past the cursor (bounded work).
 MAX_SCAN = 100_000
+#: A group remembers who settled which index how (so that a repeated settle is answered
+#: `done` and anyone else's `refused`) in two generations: when a settle command could take
+#: the current one past this many, the older one is forgotten whole. So it remembers at most
+#: 2 * SETTLED_GENERATION, and every settlement of at least the last settle command.
+SETTLED_GENERATION = MAX_SCAN
 
 
 class QueueError(ValueError):
@@ -78,11 +92,17 @@ class Acquire:
     now_ms: int
 
 
+# Settle commands: `now_ms` is the leader's clock when it proposed one (leases ending at or
+# before it have ended). None in entries written before settles carried it: a lease still
+# held then counts as current, as it did when they were applied first.
+
+
 @dataclass(frozen=True, slots=True)
 class Accept:
     group: str
     consumer: str
     indexes: tuple[int, ...]
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +110,7 @@ class Release:
     group: str
     consumer: str
     indexes: tuple[int, ...]
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +119,7 @@ class Reject:
     consumer: str
     indexes: tuple[int, ...]
     reason: str = "rejected"
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +170,7 @@ _KINDS: dict[str, type[QueueCommand]] = {
     "dead_lettered": DeadLettered,
 }
 _NAMES = {kind: name for name, kind in _KINDS.items()}
+Settle = Accept | Release | Reject
 
 
 def encode_command(command: QueueCommand) -> bytes:
@@ -203,6 +226,10 @@ def validate(command: QueueCommand) -> None:
         not isinstance(command.reason, str) or not 1 <= len(command.reason) <= 200
     ):
         raise QueueError("invalid", "reason must be 1..200 characters")
+    if isinstance(command, Settle) and not (
+        command.now_ms is None or (type(command.now_ms) is int and command.now_ms >= 0)
+    ):
+        raise QueueError("invalid", "now_ms must be a non-negative integer")
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -215,6 +242,11 @@ class Holding:
     consumer: str
     deadline_ms: int
     deliveries: int
+
+
+#: Who settled a message, and how: (consumer, `accept` | `release` | `reject`); one is shared
+#: by every index a command settled.
+Settlement = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -230,8 +262,10 @@ class Group:
     acquired: dict[int, Holding] = field(default_factory=dict)
     #: finished (accepted or dead-lettered) indexes at or above the cursor
     done: set[int] = field(default_factory=set)
-    #: those of `done` that were dead-lettered (an accept of one is refused)
-    dead_done: set[int] = field(default_factory=set)
+    #: the last settlement of an index since it was last handed out (below the cursor too: a
+    #: repeated accept is recognised there), in two generations (see SETTLED_GENERATION)
+    settled: dict[int, Settlement] = field(default_factory=dict)
+    settled_before: dict[int, Settlement] = field(default_factory=dict)
     #: free messages below `frontier`: given out before and back (their delivery counts), or
     #: passed over by an acquire (0)
     deliveries: dict[int, int] = field(default_factory=dict)
@@ -255,6 +289,17 @@ class Group:
         if holding.deadline_ms < self.next_deadline_ms:
             self.next_deadline_ms = holding.deadline_ms
 
+    def settlement(self, index: int) -> Settlement | None:
+        """The settlement that took effect on `index` last, if still remembered."""
+        return self.settled.get(index) or self.settled_before.get(index)
+
+    def settling(self, count: int) -> dict[int, Settlement]:
+        """Where a settle command of `count` indexes records what took effect: the current
+        generation, the older one forgotten first if it could grow past SETTLED_GENERATION."""
+        if len(self.settled) + count > SETTLED_GENERATION:
+            self.settled_before, self.settled = self.settled, {}
+        return self.settled
+
     def unhold(self, index: int) -> Holding:
         holding = self.acquired.pop(index)
         left = self.held[holding.consumer] - 1
@@ -274,8 +319,9 @@ class Granted:
 
 @dataclass(slots=True)
 class Result:
-    """What a command did: granted acquisitions, indexes it finished, newly dead-lettered
-    indexes, and indexes it could not act on (held by someone else, not held, unknown)."""
+    """What a command did: granted acquisitions, indexes it settled (or whose settlement by
+    the same consumer it repeats), newly dead-lettered indexes, and indexes it could not act
+    on (held by someone else, not held under a current lease, unknown)."""
 
     done: list[int] = field(default_factory=list)
     dead_lettered: list[int] = field(default_factory=list)
@@ -341,7 +387,6 @@ class QueueState:
             if group.cursor < start_index:
                 group.cursor = start_index
                 group.done = {i for i in group.done if i >= start_index}
-                group.dead_done = {i for i in group.dead_done if i >= start_index}
                 group.deliveries = {i: n for i, n in group.deliveries.items() if i >= start_index}
                 group.frontier = max(group.frontier, start_index)
                 for index in [i for i in group.acquired if i < start_index]:
@@ -377,7 +422,7 @@ class QueueState:
     def _advance(self, group: Group) -> None:
         """Move the cursor over finished indexes and non-record gaps."""
         cursor = group.cursor
-        done, dead_done = group.done, group.dead_done
+        done = group.done
         while cursor < self.end_index:
             slot = bisect_right(self._bases, cursor) - 1
             if slot < 0 or cursor >= self._ends[slot]:  # a gap: on to the next range
@@ -391,8 +436,6 @@ class QueueState:
                 cursor = stop
             if cursor < end:
                 break
-        if dead_done and cursor != group.cursor:
-            group.dead_done = {i for i in dead_done if i >= cursor}
         group.cursor = cursor
 
     def _free(self, group: Group, index: int, now_ms: int) -> bool:
@@ -470,33 +513,40 @@ class QueueState:
                         continue
                     room -= 1
                     deliveries = group.deliveries.pop(index, 0) + 1
+                    group.settled.pop(index, None)  # a new delivery: settlements are past
+                    group.settled_before.pop(index, None)
                     group.hold(index, Holding(consumer, deadline, deliveries))
                     granted.append(Granted(index, deliveries, deadline))
                 self._move_frontier(group, granted)
         elif isinstance(command, Accept):
+            if command.now_ms is not None:
+                self._expire(group, command.now_ms, result)  # leases ended by now: not held
             consumer = command.consumer
             acquired, done, finished = group.acquired, group.done, result.done
-            mine = 0
             indexes = command.indexes
+            settlement = (consumer, "accept")
+            settled = group.settling(len(indexes))
+            mine = 0
             if self._all_held_by(group, consumer, indexes):
                 # the usual case: every index held by this consumer (each once)
                 deque(map(acquired.__delitem__, indexes), maxlen=0)
                 done.update(indexes)
                 finished.extend(indexes)
-                mine, indexes = len(indexes), ()
-            for index in indexes:
-                holding = acquired.get(index)
-                if holding is not None and holding.consumer == consumer:
-                    del acquired[index]  # (held: never finished or dead-lettered too)
-                    done.add(index)
-                    finished.append(index)
-                    mine += 1
-                elif index in group.dead_pending or index in group.dead_done:
-                    result.refused.append(index)  # dead-lettered: not accepted
-                elif index in done or index < group.cursor:
-                    finished.append(index)  # accepting twice is harmless
-                else:
-                    result.refused.append(index)
+                settled.update(dict.fromkeys(indexes, settlement))
+                mine = len(indexes)
+            else:
+                for index in indexes:
+                    holding = acquired.get(index)
+                    if holding is not None and holding.consumer == consumer:
+                        del acquired[index]  # (held: never finished or dead-lettered too)
+                        done.add(index)
+                        finished.append(index)
+                        settled[index] = settlement
+                        mine += 1
+                    elif group.settlement(index) == settlement:
+                        finished.append(index)  # this consumer's accept, repeated
+                    else:
+                        result.refused.append(index)
             if mine:
                 group.accepted_total += mine
                 left = group.held[consumer] - mine
@@ -505,18 +555,18 @@ class QueueState:
                 else:
                     del group.held[consumer]
         elif isinstance(command, Release | Reject):
+            if command.now_ms is not None:
+                self._expire(group, command.now_ms, result)
+            action = "reject" if isinstance(command, Reject) else "release"
+            settlement = (command.consumer, action)
+            settled = group.settling(len(command.indexes))
             for index in command.indexes:
                 holding = group.acquired.get(index)
                 if holding is None or holding.consumer != command.consumer:
-                    # repeating a release / reject is harmless; releasing what another
-                    # consumer holds is refused
-                    settled = holding is None and (
-                        index in group.done
-                        or index in group.dead_pending
-                        or index < group.cursor
-                        or group.deliveries.get(index, 0) > 0
-                    )
-                    (result.done if settled else result.refused).append(index)
+                    # only a repeat of this very settlement is done; free again after its
+                    # lease ended, held by another, or settled otherwise is refused
+                    repeat = group.settlement(index) == settlement
+                    (result.done if repeat else result.refused).append(index)
                     continue
                 group.unhold(index)
                 if isinstance(command, Reject):
@@ -524,6 +574,7 @@ class QueueState:
                 else:
                     self._returned(group, index, holding.deliveries, "max_deliveries", result)
                 result.done.append(index)
+                settled[index] = settlement
         elif isinstance(command, Renew):
             deadline = command.now_ms + min(command.lease_ms, self.config.max_lease_ms)
             renewed: dict[int, Holding] = {}  # deliveries -> the new (shared) holding
@@ -549,7 +600,6 @@ class QueueState:
             for index in command.indexes:
                 if group.dead_pending.pop(index, None) is not None:
                     group.done.add(index)
-                    group.dead_done.add(index)
                     group.dead_lettered_total += 1
                     result.done.append(index)
         self._advance(group)
@@ -665,7 +715,8 @@ class QueueState:
                     for i, h in sorted(g.acquired.items())
                 ],
                 "done": sorted(g.done),
-                "dead_done": sorted(g.dead_done),
+                "settled": _settled_runs(g.settled),
+                "settled_before": _settled_runs(g.settled_before),
                 "deliveries": sorted([i, n] for i, n in g.deliveries.items()),
                 "dead_pending": [
                     [i, d.sequence, d.reason, d.deliveries]
@@ -689,7 +740,7 @@ class QueueState:
     @classmethod
     def restore(cls, data: bytes, config: QueueConfig | None = None) -> QueueState:
         document = json.loads(data)
-        if document.get("version") != SNAPSHOT_VERSION:
+        if document.get("version") not in READABLE_SNAPSHOT_VERSIONS:
             raise ValueError(f"unknown queue snapshot version {document.get('version')!r}")
         config = replace(config or QueueConfig(), max_deliveries=document["max_deliveries"])
         state = cls(config, start_index=document["start_index"])
@@ -701,7 +752,8 @@ class QueueState:
             group = state.groups[name] = Group(
                 cursor=g["cursor"],
                 done=set(g["done"]),
-                dead_done=set(g["dead_done"]),
+                settled=_settled_from_runs(g.get("settled", [])),
+                settled_before=_settled_from_runs(g.get("settled_before", [])),
                 deliveries={i: n for i, n in g["deliveries"]},
                 dead_pending={i: DeadLetter(s, r, n) for i, s, r, n in g["dead_pending"]},
                 next_dead_sequence=g["next_dead_sequence"],
@@ -712,3 +764,26 @@ class QueueState:
             for index, consumer, deadline, deliveries in g["acquired"]:
                 group.hold(index, Holding(consumer, deadline, deliveries))
         return state
+
+
+def _settled_runs(settled: dict[int, Settlement]) -> list[list[Any]]:
+    """A generation of settlements in the order they were made (the same on every replica),
+    as runs [first index, count, consumer, action] of consecutive indexes settled alike: an
+    accept of a run of records is one."""
+    runs: list[list[Any]] = []
+    stop, last = -1, None
+    for index, settlement in settled.items():
+        if index == stop and settlement == last:
+            runs[-1][1] += 1
+        else:
+            runs.append([index, 1, *settlement])
+            last = settlement
+        stop = index + 1
+    return runs
+
+
+def _settled_from_runs(runs: list[list[Any]]) -> dict[int, Settlement]:
+    settled: dict[int, Settlement] = {}
+    for first, count, consumer, action in runs:
+        settled.update(dict.fromkeys(range(first, first + count), (consumer, action)))
+    return settled

@@ -1,10 +1,15 @@
 """Raft storage over the partition's segmented log: the Raft log *is* the partition log.
 
 Each Raft entry is one stored batch (its term is the batch's term). Hard state (term, vote,
-commit, configuration) and the snapshot point (the index/term/configuration just before the
-log's first index) live in `raft.state`, and the state machine's snapshot data (if any) in
-`raft.snapshot`; both are replaced atomically: write a temporary file, fsync it, rename it
-over the old one, fsync the directory.
+commit, configuration, repair floor) and the snapshot point (the index/term/configuration just
+before the log's first index) live in `raft.state`, and the state machine's snapshot data (if
+any) in `raft.snapshot`; both are replaced atomically: write a temporary file, fsync it, rename
+it over the old one, fsync the directory.
+
+Damage. A batch that fails its checksum is never served: reads raise StorageUnavailable (the
+log's `on_corrupt` hook tells the runtime, which repairs the replica). `begin_repair` cuts the
+log at a damaged batch after durably recording the repair floor (see `HardState`), so a crash
+in between leaves a node that still knows it must not campaign.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import json
 from dataclasses import replace
 
 from ..log.batch import decode_batch, parse_header, split_batches
-from ..log.errors import IndexOutOfRangeError, StorageError
+from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import Directory
 from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
 from .storage import StorageUnavailable
 
 STATE_FILE = "raft.state"
+#: a data partition's commit index alone is saved every this many indexes (a restart then
+#: reopens close to where it was, instead of rescanning the log since an old commit)
+COMMIT_SAVE_INDEXES = 1 << 16
 SNAPSHOT_FILE = "raft.snapshot"  # the state machine's snapshot data, if it has any
 TEMP_SUFFIX = ".tmp"
 
@@ -35,10 +43,22 @@ class LogStorage:
     """RaftStorage reads for the core; `append` / `set_hard_state` / `apply_snapshot` /
     `sync` for the runtime draining a Ready."""
 
-    def __init__(self, directory: Directory, log: SegmentedLog, *, conf: ConfState) -> None:
-        """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group."""
+    def __init__(
+        self,
+        directory: Directory,
+        log: SegmentedLog,
+        *,
+        conf: ConfState,
+        commit_save_indexes: int = COMMIT_SAVE_INDEXES,
+    ) -> None:
+        """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group.
+        The commit index alone is saved once it moved `commit_save_indexes` past the saved one
+        (and on `flush`): 1 keeps it exact, for a group whose state a restart replays up to
+        its commit (the cluster metadata)."""
         self.directory = directory
         self.log = log
+        self.commit_save_indexes = commit_save_indexes
+        self.commit_term = 0
         self._commit_unsaved = False
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
@@ -47,6 +67,7 @@ class LogStorage:
         else:
             self.hard_state = HardState(conf=conf)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
+        self._saved_commit = self.hard_state.commit
 
     # ---- the state file --------------------------------------------------------------------
 
@@ -85,12 +106,15 @@ class LogStorage:
     def _load(self) -> tuple[HardState, Snapshot]:
         document = json.loads(self._read(STATE_FILE))
         hs, snap = document["hard_state"], document["snapshot"]
+        floor = hs.get("repair_floor")
         hard_state = HardState(
             hs["term"],
             hs["vote"],
             hs["commit"],
             ConfState(tuple(hs["voters"]), tuple(hs["learners"])),
+            (floor[0], floor[1]) if floor is not None else None,
         )
+        self.commit_term = hs.get("commit_term", hs["term"])
         snapshot = Snapshot(
             snap["index"],
             snap["term"],
@@ -100,13 +124,18 @@ class LogStorage:
 
     def _save(self, *, sync: bool = True) -> None:
         hs, snap = self.hard_state, self.snap
+        self.commit_term = self.term_or(hs.commit, hs.term)
         document = {
             "hard_state": {
                 "term": hs.term,
                 "vote": hs.vote,
                 "commit": hs.commit,
+                # the commit entry's term: a log that comes back without that entry repairs
+                # from a floor at it (see `HardState.repair_floor`)
+                "commit_term": self.commit_term,
                 "voters": list(hs.conf.voters),
                 "learners": list(hs.conf.learners),
+                "repair_floor": list(hs.repair_floor) if hs.repair_floor else None,
             },
             "snapshot": {
                 "index": snap.index,
@@ -117,6 +146,17 @@ class LogStorage:
         }
         self._replace(STATE_FILE, json.dumps(document, sort_keys=True).encode(), sync=sync)
         self._commit_unsaved = False
+        self._saved_commit = hs.commit
+
+    def term_or(self, index: int, default: int) -> int:
+        """The term of the entry at `index`, or `default` where the log cannot tell."""
+        if index == self.snap.index:
+            return self.snap.term
+        try:
+            term = self.log.term_at(index)
+        except IndexOutOfRangeError:
+            return default
+        return term or default  # a damaged span's term reads 0
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -140,7 +180,7 @@ class LogStorage:
     def entries(self, lo: int, max_bytes: int) -> list[Entry]:
         try:
             result = self.log.read_range(lo, max_bytes)
-        except IndexOutOfRangeError as e:
+        except (IndexOutOfRangeError, CorruptBatchError) as e:
             raise StorageUnavailable(str(e)) from e
         out = []
         for batch in split_batches(result.data):
@@ -180,13 +220,15 @@ class LogStorage:
         self.log.sync()
 
     def set_hard_state(self, hard_state: HardState) -> None:
-        """Persist term, vote and configuration durably before returning. A change of the
-        commit index alone is only remembered (written by the next durable save or `flush`):
-        Raft never needs it back after a crash, and saving it would cost two fsyncs per Ready.
-        """
+        """Persist term, vote, configuration and repair floor durably before returning. A
+        change of the commit index alone is saved only every `commit_save_indexes` (else
+        remembered for the next durable save or `flush`): Raft never needs it back after a
+        crash, and saving it would cost two fsyncs per Ready."""
         old = self.hard_state
         self.hard_state = hard_state
-        if (hard_state.term, hard_state.vote, hard_state.conf) != (old.term, old.vote, old.conf):
+        durable = (hard_state.term, hard_state.vote, hard_state.conf, hard_state.repair_floor)
+        changed = durable != (old.term, old.vote, old.conf, old.repair_floor)
+        if changed or hard_state.commit - self._saved_commit >= self.commit_save_indexes:
             self._save()
         elif hard_state.commit != old.commit:
             self._commit_unsaved = True
@@ -195,6 +237,28 @@ class LogStorage:
         """Write a remembered commit index (on a clean close)."""
         if self._commit_unsaved:
             self._save()
+
+    def lost_floor(self) -> tuple[int, int] | None:
+        """(index, term) of the saved commit if the log no longer reaches it (it lost records
+        a majority holds, perhaps with this node's acknowledgement), else None."""
+        commit = self.hard_state.commit
+        if commit <= self.last_index():
+            return None
+        return commit, self.commit_term
+
+    def begin_repair(self, index: int, floor: tuple[int, int] | None) -> None:
+        """The log is damaged from `index` on (a batch boundary, or past the end): record
+        `floor` (the (index, term) the log ended at before the damage; None: no floor, for a
+        group with no other voter to repair from) durably as the repair floor, then cut the
+        log there; the commit index follows the cut."""
+        old = self.hard_state.repair_floor
+        if old is not None and floor is not None:
+            floor = max(old, floor, key=up_to_date_order)
+        commit = min(self.hard_state.commit, index - 1, self.last_index())
+        self.hard_state = replace(self.hard_state, commit=commit, repair_floor=floor)
+        self._save()
+        if index <= self.last_index():
+            self.log.truncate(max(index, self.log.start_index))
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         """Install a snapshot (its data too): the log restarts empty right after it."""
@@ -217,3 +281,9 @@ class LogStorage:
             through_index, self.log.term_at(through_index), self.hard_state.conf, data
         )
         self._save()
+
+
+def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:
+    """(index, term) pairs ordered as Raft compares logs: by term, then by index."""
+    index, term = position
+    return term, index

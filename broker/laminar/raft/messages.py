@@ -74,6 +74,11 @@ class HardState:
     vote: str | None = None
     commit: int = -1
     conf: ConfState = ConfState(())
+    #: Set while the node's log lacks entries it may have acknowledged (damage found on disk
+    #: and cut away): the (index, term) its log ended at before the cut. Until a leader has
+    #: repaired the log, the node does not campaign, and it votes as if its log still ended
+    #: there, so no candidate missing what it acknowledged can win with its vote.
+    repair_floor: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,8 @@ class MessageType(IntEnum):
     READ_INDEX_RESP = 12
     HEARTBEATS = 13  # node level: the heartbeats of many groups to one node, coalesced
     HEARTBEATS_RESP = 14
+    REPAIR = 15  # a follower repairing its log -> leader: what is your last index?
+    REPAIR_RESP = 16  # `index`: the leader's last index when it answered
 
 
 @dataclass(slots=True)

@@ -13,6 +13,19 @@ initial configuration is not in the log) and then follows the leader's log.
 Safety-relevant choices: a leader counts its own log towards a commit only once persisted
 (`advance`); configuration changes take effect when committed, one at a time, and only after
 the leader has committed an entry of its own term.
+
+Log repair. A node whose log lost entries it may have acknowledged (a damaged batch found on
+disk and cut away, with everything after it) starts with `HardState.repair_floor` set: the
+(index, term) its log ended at before. Raft's safety rests on every acknowledged entry
+staying on the node that acknowledged it, so until the log is whole again the node neither
+campaigns nor accepts a leadership transfer, and it grants votes only to candidates at least
+as up to date as the floor: exactly the votes it would have granted with its old log. It
+tells the leader of its term where its log now ends, so that the leader sends the rest again
+(its progress no longer counts what was lost), and asks for the leader's last index (REPAIR /
+REPAIR_RESP). It is repaired once its commit index reaches that index: its log then matches
+the leader's up to an entry the leader appended after everything this node could have
+acknowledged to it, and, as the leader was elected without this node's vote, after every
+entry committed before its term.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from .messages import (
 )
 from .progress import Progress, ProgressState
 from .raft_log import RaftLog
-from .storage import RaftStorage, stored_entries
+from .storage import RaftStorage, StorageUnavailable, stored_entries
 
 MT = MessageType
 CAMPAIGN_TRANSFER = b"transfer"
@@ -114,6 +127,9 @@ class Raft:
         self.vote = hard_state.vote
         self.conf = hard_state.conf
         self.pending_confs: dict[int, ConfChange] = dict(pending_confs or {})
+        self.repair_floor = hard_state.repair_floor
+        #: the last index the leader of this term reported to a repairing node
+        self.repair_target: int | None = None
         self.role = Role.FOLLOWER
         self.lead: str | None = None
         self.progress: dict[str, Progress] = {}
@@ -163,6 +179,7 @@ class Raft:
         self.votes = {}
         self.transferee = None
         self.pending_reads = []
+        self.repair_target = None  # a repairing node asks the leader of the new term again
         last = self.log.last_index()
         self.progress = {}
         for node in self.conf.members():
@@ -209,6 +226,8 @@ class Raft:
             self._tick_election()
 
     def _tick_election(self) -> None:
+        if self.repair_floor is not None and self.repair_target is None and self.lead is not None:
+            self._send(self._msg(MT.REPAIR, self.lead, index=self.log.last_index()))
         self.election_elapsed += 1
         if self.election_elapsed >= self.randomized_election_ticks:
             self.election_elapsed = 0
@@ -247,7 +266,9 @@ class Raft:
         return active >= self._quorum()
 
     def _promotable(self) -> bool:
-        return self.is_voter and self.log.unstable_snapshot is None
+        # a repairing node may not lead, unless it is the only voter (nobody to repair from)
+        repaired = self.repair_floor is None or self.conf.voters == (self.id,)
+        return self.is_voter and self.log.unstable_snapshot is None and repaired
 
     def _hup(self, *, transfer: bool) -> None:
         if self.role is Role.LEADER:
@@ -334,7 +355,7 @@ class Raft:
             or (m.type is MT.PRE_VOTE and m.term > self.term)
         )
         response = MT.VOTE_RESP if m.type is MT.VOTE else MT.PRE_VOTE_RESP
-        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+        if can_vote and self._up_to_date(m.index, m.log_term):
             # Granted responses carry the request's term (for pre-votes, the future term).
             self._send(self._msg(response, m.src, term=m.term))
             if m.type is MT.VOTE:
@@ -342,6 +363,23 @@ class Raft:
                 self.vote = m.src
         else:
             self._send(self._msg(response, m.src, reject=True))
+
+    def _up_to_date(self, last_index: int, last_term: int) -> bool:
+        """Is a candidate whose log ends at (last_index, last_term) at least as up to date as
+        our log, and as the log we had before a repair cut it (§5.4.1)?"""
+        if not self.log.is_up_to_date(last_index, last_term):
+            return False
+        floor = self.repair_floor
+        if floor is None:
+            return True
+        floor_index, floor_term = floor
+        return last_term > floor_term or (last_term == floor_term and last_index >= floor_index)
+
+    def _maybe_repaired(self) -> None:
+        target = self.repair_target
+        if self.repair_floor is not None and target is not None and self.log.committed >= target:
+            self.repair_floor = None
+            self.repair_target = None
 
     def _step_candidate(self, m: Message) -> None:
         expected = MT.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MT.VOTE_RESP
@@ -376,6 +414,9 @@ class Raft:
                 self._hup(transfer=True)
         elif m.type is MT.READ_INDEX_RESP:
             self.read_states.append((m.context, m.index))
+        elif m.type is MT.REPAIR_RESP and self.repair_floor is not None and m.src == self.lead:
+            self.repair_target = m.index
+            self._maybe_repaired()
 
     def _handle_append(self, m: Message) -> None:
         log = self.log
@@ -425,6 +466,7 @@ class Raft:
         self.pending_confs = {}
         self._applied_commit = snapshot.index
         self._reset_progress_after_conf()
+        self._maybe_repaired()
         self._send(self._msg(MT.APPEND_RESP, m.src, index=snapshot.index))
 
     # ---- leader ----------------------------------------------------------------------------
@@ -433,6 +475,13 @@ class Raft:
         progress = self.progress.get(m.src)
         if m.type is MT.READ_INDEX:
             self._start_read(m.context, m.src)
+            return
+        if m.type is MT.REPAIR:
+            if progress is not None and progress.match > m.index:
+                # its log lost entries it acknowledged: send them again from where it ends
+                progress.match = m.index
+                progress.become_probe()
+            self._send(self._msg(MT.REPAIR_RESP, m.src, index=self.log.last_index()))
             return
         if progress is None:
             return
@@ -607,6 +656,7 @@ class Raft:
         if not self.log.commit_to(index):
             return False
         self._apply_committed_confs()
+        self._maybe_repaired()
         return True
 
     def _apply_committed_confs(self) -> None:
@@ -662,7 +712,10 @@ class Raft:
         if progress.next > log.last_index():
             entries: list[Entry] = []
         else:
-            entries = log.entries(progress.next, self.config.max_append_bytes)
+            try:
+                entries = log.entries(progress.next, self.config.max_append_bytes)
+            except StorageUnavailable:
+                return  # damaged on disk (the caller repairs the log) or just compacted
         if not entries and not send_if_empty:
             return
         self._send(
@@ -687,7 +740,7 @@ class Raft:
     # ---- output ----------------------------------------------------------------------------
 
     def hard_state(self) -> HardState:
-        return HardState(self.term, self.vote, self.log.committed, self.conf)
+        return HardState(self.term, self.vote, self.log.committed, self.conf, self.repair_floor)
 
     def has_ready(self) -> bool:
         prev = self._prev_hard
@@ -701,6 +754,7 @@ class Raft:
             or self.vote != prev.vote
             or self.log.committed != prev.commit
             or self.conf != prev.conf
+            or self.repair_floor != prev.repair_floor
         )
 
     def ready(self) -> Ready:

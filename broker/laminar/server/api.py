@@ -29,7 +29,7 @@ from ..log.batch import (
     split_batches,
     verify_batch,
 )
-from ..log.errors import BatchError, BatchTooLargeError, IndexOutOfRangeError
+from ..log.errors import BatchError, BatchTooLargeError, CorruptBatchError, IndexOutOfRangeError
 from ..metadata import (
     AlterTopic,
     CreateTopic,
@@ -38,11 +38,18 @@ from ..metadata import (
     SetDraining,
     SetWeight,
 )
-from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME
-from ..partition.errors import CommitLost, NotLeader, Overloaded, SequenceConflict
+from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME, Topic
+from ..partition.errors import (
+    CommitLost,
+    CommitUnknown,
+    NotLeader,
+    Overloaded,
+    ReplicaClosed,
+    SequenceConflict,
+)
 from ..partition.replica import Replica
 from .groups_api import GroupsApi
-from .http import ApiError, json_response, record_json, unavailable
+from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -56,6 +63,14 @@ VIEW_TTL_S = 1.0
 COLLECT_INTERVAL_S = 3.0
 #: How long a handoff waits for the leaderships to move.
 HANDOFF_TIMEOUT_S = 10.0
+#: How long a request for a topic this broker does not know waits for it to confirm, with the
+#: metadata leader, that it has applied all the committed metadata (then: 404), and how long
+#: /readyz waits for the same.
+METADATA_BARRIER_TIMEOUT_S = 3.0
+APPEND_MAY_COMMIT = (
+    "the append may still be committed: retry with the same producer id and sequence "
+    "(the broker deduplicates it); without a producer id, check before appending again"
+)
 BROKER_KEY = web.AppKey("broker", Broker)
 STATUS_CODES = {
     "invalid": (400, "bad_request"),
@@ -137,6 +152,10 @@ class Api:
             return await handler(request)
         except ApiError as e:
             error = e
+        except ReplicaClosed as e:
+            # the broker is stopping, or dropped the replica, under the request (a long poll
+            # included): nothing was done, another replica or the new leader will answer
+            error = unavailable(f"{e}; retry")
         except web.HTTPRequestEntityTooLarge as e:
             error = ApiError(413, "payload_too_large", e.text or "request body too large")
         except web.HTTPNotFound:
@@ -170,7 +189,7 @@ class Api:
         return json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        ready, reason = self.broker.is_ready()
+        ready, reason = await self.broker.readiness(METADATA_BARRIER_TIMEOUT_S)
         if ready:
             return json_response({"status": "ready"})
         return json_response({"status": "not_ready", "reason": reason}, status=503)
@@ -214,20 +233,33 @@ class Api:
             )
         return name
 
-    def _partition(self, request: web.Request) -> tuple[str, int]:
-        name = self._topic_name(request)
+    async def _topic(self, name: str, partition: int = 0) -> Topic:
+        """Topic `name`, which must have `partition`. A topic (or partition) this broker does
+        not know is 404 only once it has applied every committed metadata change; until it
+        can tell, 503 (a restarted or partitioned broker must not deny what exists)."""
         topic = self.broker.state.topics.get(name)
+        if topic is None or partition >= topic.partitions:
+            if not await self.broker.metadata_barrier(METADATA_BARRIER_TIMEOUT_S):
+                raise unavailable(
+                    f"{self.broker.id} has not caught up with the cluster metadata and cannot "
+                    f"tell yet whether topic {name} exists; retry"
+                )
+            topic = self.broker.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
-        text = request.match_info["partition"]
-        if not text.isdigit() or len(text) > 6:
-            raise ApiError(400, "bad_request", f"partition {text[:20]!r} is not a number")
-        partition = int(text)
         if partition >= topic.partitions:
             raise ApiError(
                 404, "not_found", f"topic {name} has partitions 0..{topic.partitions - 1}"
             )
-        return name, partition
+        return topic
+
+    async def _partition(self, request: web.Request) -> tuple[str, int]:
+        name = self._topic_name(request)
+        text = request.match_info["partition"]
+        if not text.isdigit() or len(text) > 6:
+            raise ApiError(400, "bad_request", f"partition {text[:20]!r} is not a number")
+        await self._topic(name, int(text))
+        return name, int(text)
 
     def _meta_error(self, e: MetadataError) -> ApiError:
         status, code = STATUS_CODES.get(e.code, (400, "bad_request"))
@@ -241,7 +273,11 @@ class Api:
         except MetadataError as e:
             raise self._meta_error(e) from e
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "the metadata change did not commit in time") from e
+            raise outcome_unknown(
+                "timeout",
+                f"the metadata change did not commit within {self.timeout_s:g} s; it may still "
+                "be applied: look before repeating it",
+            ) from e
 
     # ---- cluster ---------------------------------------------------------------------------
 
@@ -389,8 +425,7 @@ class Api:
 
     async def describe_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
-        if name not in self.broker.state.topics:
-            raise ApiError(404, "not_found", f"no topic {name}")
+        await self._topic(name)
         return json_response(await self.describe(name))
 
     async def describe(self, name: str, view: View | None = None) -> dict[str, Any]:
@@ -430,8 +465,7 @@ class Api:
 
     async def alter_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
-        if name not in self.broker.state.topics:
-            raise ApiError(404, "not_found", f"no topic {name}")
+        await self._topic(name)
         body = await self._json(request)
         if not isinstance(body, dict) or not body or set(body) - {"partitions", "config"}:
             raise ApiError(400, "bad_request", 'send an object with "partitions" and/or "config"')
@@ -441,8 +475,7 @@ class Api:
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
-        if name not in self.broker.state.topics:
-            raise ApiError(404, "not_found", f"no topic {name}")
+        await self._topic(name)
         await self._metadata(request, DeleteTopic(name))
         return web.Response(status=204)
 
@@ -455,7 +488,7 @@ class Api:
 
     async def append(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
-        topic, partition = self._partition(request)
+        topic, partition = await self._partition(request)
         replica = self.broker.replica(topic, partition)
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
@@ -501,9 +534,13 @@ class Api:
         try:
             base = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retry idempotently") from e
+            raise outcome_unknown(
+                "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
+            ) from e
+        except CommitUnknown as e:
+            raise outcome_unknown("outcome_unknown", f"{e}; {APPEND_MAY_COMMIT}") from e
         except CommitLost as e:
-            raise unavailable(f"{e}; retry (idempotent producers are deduplicated)") from e
+            raise unavailable(f"{e}: the append was not written; retry") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
         return json_response(
@@ -529,7 +566,7 @@ class Api:
 
     async def read(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        topic, partition = self._partition(request)
+        topic, partition = await self._partition(request)
         query = request.query
         replica = self.broker.replica(topic, partition)
         if replica is None:
@@ -551,6 +588,8 @@ class Api:
             result = replica.read(from_index, max_bytes)
         except IndexOutOfRangeError as e:
             raise ApiError(416, "out_of_range", str(e), log_start=replica.log_start) from e
+        except CorruptBatchError as e:
+            raise damaged(replica, e) from e
         self.metrics.read_latency.observe(time.perf_counter() - started)
         if BATCH_TYPE in request.headers.get("Accept", ""):
             return self._binary_read(replica, result.data, from_index, max_records)

@@ -22,7 +22,7 @@ import xxhash
 from ..client import AsyncClient, Conflict, LaminarError, NotFound, Record
 from ..client.errors import BadRequest
 from ..metadata.state import Topic
-from ..partition.errors import CommitLost, NotLeader, Overloaded
+from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
 from ..partition.replica import Replica
 from ..queue import DeadLettered
 from ..queue.state import DeadLetter
@@ -71,10 +71,10 @@ class DeadLetterMover:
             try:
                 await self._ensure_topic(topics())
                 await self._move(pending)
-            except (LaminarError, CommitLost, OSError, TimeoutError) as e:
+            except (LaminarError, CommitLost, CommitUnknown, OSError, TimeoutError) as e:
                 log.warning("%s: dead letters wait: %s", self.replica.group, e)
                 await asyncio.sleep(RETRY_DELAY_S)
-            except (NotLeader, Overloaded):
+            except (NotLeader, Overloaded, ReplicaClosed):
                 return
 
     async def _ensure_topic(self, topics: Mapping[str, Topic]) -> None:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..log.batch import single_record_batch
-from ..partition.errors import CommitLost, NotLeader, Overloaded
+from ..log.errors import CorruptBatchError
+from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded
 from ..partition.groups import ConsumerGroups, Delivery, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
 from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
-from .http import ApiError, json_response, record_json, unavailable
+from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
 
 if TYPE_CHECKING:
     from .api import Api
@@ -36,6 +37,10 @@ DEFAULT_ACQUIRE_BYTES = 1 << 20
 MAX_WAIT_MS = 60_000
 PREFIX = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 SETTLE_FIELDS = frozenset({"consumer", "indexes"})
+COMMAND_MAY_COMMIT = (
+    "the command may still be applied: repeating an accept, release, reject or renew is "
+    "harmless; a repeated acquire may leave what the first one took held until its lease ends"
+)
 
 
 class GroupsApi:
@@ -52,7 +57,7 @@ class GroupsApi:
 
     async def _leader(self, request: web.Request) -> tuple[Replica, ConsumerGroups, str]:
         api = self.api
-        topic, partition = api._partition(request)
+        topic, partition = await api._partition(request)
         group = request.match_info["group"]
         if not GROUP_NAME.fullmatch(group):
             raise ApiError(
@@ -86,9 +91,14 @@ class GroupsApi:
         except QueueError as e:
             raise ApiError(400, "bad_request", str(e)) from e
         except TimeoutError as e:
-            raise ApiError(504, "timeout", "not committed in time; retrying is harmless") from e
+            message = f"not committed within {self.api.timeout_s:g} s; {COMMAND_MAY_COMMIT}"
+            raise outcome_unknown("timeout", message) from e
+        except CommitUnknown as e:
+            raise outcome_unknown("outcome_unknown", f"{e}; {COMMAND_MAY_COMMIT}") from e
         except CommitLost as e:
-            raise unavailable(f"{e}; retrying is harmless") from e
+            raise unavailable(f"{e}: the command was not applied; retry") from e
+        except CorruptBatchError as e:
+            raise damaged(replica, e) from e
 
     async def _commit(
         self, request: web.Request, replica: Replica, command: QueueCommand
@@ -148,18 +158,19 @@ class GroupsApi:
                 400, "bad_request", f"indexes must be a list of 1..{MAX_SCAN} record indexes"
             )
         command: QueueCommand
+        now = now_ms()  # a lease ending at or before this has ended: settling it is refused
         if action == "accept":
-            command = Accept(group, consumer, tuple(indexes))
+            command = Accept(group, consumer, tuple(indexes), now)
         elif action == "release":
-            command = Release(group, consumer, tuple(indexes))
+            command = Release(group, consumer, tuple(indexes), now)
         elif action == "reject":
             reason = body.get("reason", "rejected")
             if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
                 raise ApiError(400, "bad_request", "reason must be a string of 1..200 characters")
-            command = Reject(group, consumer, tuple(indexes), reason)
+            command = Reject(group, consumer, tuple(indexes), reason, now)
         else:
             lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
-            command = Renew(group, consumer, tuple(indexes), lease_ms, now_ms())
+            command = Renew(group, consumer, tuple(indexes), lease_ms, now)
         result = await self._commit(request, replica, command)
         answer: dict[str, Any] = {"done": result.done, "refused": result.refused}
         if isinstance(command, Renew):

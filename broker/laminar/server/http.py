@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+
+from ..log.errors import CorruptBatchError
+
+if TYPE_CHECKING:
+    from ..partition.replica import Replica
 
 
 def json_response(
@@ -45,7 +50,33 @@ class ApiError(Exception):
 
 
 def unavailable(message: str) -> ApiError:
+    """503: nothing was done (no leader known, not ready, shutting down); retry."""
     return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
+
+
+def damaged(replica: Replica, error: CorruptBatchError) -> ApiError:
+    """A read met a batch damaged on disk (never served). Another replica has it: 503 while
+    this one is repaired. This is the partition's only voter: 422 with where to read on."""
+    if replica.repairable:
+        return unavailable(
+            f"{replica.group}: this replica's batch at {error.index} is damaged on disk and "
+            "is being fetched again from the leader; retry (another replica may serve it)"
+        )
+    _, end = replica.log.batch_range(error.index)
+    return ApiError(
+        422,
+        "corrupt_data",
+        f"{replica.group}: the records {error.index}..{end - 1} are damaged on disk and the "
+        f"partition has no other replica to fetch them from; read on from {end}",
+        next_index=end,
+    )
+
+
+def outcome_unknown(code: str, message: str) -> ApiError:
+    """504: a write was proposed but whether it committed is not known (`timeout`: not within
+    the request timeout; `outcome_unknown`: leadership was lost, or the replica closed, first).
+    It may still commit: only a retry the broker deduplicates is safe."""
+    return ApiError(504, code, message)
 
 
 def record_json(record: Any) -> dict[str, Any]:

@@ -48,6 +48,11 @@ class _BrokerCollector(Collector):
         inflight = GaugeMetricFamily(
             "laminar_partition_appends_in_flight", "appends awaiting commit", labels=labels
         )
+        repairing = GaugeMetricFamily(
+            "laminar_partition_repairing",
+            "1 while the replica refetches records its log lost to damage on disk",
+            labels=labels,
+        )
         for replica in sorted(broker.replicas.values(), key=lambda r: r.group):
             values = [replica.topic, str(replica.partition)]
             role.add_metric(values, 1.0 if replica.raft.role is Role.LEADER else 0.0)
@@ -57,7 +62,8 @@ class _BrokerCollector(Collector):
             size.add_metric(values, replica.log.size_bytes)
             term.add_metric(values, replica.raft.term)
             inflight.add_metric(values, len(replica.pending))
-        yield from (role, commit, end, start, size, term, inflight)
+            repairing.add_metric(values, 1.0 if replica.repairing else 0.0)
+        yield from (role, commit, end, start, size, term, inflight, repairing)
         yield from _group_metrics(broker)
         members = GaugeMetricFamily(
             "laminar_swim_members", "members by SWIM state", labels=["state"]
@@ -81,6 +87,15 @@ class _BrokerCollector(Collector):
             ("dropped_messages", "Raft messages dropped (unknown group or peer)"),
         ):
             counter = CounterMetricFamily(f"laminar_raft_{name}", help_text)
+            counter.add_metric([], broker.counters[name])
+            yield counter
+        for name, help_text in (
+            ("corrupt_batches", "damaged batches found on disk by reads (never served)"),
+            ("repairs", "replicas cut at damage and refetched from their leader"),
+            ("data_loss_repairs", "damaged replicas with no other voter: records after lost"),
+            ("quarantined_replicas", "replicas of topics never known here, moved aside"),
+        ):
+            counter = CounterMetricFamily(f"laminar_storage_{name}", help_text)
             counter.add_metric([], broker.counters[name])
             yield counter
         for name, value in broker.timers.items():

@@ -10,6 +10,13 @@ round is being persisted wait in the inbox for the next round.
 
 Membership comes from SWIM; topics, weights and drains from the `__cluster` metadata group,
 whose state machine (`ClusterState`) every node applies.
+
+A replica's data is removed only after a committed change this node has applied says so: a
+deletion of its topic (known by identity: the metadata index that created it, recorded beside
+the replica), or a configuration that no longer counts this node. Metadata that may be stale
+(a restart replays only what it saved) never removes anything. A replica whose log is found
+damaged is reopened repaired (`laminar.raft.repair`): cut at the damage and fetched again from
+the leader; a damaged leader so steps down. Other replicas are not touched.
 """
 
 from __future__ import annotations
@@ -30,13 +37,13 @@ from typing import Any
 from ..client import AsyncClient
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
+from ..log.errors import CorruptBatchError
 from ..metadata import (
     METADATA_GROUP,
     AlterTopic,
     ClusterState,
     Command,
     CreateTopic,
-    DeleteTopic,
     MetadataError,
     decode_command,
     encode_command,
@@ -44,10 +51,10 @@ from ..metadata import (
     validate,
 )
 from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
-from ..partition.errors import NotLeader, Overloaded
+from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
 from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
-from ..partition.replica import Replica
+from ..partition.replica import Replica, topic_identity
 from ..placement import Candidate, partition_key, place
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
@@ -55,7 +62,7 @@ from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
-from ..raft.storage import stored_entries
+from ..raft.storage import StorageUnavailable, stored_entries
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
 from ..swim.runtime import SwimNode, format_address
 from .config import BrokerConfig
@@ -74,6 +81,10 @@ CATCH_UP_LAG_INDEXES = 256
 #: Compact the metadata log once this many entries sit behind the commit.
 METADATA_COMPACT_ENTRIES = 256
 NODE_FILE = "node.json"
+#: replicas of topics that were never known here, moved aside (never deleted)
+QUARANTINE_DIR = "quarantine"
+#: a metadata barrier (read index) not answered within this is asked again
+BARRIER_RETRY_MS = 1_000
 SYNC_THREADS = 4
 RETENTION_INTERVAL_MS = 2_000
 DEFAULT_MAX_DELIVERIES = QueueConfig().max_deliveries
@@ -133,6 +144,14 @@ class Broker:
         self._client: AsyncClient | None = None
         self._next_sync_ms = 0
         self._replaying = False  # re-applying the metadata log at start
+        self._damaged: dict[str, int] = {}  # group -> first damaged index: reopen repaired
+        # metadata barriers: waiting for a read index to be asked, asked (context, when,
+        # waiters), and answered (index to apply, waiters)
+        self._barrier_next: list[asyncio.Future[None]] = []
+        self._barrier_asked: tuple[bytes, int, list[asyncio.Future[None]]] | None = None
+        self._barrier_points: list[tuple[int, list[asyncio.Future[None]]]] = []
+        self._barrier_seq = 0
+        self._barrier_done_ms = -1  # when a barrier last completed (monotonic)
         self._stopping = False
         self._running = False
         #: counters read by the metrics module
@@ -142,6 +161,11 @@ class Broker:
             "fsyncs": 0,
             "ready_rounds": 0,
             "dropped_messages": 0,
+            # storage damage (laminar_storage_*)
+            "corrupt_batches": 0,
+            "repairs": 0,
+            "data_loss_repairs": 0,
+            "quarantined_replicas": 0,
         }
         #: seconds spent in Ready rounds and in their fsyncs (metrics)
         self.timers: dict[str, float] = {"round_seconds": 0.0, "fsync_seconds": 0.0}
@@ -235,7 +259,7 @@ class Broker:
         if path.exists() or self.id in voters:
             self._host_metadata(ConfState(voters if self.id in voters else ()))
 
-    def _host_metadata(self, bootstrap: ConfState) -> None:
+    def _host_metadata(self, bootstrap: ConfState, *, repair_at: int | None = None) -> None:
         replica = Replica(
             METADATA_GROUP,
             0,
@@ -246,9 +270,13 @@ class Broker:
             bootstrap,
             group=METADATA_GROUP,
             queues=False,
+            commit_save_indexes=1,  # a restart replays the metadata up to its commit
+            repair_at=repair_at,
         )
+        self._opened(replica)
         self.meta = replica
         self.multi.add(replica.raft)
+        state, applied = self.state, self.meta_applied_index
         self._restore_metadata()
         storage = replica.storage
         commit = storage.initial_state()[0].commit
@@ -259,6 +287,9 @@ class Broker:
                 self._apply_metadata(storage.first_index(), commit)
             finally:
                 self._replaying = False
+        if state.applied_index > self.state.applied_index:
+            # reopened after a repair cut committed entries: what was applied stays applied
+            self.state, self.meta_applied_index = state, applied
 
     def _restore_metadata(self) -> None:
         assert self.meta is not None
@@ -278,33 +309,123 @@ class Broker:
                 if not part_dir.name.isdigit():
                     continue
                 topic, partition = topic_dir.name, int(part_dir.name)
-                if self.state.applied_index >= 0 and topic not in self.state.topics:
-                    log.info("removing %s/%d: its topic no longer exists", topic, partition)
+                created = topic_identity(part_dir)
+                if created is not None and self._topic_deleted(topic, created):
+                    log.info(
+                        "removing %s/%d: its topic (created at metadata index %d) was deleted",
+                        topic,
+                        partition,
+                        created,
+                    )
                     shutil.rmtree(part_dir, ignore_errors=True)
                     continue
+                # a topic the metadata does not know (yet): its replica is hosted all the
+                # same; the metadata this node replayed may be behind the cluster's
                 self._host(topic, partition, ConfState(()))
 
-    def _host(self, topic: str, partition: int, bootstrap: ConfState) -> Replica:
-        overrides = {}
-        if topic in self.state.topics:
-            overrides = dict(self.state.topics[topic].config)
+    def _topic_deleted(self, topic: str, created_index: int) -> bool:
+        """Has this node applied the deletion of the topic created at `created_index`?"""
+        state = self.state
+        current = state.topics.get(topic)
+        replaced = current is None or current.created_index != created_index
+        return state.applied_index >= created_index and replaced
+
+    def _host(
+        self, topic: str, partition: int, bootstrap: ConfState, *, repair_at: int | None = None
+    ) -> Replica:
         replica = Replica(
             topic,
             partition,
             self.id,
             self._partition_path(topic, partition),
-            self._log_config(overrides),
+            self._log_config(),
             self.raft_config,
             bootstrap,
             max_pending_bytes=self.config.max_pending_bytes_per_partition,
+            repair_at=repair_at,
         )
+        self._opened(replica)
         self.replicas[replica.group] = replica
         if replica.groups is not None:
             replica.groups.on_propose = self.wake
         self._hosted_at_ms[replica.group] = _now_ms()
         self.multi.add(replica.raft)
+        if (topic_state := self.state.topics.get(topic)) is not None:
+            self._adopt(replica, topic_state)
         log.info("%s hosts %s (conf %s)", self.id, replica.group, replica.raft.conf)
         return replica
+
+    def _adopt(self, replica: Replica, topic: Topic) -> None:
+        """`replica` belongs to `topic` (unless it is marked as another topic of the same
+        name): record that, and take the topic's log settings."""
+        if replica.topic_created_index is None:
+            replica.bind_topic(topic.created_index)
+        if replica.topic_created_index == topic.created_index:
+            replica.log.config = self._log_config(dict(topic.config))
+
+    def _opened(self, replica: Replica) -> None:
+        """Report what opening `replica` repaired; listen for damage found later."""
+        replica.on_damage = self._on_damage
+        for damage in replica.repairs:
+            self.counters["repairs"] += 1
+            if damage.data_loss:
+                self.counters["data_loss_repairs"] += 1
+                log.error(
+                    "%s: %s: %s; records from %d on are lost (it has no other voter to fetch "
+                    "them from)",
+                    self.id,
+                    replica.group,
+                    damage.reason,
+                    damage.first_index,
+                )
+            else:
+                log.error(
+                    "%s: %s: %s; the log is cut at %d and fetched again from the leader (it "
+                    "had reached %s; until then this replica neither leads nor votes below it)",
+                    self.id,
+                    replica.group,
+                    damage.reason,
+                    damage.first_index,
+                    damage.floor,
+                )
+
+    def _on_damage(self, replica: Replica, index: int) -> None:
+        """A read met a damaged batch of `replica`: reopen it repaired (next round), unless
+        it is its group's only voter (then reads of that batch are refused, and it stays)."""
+        self.counters["corrupt_batches"] += 1
+        repairable = replica.repairable
+        log.error(
+            "%s: %s: batch %d is damaged on disk%s",
+            self.id,
+            replica.group,
+            index,
+            "; repairing the replica" if repairable else " and this is its only replica",
+        )
+        if repairable:
+            self._repair_later(replica, index)
+
+    def _repair_later(self, replica: Replica, index: int) -> None:
+        self._damaged[replica.group] = min(index, self._damaged.get(replica.group, index))
+        self._wake.set()
+
+    def _repair_damaged(self) -> None:
+        """Reopen each damaged replica with its log cut at the damage (between rounds)."""
+        damaged, self._damaged = self._damaged, {}
+        for group, index in sorted(damaged.items()):
+            replica = self._replica_of(group)
+            if replica is None or replica.closed or self._stopping:
+                continue
+            self.multi.remove(group)
+            self._status.pop(group, None)
+            mover = self._movers.pop(group, None)
+            if mover is not None:
+                mover.cancel()
+            replica.close()
+            conf = replica.raft.conf  # bootstraps the reopened group if it never saved one
+            if group == METADATA_GROUP:
+                self._host_metadata(conf, repair_at=index)
+            else:
+                self._host(replica.topic, replica.partition, conf, repair_at=index)
 
     def _drop(self, replica: Replica) -> None:
         log.info("%s drops %s", self.id, replica.group)
@@ -453,7 +574,9 @@ class Broker:
                 await asyncio.sleep(0.1)
 
     async def _round(self) -> bool:
-        """Step what arrived, tick, control, persist one Ready; False when idle."""
+        """Repair, step what arrived, tick, control, persist one Ready; False when idle."""
+        if self._damaged:
+            self._repair_damaged()
         self._step_inbox()
         ticks, self._ticks_due = min(self._ticks_due, 3), 0
         for _ in range(ticks):
@@ -461,6 +584,7 @@ class Broker:
         if self._control_due:
             self._control_due = False
             self._control()
+        self._ask_barrier()
         busy = await self._persist_ready()
         if self.config.fsync is FsyncPolicy.INTERVAL and _now_ms() >= self._next_sync_ms:
             await self._sync_everything()
@@ -519,6 +643,10 @@ class Broker:
         for group, ready in readies.items():
             if ready.committed is not None:
                 self._apply(group, *ready.committed)
+        if (meta_ready := readies.get(METADATA_GROUP)) is not None and meta_ready.read_states:
+            self._answered_barrier(meta_ready.read_states)
+        if self._barrier_points:
+            self._release_barriers()
         if to_sync and self.config.fsync is FsyncPolicy.ALWAYS:
             # concurrent fdatasyncs of different logs share the file system's journal
             # commits: one round costs about one sync, however many logs took entries
@@ -577,11 +705,18 @@ class Broker:
     # ---- applying committed entries --------------------------------------------------------
 
     def _apply(self, group: str, first: int, last: int) -> None:
-        if group == METADATA_GROUP:
-            self._apply_metadata(first, last)
         replica = self._replica_of(group)
-        if replica is not None:
-            replica.on_committed(first, last)
+        try:
+            if group == METADATA_GROUP:
+                self._apply_metadata(first, last)
+            if replica is not None:
+                replica.on_committed(first, last)
+        except (CorruptBatchError, StorageUnavailable):
+            # a committed entry its state machine must read is damaged: the replica reopens
+            # with its log cut there (an only voter loses what follows), then applies again
+            if replica is None or replica.damaged_at is None:
+                raise
+            self._repair_later(replica, replica.damaged_at)
 
     def _apply_metadata(self, first: int, last: int) -> None:
         assert self.meta is not None
@@ -589,8 +724,8 @@ class Broker:
         first = max(first, storage.first_index(), self.meta_applied_index + 1)
         if first > last:
             return
-        self.meta_applied_index = last
         for entry in stored_entries(storage, first, last):
+            self.meta_applied_index = entry.last_index
             if entry.index <= self.state.applied_index:
                 continue
             if entry.kind is not EntryKind.NORMAL:
@@ -607,26 +742,25 @@ class Broker:
                     waiter[1].set_exception(NotLeader(self.meta.raft.lead))
             if result is None:
                 self._after_metadata(command)
+        self.meta_applied_index = max(self.meta_applied_index, last)
         self._control_due = True
 
     def _after_metadata(self, command: Command) -> None:
-        if isinstance(command, CreateTopic | AlterTopic) and not self._replaying:
-            # host the new partitions this node is an initial voter of (replicas placed
-            # later are created when their leader first reaches this node)
-            topic = self.state.topics[command.name]
-            for partition, voters in enumerate(topic.assignment):
-                group = f"{topic.name}/{partition}"
-                if self.id in voters and group not in self.replicas and not self._stopping:
-                    self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
-        if isinstance(command, AlterTopic) and command.config is not None:
-            topic = self.state.topics[command.name]
-            for replica in self.replicas.values():
-                if replica.topic == command.name:
-                    replica.log.config = self._log_config(dict(topic.config))
-        if isinstance(command, DeleteTopic):
-            for replica in list(self.replicas.values()):
-                if replica.topic == command.name:
-                    self._drop(replica)
+        """Host a created topic's partitions; a deleted topic's replicas go in `_control`."""
+        if not isinstance(command, CreateTopic | AlterTopic):
+            return
+        topic = self.state.topics[command.name]
+        for replica in self.replicas.values():
+            if replica.topic == command.name:
+                self._adopt(replica, topic)
+        if self._replaying:
+            return
+        # host the new partitions this node is an initial voter of (replicas placed later
+        # are created when their leader first reaches this node)
+        for partition, voters in enumerate(topic.assignment):
+            group = f"{topic.name}/{partition}"
+            if self.id in voters and group not in self.replicas and not self._stopping:
+                self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
 
     # ---- metadata commands -----------------------------------------------------------------
 
@@ -636,8 +770,11 @@ class Broker:
 
     async def propose_metadata(self, command: Command, timeout_s: float) -> None:
         """Commit an admin command through the metadata group (leader only); raises
-        MetadataError (invalid / exists / not_found), NotLeader or TimeoutError."""
+        MetadataError (invalid / exists / not_found), NotLeader, ReplicaClosed or
+        TimeoutError."""
         meta = self.meta
+        if meta is not None and meta.closed:
+            raise ReplicaClosed(f"{meta.group} is closed")
         if meta is None or meta.raft.role is not Role.LEADER:
             raise NotLeader(self.metadata_leader)
         if (
@@ -704,6 +841,8 @@ class Broker:
             self._retained_at_ms = _now_ms()
         for replica in list(self.replicas.values()):
             raft = replica.raft
+            if self._collect_unowned(replica):
+                continue
             if retain:
                 self._apply_retention(replica)
             topic_state = self.state.topics.get(replica.topic)
@@ -717,6 +856,44 @@ class Broker:
                 and raft.role is not Role.LEADER
             ):
                 self._drop(replica)
+
+    def _collect_unowned(self, replica: Replica) -> bool:
+        """Drop `replica` if its topic's deletion is applied here; move it aside if it has no
+        recorded topic and the metadata, caught up since it was hosted, does not know its
+        topic. True if it went."""
+        created = replica.topic_created_index
+        if created is not None:
+            if not self._topic_deleted(replica.topic, created):
+                return False
+            log.info("%s: %s: its topic was deleted", self.id, replica.group)
+            self._drop(replica)
+            return True
+        if replica.topic in self.state.topics:
+            return False  # hosted before its topic was known: _adopt records it
+        if self._barrier_done_ms <= self._hosted_at_ms.get(replica.group, 0):
+            self.request_barrier()  # is the metadata behind, or is the topic unknown?
+            return False
+        self._quarantine(replica)
+        return True
+
+    def _quarantine(self, replica: Replica) -> None:
+        """Move a replica of a topic the cluster does not know out of the way, keeping it."""
+        target = self.data_dir / QUARANTINE_DIR / replica.topic / f"{replica.partition}"
+        target = target.with_name(f"{target.name}-{time.time_ns()}")
+        self.multi.remove(replica.group)
+        self.replicas.pop(replica.group, None)
+        self._status.pop(replica.group, None)
+        replica.close()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        replica.path.rename(target)
+        self.counters["quarantined_replicas"] += 1
+        log.error(
+            "%s: %s belongs to no topic the cluster knows and recorded none itself: moved "
+            "to %s (kept, not deleted)",
+            self.id,
+            replica.group,
+            target,
+        )
 
     def _queue_duties(self, replica: Replica, topic: Topic) -> None:
         """A partition leader's part in its consumer groups: settings, lease expiry, and
@@ -798,6 +975,8 @@ class Broker:
         commit = min(meta.raft.log.committed, self.meta_applied_index)
         if commit < storage.first_index() or commit > storage.last_index():
             return
+        if self.state.applied_index > commit:
+            return  # the state is ahead of the log (kept through a repair): not a snapshot
         if not force and commit - storage.first_index() < METADATA_COMPACT_ENTRIES:
             return
         if storage.log.batch_range(commit)[1] - 1 != commit:
@@ -871,16 +1050,82 @@ class Broker:
     def hosted(self) -> list[dict[str, object]]:
         return [self.group_status(r) for r in sorted(self.replicas.values(), key=_order)]
 
-    def is_ready(self) -> tuple[bool, str]:
+    async def readiness(self, timeout_s: float) -> tuple[bool, str]:
+        """Ready: serving, and caught up with the metadata the cluster has committed (a
+        metadata barrier completes within `timeout_s`)."""
         if not self._running:
             return False, "starting"
         if self.meta is None:
             return False, "waiting to join the metadata group"
         if self.meta.raft.lead is None:
             return False, "no metadata leader known"
-        if self.meta_applied_index < 0:
-            return False, "metadata not loaded"
+        if not await self.metadata_barrier(timeout_s):
+            return False, "not caught up with the cluster metadata"
         return True, "ready"
+
+    # ---- metadata barriers -----------------------------------------------------------------
+
+    async def metadata_barrier(self, timeout_s: float) -> bool:
+        """Wait until this node has applied every metadata entry committed before the call
+        (Raft's read index, confirmed by the metadata leader with a quorum); False if that
+        was not confirmed within `timeout_s` (no leader known, partitioned, far behind)."""
+        future = self.request_barrier()
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def request_barrier(self) -> asyncio.Future[None]:
+        """A future done once a metadata barrier asked after now completes (see
+        `metadata_barrier`); concurrent requests share one read index."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._barrier_next.append(future)
+        self._wake.set()
+        return future
+
+    def _ask_barrier(self) -> None:
+        """Ask the metadata group for a read index for the barriers waiting (a request lost
+        on the way is asked again after BARRIER_RETRY_MS)."""
+        asked = self._barrier_asked
+        now = _now_ms()
+        if asked is not None and now - asked[1] >= BARRIER_RETRY_MS:
+            self._barrier_next[:0] = asked[2]
+            self._barrier_asked = asked = None
+        if asked is not None or not self._barrier_next or self.meta is None:
+            return
+        waiters = [f for f in self._barrier_next if not f.done()]
+        if not waiters:
+            self._barrier_next = []
+            return
+        self._barrier_seq += 1
+        context = f"barrier-{self._barrier_seq}".encode()
+        try:
+            self.meta.raft.read_index(context)
+        except ProposalDropped:
+            return  # no leader known (yet): the waiters stay, bounded by their timeouts
+        self._barrier_next = []
+        self._barrier_asked = (context, now, waiters)
+
+    def _answered_barrier(self, read_states: list[tuple[bytes, int]]) -> None:
+        asked = self._barrier_asked
+        for context, index in read_states:
+            if asked is not None and context == asked[0]:
+                self._barrier_points.append((index, asked[2]))
+                self._barrier_asked = None
+
+    def _release_barriers(self) -> None:
+        """Complete the barriers whose read index this node has applied."""
+        waiting = []
+        for index, waiters in self._barrier_points:
+            if index > self.meta_applied_index:
+                waiting.append((index, waiters))
+                continue
+            self._barrier_done_ms = _now_ms()
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._barrier_points = waiting
 
 
 #: every member's hosted replicas, as `GET /v1/nodes/{id}/partitions` reports them

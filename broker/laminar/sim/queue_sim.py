@@ -20,8 +20,11 @@ Invariants, on top of the base simulation's Raft checks:
 * an oracle rebuilt from the committed commands and their results, in log order, checks
   every result: no index is granted while another lease on it holds, an accepted or
   dead-lettered message is never granted again, delivery counts and dead letters follow
-  `max_deliveries`, only the holder finishes a message; a free message is not refused; and
-  the oracle matches the applied state (holders, delivery counts, dead letters, totals);
+  `max_deliveries`, only the holder finishes a message, and only while its lease holds at
+  the command's time (expired or not); a settle is answered `done` exactly when it took
+  effect or repeats the consumer's own settlement that took effect last since the message
+  was handed out, else `refused`; a free message is not refused; and the oracle matches the
+  applied state (holders, delivery counts, dead letters, totals);
 * replicas that applied the same log prefix hold byte-identical queue snapshots, and a
   state restored from a snapshot decides as the live one does (flow control, expiring the
   earliest lease), so nothing kept beside the snapshot can make replicas drift apart;
@@ -116,7 +119,8 @@ STAT_KEYS = (
     "queue_resets",
     "queue_compactions",
     "queue_checkpoints",
-    "late_accepts_of_dead_letters",
+    "repeated_settles",
+    "late_settles",
 )
 
 
@@ -145,6 +149,10 @@ class Oracle:
     dead_pending: dict[int, int] = field(default_factory=dict)  # index -> sequence
     dead_sequences: dict[int, int] = field(default_factory=dict)  # every dead letter ever
     dead_confirmed: dict[int, int] = field(default_factory=dict)  # index -> confirmations
+    #: index -> (consumer, action) of the settlement that took effect last since the index
+    #: was last granted (the runs settle far fewer than SETTLED_GENERATION messages a group,
+    #: so the state forgets none of them)
+    settled: dict[int, tuple[str, str]] = field(default_factory=dict)
     next_sequence: int = 0
     #: the last commands taken in, for the failure report
     history: deque[str] = field(default_factory=lambda: deque(maxlen=HISTORY))
@@ -188,24 +196,8 @@ class Oracle:
             self.max_deliveries = command.max_deliveries
         elif isinstance(command, Acquire):
             self._acquire(at, command, result, dead)
-        elif isinstance(command, Accept):
-            self._accept(at, command, done, refused)
-        elif isinstance(command, Release | Reject):
-            for index in command.indexes:
-                lease = self.holders.get(index)
-                if lease is None or lease.consumer != command.consumer:
-                    if lease is not None and index in done:
-                        self.fail(at, f"{command.consumer} let go of {index} held by {lease}")
-                    continue
-                if index not in done:
-                    self.fail(at, f"the holder {command.consumer} could not let go of {index}")
-                del self.holders[index]
-                if isinstance(command, Reject):
-                    self.count("rejects")
-                    dead.append(index)
-                else:
-                    self.count("releases")
-                    self._returned(index, lease.deliveries, dead)
+        elif isinstance(command, Accept | Release | Reject):
+            self._settle(at, command, done, refused, dead)
         elif isinstance(command, Renew):
             lease_ms = min(command.lease_ms, self.max_lease_ms)
             for index in command.indexes:
@@ -260,6 +252,7 @@ class Oracle:
             if (granted.deliveries, granted.deadline_ms) != (deliveries, now + lease_ms):
                 self.fail(at, f"grant {granted}: expected delivery {deliveries}, lease {lease_ms}")
             self.holders[index] = Lease(command.consumer, granted.deadline_ms, deliveries)
+            self.settled.pop(index, None)
             self.count("grants")
             if deliveries > 1:
                 self.count("redeliveries")
@@ -268,24 +261,48 @@ class Oracle:
             if index in self.records and free:
                 self.fail(at, f"free message {index} refused to {command.consumer}")
 
-    def _accept(self, at: int, command: Accept, done: set[int], refused: set[int]) -> None:
+    def _settle(
+        self,
+        at: int,
+        command: Accept | Release | Reject,
+        done: set[int],
+        refused: set[int],
+        dead: list[int],
+    ) -> None:
+        if command.now_ms is not None:  # leases ended by the command's time are over
+            self._expire(command.now_ms, dead)
+        action = {Accept: "accept", Release: "release", Reject: "reject"}[type(command)]
+        settlement = (command.consumer, action)
         for index in command.indexes:
             lease = self.holders.get(index)
-            holder = lease is not None and lease.consumer == command.consumer
-            if index in refused:
-                if holder:
-                    self.fail(at, f"the holder {command.consumer} could not accept {index}")
-            elif index not in done:
-                self.fail(at, f"accept of {index} neither done nor refused")
-            elif holder:
-                del self.holders[index]
+            if lease is None or lease.consumer != command.consumer:
+                if self.settled.get(index) == settlement:
+                    if index not in done:
+                        self.fail(at, f"{command.consumer}'s repeated {action} of {index} refused")
+                    self.count("repeated_settles")
+                elif index in done or index not in refused:
+                    self.fail(
+                        at,
+                        f"{command.consumer}'s {action} of {index} answered done but did not "
+                        f"take effect (held by {lease}, settled last by "
+                        f"{self.settled.get(index)})",
+                    )
+                else:
+                    self.count("late_settles")
+                continue
+            if index not in done:
+                self.fail(at, f"the holder {command.consumer} could not {action} {index}")
+            del self.holders[index]
+            self.settled[index] = settlement
+            if isinstance(command, Accept):
                 self.accepted[index] = self.accepted.get(index, 0) + 1
                 self.count("accepts")
-            elif index in self.dead_confirmed:
-                # reported done (the group has finished it) though it went to the DLQ
-                self.count("late_accepts_of_dead_letters")
-            elif index not in self.accepted:
-                self.fail(at, f"{command.consumer} accepted {index} held by {lease}")
+            elif isinstance(command, Reject):
+                self.count("rejects")
+                dead.append(index)
+            else:
+                self.count("releases")
+                self._returned(index, lease.deliveries, dead)
 
     def compare(self, state: QueueState, where: str) -> None:
         """The applied state must hold what the oracle holds."""
@@ -664,14 +681,15 @@ class QueueSimulation(Simulation):
         if held:
             some = tuple(sorted(rng.sample(held, rng.randint(1, len(held)))))
             roll = rng.random() if faulty else 0.0
+            now = self.now_ms
             if not faulty:
-                command = Accept(QUEUE_GROUP, consumer.name, tuple(held))
+                command = Accept(QUEUE_GROUP, consumer.name, tuple(held), now)
             elif roll < 0.5:
-                command = Accept(QUEUE_GROUP, consumer.name, some)
+                command = Accept(QUEUE_GROUP, consumer.name, some, now)
             elif roll < 0.6:
-                command = Release(QUEUE_GROUP, consumer.name, some)
+                command = Release(QUEUE_GROUP, consumer.name, some, now)
             elif roll < 0.67:
-                command = Reject(QUEUE_GROUP, consumer.name, some, "poison")
+                command = Reject(QUEUE_GROUP, consumer.name, some, "poison", now)
             elif roll < 0.77:
                 command = Renew(QUEUE_GROUP, consumer.name, some, self._lease(), self.now_ms)
         if command is None:
