@@ -14,18 +14,17 @@ MAX_REDIRECTS = 5
 BATCH_TYPE = "application/vnd.laminar.batch"
 
 #: Outcomes of a write. "definite" ones prove that nothing was written; "ambiguous" ones
-#: do not. Why each is where it is:
+#: do not. Why each is where it is (docs/api.md, "503 or 504"):
 #: * refused: the TCP connection was never established, so no byte reached a broker;
 #: * redirect_loop: every hop was answered 307 (a redirect proposes nothing);
 #: * 4xx (400 bad input, 404 unknown topic, 409 sequence conflict, 413, 415, 429 queue full):
-#:   the broker refused the request before proposing it (docs/api.md);
+#:   the broker refused the request before proposing it;
+#: * 503: "the broker did nothing with the request" (no leader known, not ready, stopping,
+#:   or a write the next leader certainly did not commit);
 #: * timeout / connection_lost: the request may have reached the leader and been proposed;
-#: * 504: documented as "MAY still commit later";
-#: * 503: documented as "no leader known", but it is also answered when a proposed entry's
-#:   leader lost its term (CommitLost), and that entry may still commit; a writer without a
-#:   producer id must assume it may have been written;
-#: * 500 and any other status: unknown server state.
-DEFINITE_STATUSES = frozenset({400, 404, 409, 413, 415, 429})
+#: * 504 (timeout, outcome_unknown): proposed, "MAY still commit later";
+#: * 500 and any other status: unknown server state (and a violation of its own).
+DEFINITE_STATUSES = frozenset({400, 404, 409, 413, 415, 429, 503})
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The checks, as a pure function of what the clients recorded and what the replicas hold.
 
-What an answer allows (see calls.DEFINITE_STATUSES for the classification):
+What an answer allows (see calls.DEFINITE_STATUSES for the classification, which follows
+docs/api.md: a 503 did nothing, a 504 may still commit):
 * an acknowledged record must be at the index it was acknowledged with, with its value;
 * a record whose every attempt failed definitely must not be in the log at all;
 * a `plain` value (no producer id) may be in the log at most once per attempt that succeeded
@@ -8,8 +9,7 @@ What an answer allows (see calls.DEFINITE_STATUSES for the classification):
 * `idempotent` and `producer` values at most once: retries carry the same producer id and
   sequence, so the broker must deduplicate them;
 * an idempotent retry answered `duplicate: true` proves an earlier attempt was written; if
-  every earlier attempt was answered 503 (or failed definitely), a 503 was written, which
-  docs/api.md does not allow (503: "no leader known"; only a 504 may commit later).
+  every earlier attempt was answered 503 (or failed definitely otherwise), a 503 was written.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def test_plain_duplicates_need_an_ambiguous_attempt() -> None:
         recorder_of(explained), replica("n1", {0: explained.text, 1: explained.text})
     )
     assert report.total() == 0, report.summary()
-    refused = value("w", 0, [failed("429:overloaded", True), ok(1)])
+    refused = value("w", 0, [failed("503:unavailable", True), ok(1)])
     report = run_check(recorder_of(refused), replica("n1", {0: refused.text, 1: refused.text}))
     assert set(report.violations) == {"unexplained_duplicate"}
 
@@ -109,11 +109,11 @@ def test_a_refused_write_must_not_be_written() -> None:
 
 
 def test_a_503_that_committed_is_found_and_a_timeout_explains_it() -> None:
-    after_503 = value("i", 0, [failed("503:unavailable", False), ok(0, duplicate=True)], IDEMPOTENT)
+    after_503 = value("i", 0, [failed("503:unavailable", True), ok(0, duplicate=True)], IDEMPOTENT)
     report = run_check(recorder_of(after_503), replica("n1", {0: after_503.text}))
     assert set(report.violations) == {"answered_503_but_committed"}
     after_timeout = value(
-        "i", 0, [failed("503:unavailable", False), failed("timeout", False), ok(0, True)],
+        "i", 0, [failed("503:unavailable", True), failed("timeout", False), ok(0, True)],
         IDEMPOTENT,
     )  # fmt: skip
     report = run_check(recorder_of(after_timeout), replica("n1", {0: after_timeout.text}))
