@@ -321,6 +321,12 @@ def check(
         "settles": dict(Counter(f"{s.action}:{s.outcome}" for s in recorder.settles)),
         "partitions_read": len(stored),
         "replicas_read": sum(len(c) for c in replicas.values()),
+        "replica_reads_retried_after_503": {
+            f"{r.node}:{r.topic}/{r.partition}": r.retries
+            for copies in replicas.values()
+            for r in copies
+            if r.retries
+        },
         "records_read": sum(len(c.values) for c in stored.values()),
     }
     return report

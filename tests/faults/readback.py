@@ -21,6 +21,9 @@ DEAD_LETTER_TIMEOUT_S = 60.0
 READ_MAX_BYTES = 16 << 20
 DRAIN_LEASE_MS = 30_000
 POLL_S = 0.3
+#: how long a replica may answer reads 503 (repairing a damaged batch) before it counts as
+#: unreadable
+REPAIR_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Replica:
     #: (base_index, next_index, control, batch bytes) of every whole batch up to the commit
     batches: list[tuple[int, int, bool, bytes]] = field(default_factory=list)
     error: str | None = None  # the read failed: why
+    retries: int = 0  # reads answered 503 before it served them
 
 
 async def hosted(env: Env) -> dict[str, list[dict[str, Any]]]:
@@ -142,12 +146,19 @@ async def read_replica(env: Env, replica: Replica) -> None:
     url = env.cluster.brokers[replica.node].api_url
     path = f"/v1/topics/{replica.topic}/partitions/{replica.partition}/records"
     next_index = replica.log_start
+    repair_deadline = time.monotonic() + REPAIR_TIMEOUT_S
     while next_index <= replica.commit_index:
         answer = await call(
             env.session, "GET",
             f"{url}{path}?from={next_index}&max_bytes={READ_MAX_BYTES}&max_records=100000",
             accept=BATCH_TYPE, timeout_s=10, follow=False,
         )  # fmt: skip
+        if answer.status == 503 and time.monotonic() < repair_deadline:
+            # documented: retry (e.g. a damaged batch being fetched again from the leader);
+            # a replica that never serves what it committed is a violation below
+            replica.retries += 1
+            await asyncio.sleep(POLL_S)
+            continue
         if answer.status != 200:
             replica.error = f"read from {next_index}: {answer.outcome} {answer.message()}"
             return
