@@ -175,7 +175,12 @@ async def read_replica(env: Env, replica: Replica) -> None:
             next_index = header.next_index
             progressed = True
         if not progressed:
-            replica.error = f"read from {next_index}: no progress (commit {replica.commit_index})"
+            replica.error = (
+                f"read from {next_index}: no progress (commit {replica.commit_index}; "
+                f"answered {len(answer.body)} bytes, Laminar-Next-Index "
+                f"{answer.headers.get('Laminar-Next-Index')}, Laminar-Commit-Index "
+                f"{answer.headers.get('Laminar-Commit-Index')})"
+            )
             return
 
 
