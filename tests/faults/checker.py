@@ -321,7 +321,7 @@ def check(
         "settles": dict(Counter(f"{s.action}:{s.outcome}" for s in recorder.settles)),
         "partitions_read": len(stored),
         "replicas_read": sum(len(c) for c in replicas.values()),
-        "replica_reads_retried_after_503": {
+        "replica_reads_retried_while_repairing": {
             f"{r.node}:{r.topic}/{r.partition}": r.retries
             for copies in replicas.values()
             for r in copies

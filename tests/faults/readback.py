@@ -21,8 +21,8 @@ DEAD_LETTER_TIMEOUT_S = 60.0
 READ_MAX_BYTES = 16 << 20
 DRAIN_LEASE_MS = 30_000
 POLL_S = 0.3
-#: how long a replica may answer reads 503 (repairing a damaged batch) before it counts as
-#: unreadable
+#: how long a replica may answer reads 503, or serve nothing past a cut (repairing a damaged
+#: batch), before it counts as unreadable
 REPAIR_TIMEOUT_S = 60.0
 
 
@@ -174,6 +174,12 @@ async def read_replica(env: Env, replica: Replica) -> None:
             )
             next_index = header.next_index
             progressed = True
+        if not progressed and time.monotonic() < repair_deadline:
+            # a replica repairing a damaged batch cuts its log there and fetches the rest
+            # from the leader again: it serves nothing past the cut until then
+            replica.retries += 1
+            await asyncio.sleep(POLL_S)
+            continue
         if not progressed:
             replica.error = (
                 f"read from {next_index}: no progress (commit {replica.commit_index}; "
