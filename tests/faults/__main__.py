@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     result = rounds[0] if len(rounds) == 1 else {
         "ok": all(r["ok"] for r in rounds),
         "rounds": len(rounds),
+        "per_round": [
+            {"seed": r["seed"], "ok": r["ok"], "took_s": r["took_s"],
+             "violations": r["violations"]["by_kind"]}
+            for r in rounds
+        ],
         "failed": [r for r in rounds if not r["ok"]],
         "unavailability_s_by_kind": _merge([r["unavailability_s_by_kind"] for r in rounds]),
         "replay": rounds[-1]["replay"],
