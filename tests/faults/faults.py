@@ -245,7 +245,13 @@ class BitflipClean(Fault):
     kind = "bitflip_clean"
 
     async def stop(self, node: str) -> None:
-        await self.env.cluster.stop(node)
+        try:
+            await self.env.cluster.stop(node)
+        except ClusterError as e:  # it hung on SIGTERM and was killed
+            self.env.findings.append(
+                {"kind": "graceful_stop_hung", "node": node, "error": str(e),
+                 "log": self.env.cluster.tail(node, 20)}
+            )  # fmt: skip
 
     async def inject(self) -> None:
         self.target = self.pick_node(self.env.running())

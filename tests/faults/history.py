@@ -111,8 +111,10 @@ async def make_history(env: Env, seed: int, topic: str, partitions: int, rf: int
     await write_history(env, topic, partitions, seed, HISTORY_BATCHES, "hist")
     done(step="created and wrote", topic=topic)
     for node in env.cluster.node_ids:
-        await env.cluster.restart(node)
-        done(step="graceful restart", node=node)
+        code = await env.cluster.stop(node)  # ClusterError if it hangs: history_failed
+        env.cluster.start(node)
+        await env.cluster.wait_ready([node])
+        done(step="graceful restart", node=node, exit_code=code)
     victim = rng.choice(env.cluster.node_ids)
     await env.cluster.kill9(victim)
     env.cluster.start(victim)

@@ -192,12 +192,21 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         partitions = 3
         rf = min(3, config.brokers)
         history_partitions = max(3, config.brokers)
-        steps = await make_history(env, config.seed, HISTORY_TOPIC, history_partitions, rf)
-        await create_topic(env, WRITE_TOPIC, partitions, rf, {})
-        await create_topic(
-            env, QUEUE_TOPIC, partitions, rf, {"max_deliveries": QUEUE_MAX_DELIVERIES}
-        )
-        steps.append({"step": "created after the restarts", "topics": [WRITE_TOPIC, QUEUE_TOPIC]})
+        steps: list[Any] = []
+        try:
+            steps = await make_history(env, config.seed, HISTORY_TOPIC, history_partitions, rf)
+            await create_topic(env, WRITE_TOPIC, partitions, rf, {})
+            await create_topic(
+                env, QUEUE_TOPIC, partitions, rf, {"max_deliveries": QUEUE_MAX_DELIVERIES}
+            )
+            steps.append({"step": "created after the restarts", "topics": ["w", "q"]})
+        except (ClusterError, RuntimeError) as e:
+            # a broker that does not restart, a topic that cannot be created: the cluster
+            # failed before any fault; the run goes on so that the checks show the damage
+            env.findings.append(
+                {"kind": "history_failed", "error": str(e)[:500], "steps": steps,
+                 "log": {n: cluster.tail(n, 10) for n in cluster.node_ids}}
+            )  # fmt: skip
         phases["history_s"] = time.monotonic() - started - phases["start_s"]
         env.partitions = [(t, p) for t in (WRITE_TOPIC, QUEUE_TOPIC) for p in range(partitions)]
         probe_partitions = env.partitions + [(HISTORY_TOPIC, p) for p in range(history_partitions)]
@@ -205,6 +214,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         tasks = start_workload(ctx, config.seed, partitions, probe_partitions)
         say(f"workload running; {len(schedule)} faults: {[p.kind for p in schedule]}")
         workload_started = time.monotonic()
+        events: list[dict[str, Any]] = []
         try:
             await asyncio.sleep(WARMUP_S)
             events = await run_faults(env, schedule)
