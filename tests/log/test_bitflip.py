@@ -161,3 +161,46 @@ def test_damaged_tail_of_a_sealed_segment_is_a_hole_up_to_the_next_segment(tmp_p
     assert served == {b: d for b, d in batches.items() if b != last_base}
     assert log.segment_base_indexes == bases
     log.close()
+
+
+def _active_log(path: Path, batches: int = 6) -> list[tuple[int, int, int]]:
+    """A log of one segment (never sealed) with `batches` batches of terms 1, 1, ... then 2:
+    each batch's (position, end, base index); the log is closed without an index file."""
+    log = SegmentedLog.open(FileDirectory(str(path)), CONFIG)
+    for tag in range(batches):
+        log.append(make_batch(tag, records=2), term=1 if tag < batches - 1 else 2)
+    located = [(*log.batch_location(i)[1:], i) for i in range(0, log.next_index, 2)]
+    log.close()
+    (path / index_name(0)).unlink(missing_ok=True)  # the next open scans the store
+    return located
+
+
+def test_damage_inside_the_active_segment_is_reported_with_what_followed(tmp_path: Path):
+    located = _active_log(tmp_path)
+    start, _, base = located[2]
+    flip(tmp_path / store_name(0), start + 80, 0x04)
+    log = SegmentedLog.open(FileDirectory(str(tmp_path)), CONFIG)
+    assert log.next_index == base  # cut at the damaged batch, as before
+    assert log.recovery.lost is not None
+    assert log.recovery.lost.first_index == base
+    assert log.recovery.lost.last == (11, 2)  # the last record of what followed, its term
+
+
+def test_a_whole_last_batch_that_fails_its_checksum_is_damage_not_a_torn_write(tmp_path: Path):
+    located = _active_log(tmp_path)
+    start, _, base = located[-1]
+    flip(tmp_path / store_name(0), start + 80, 0x04)
+    log = SegmentedLog.open(FileDirectory(str(tmp_path)), CONFIG)
+    assert log.next_index == base
+    assert log.recovery.lost is not None and log.recovery.lost.first_index == base
+    assert log.recovery.lost.last is None  # nothing valid followed: its own header is suspect
+
+
+def test_a_torn_write_at_the_end_loses_nothing_that_was_written(tmp_path: Path):
+    located = _active_log(tmp_path)
+    start, end, base = located[-1]
+    with open(tmp_path / store_name(0), "r+b") as f:
+        f.truncate(start + (end - start) // 2)
+    log = SegmentedLog.open(FileDirectory(str(tmp_path)), CONFIG)
+    assert log.next_index == base and log.recovery.cut_bytes > 0
+    assert log.recovery.lost is None

@@ -141,3 +141,55 @@ def test_snapshot_data_survives_restarts_and_installs() -> None:
     follower_directory.crash()
     reopened = open_storage(follower_directory)
     assert reopened.snapshot() == Snapshot(5, 1, CONF, b"state machine as of 5")
+
+
+def test_a_repair_records_its_floor_before_it_cuts_and_both_survive_a_crash() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(2, 1), (2, 1), (2, 2)]))
+    storage.sync()
+    storage.set_hard_state(HardState(2, "a", 5, CONF))
+    storage.begin_repair(2, (5, 2))
+    assert (storage.last_index(), storage.hard_state.commit) == (1, 1)
+    directory.crash()
+    reopened = open_storage(directory)
+    assert reopened.last_index() == 1
+    assert reopened.hard_state == HardState(2, "a", 1, CONF, (5, 2))
+
+
+def test_a_repair_below_the_snapshot_point_restarts_the_log_after_it() -> None:
+    """Records at or below the snapshot point are kept only because retention removes whole
+    segments: damage there drops the log, which starts again right after the point."""
+    storage = open_storage(MemoryDirectory())
+    storage.append(entries_from(0, [(2, 1), (2, 1), (2, 1)]))
+    storage.set_hard_state(HardState(1, None, 5, CONF))
+    storage.compact(3)
+    storage.begin_repair(1, (5, 1))
+    assert (storage.first_index(), storage.last_index(), storage.log.start_index) == (4, 3, 4)
+    assert storage.hard_state.commit == 3
+
+
+def test_a_later_floor_keeps_the_more_up_to_date_one() -> None:
+    storage = open_storage(MemoryDirectory())
+    storage.append(entries_from(0, [(1, 1)] * 4))
+    storage.begin_repair(2, (3, 2))
+    storage.begin_repair(1, (9, 1))  # a longer log, but of an older term
+    assert storage.hard_state.repair_floor == (3, 2)
+    storage.begin_repair(0, (1, 3))
+    assert storage.hard_state.repair_floor == (1, 3)
+    assert storage.last_index() == -1
+
+
+def test_the_commit_index_alone_is_saved_every_commit_save_indexes() -> None:
+    directory = MemoryDirectory()
+    storage = LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=CONF,
+                         commit_save_indexes=4)  # fmt: skip
+    storage.append(entries_from(0, [(1, 1)] * 10))
+    storage.sync()
+    storage.set_hard_state(HardState(1, "a", 2, CONF))  # a term change: saved
+    storage.set_hard_state(HardState(1, "a", 5, CONF))  # 3 past the saved commit: remembered
+    assert open_storage(directory).hard_state.commit == 2
+    storage.set_hard_state(HardState(1, "a", 6, CONF))  # 4 past it: saved
+    reopened = open_storage(directory)
+    assert reopened.hard_state.commit == 6 and reopened.commit_term == 1
+    assert reopened.lost_floor() is None

@@ -62,8 +62,10 @@ class SegmentRecovery:
     cut_reason: str | None
     corrupt_indexes: tuple[int, ...]  # first indexes of damaged batches or spans, never served
     #: (index, term) of the last valid record beyond damage that the cut removed (see
-    #: `ScanResult.lost_last`): None for a torn write at the end
+    #: `ScanResult.lost_last`)
     lost_last: tuple[int, int] | None = None
+    #: the cut removed damaged bytes that were all written, not a torn write at the end
+    damaged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ class Segment:
             scan.stop_reason,
             tuple(scan.corrupt_indexes),
             scan.lost_last,
+            scan.damaged,
         )
         return segment, recovery
 
@@ -202,7 +205,8 @@ class Segment:
     def term_of_slot(self, slot: int) -> int:
         return self.index.terms[slot]
 
-    def _batch_end(self, slot: int) -> int:
+    def batch_end(self, slot: int) -> int:
+        """The store position just after the batch in `slot`."""
         positions = self.index.positions
         return positions[slot + 1] if slot + 1 < len(positions) else self.store.size
 
@@ -327,7 +331,7 @@ class Segment:
         last_slot = min(by_bytes, by_index)
         if last_slot <= first:
             return ReadResult(b"", self.base_index + starts[first], index, 0)
-        end_position = self._batch_end(last_slot - 1)
+        end_position = self.batch_end(last_slot - 1)
         try:
             data = self.store.read(start_position, end_position - start_position)
         except StoreError as e:
@@ -359,7 +363,7 @@ class Segment:
         digest = xxhash.xxh3_64_intdigest
         for slot in range(first, last_slot):
             offset = positions[slot] - origin
-            end = self._batch_end(slot) - origin
+            end = self.batch_end(slot) - origin
             if end - offset < BATCH_HEADER_BYTES:
                 return slot
             magic, version, attributes, base, _, payload_bytes, *_, checksum = unpack(view, offset)

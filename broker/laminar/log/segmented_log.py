@@ -205,7 +205,7 @@ class SegmentedLog:
                     lost = LostRecords(segment.next_index, beyond or recovery.lost_last)
                     cut_bytes += _remove_stores(directory, removed)
                     break
-                if recovery.lost_last is not None:
+                if recovery.damaged:
                     lost = LostRecords(segment.next_index, recovery.lost_last)
         for segment, recovery in zip(segments, recoveries, strict=True):
             if recovery.index_rebuilt and segment.sealed:
@@ -439,6 +439,15 @@ class SegmentedLog:
                     )
                     self._report(error)
                     raise error from e
+
+    def batch_location(self, index: int) -> tuple[str, int, int]:
+        """(store file name, first byte, end byte) of the batch holding `index`, as stored
+        (for tools that inspect or damage a log on purpose)."""
+        self._check_index(index)
+        segment = self._segment_of(index)
+        slot = segment.slot_of(index)
+        start = segment.index.positions[slot]
+        return store_name(segment.base_index), start, segment.batch_end(slot)
 
     def read(self, index: int) -> ReadResult:
         """The one batch holding `index`."""

@@ -57,6 +57,9 @@ class ScanResult:
     #: only loses bytes that were never all written) but lies inside data written later, so
     #: cutting there loses records that may have been synced and acknowledged.
     lost_last: tuple[int, int] | None = None
+    #: Active segment: the scan stopped at damage to bytes that were all written (not a
+    #: torn write at the end): what is cut from there may have been synced
+    damaged: bool = False
 
 
 class Store:
@@ -191,6 +194,7 @@ class Store:
             if sealed_next_index is None:
                 result.stop_reason = reason
                 result.lost_last = self._last_record_after(position + 1, max_batch_bytes, result)
+                result.damaged = result.lost_last is not None or not self._torn(position)
                 break
             # Nothing in a damaged batch's header can be trusted, its record count included:
             # the next valid batch (or the next segment) says where the damage ends.
@@ -252,6 +256,20 @@ class Store:
         view = memoryview(self._scan_read(position, header.batch_bytes))
         digest = payload_hash(view[BATCH_HEADER_BYTES:])
         return header, header_checksum(view[:CHECKSUM_OFFSET], digest) == header.checksum
+
+    def _torn(self, position: int) -> bool:
+        """Does the batch at `position` look cut short, as a write that did not finish leaves
+        it (too few bytes for its header, or for the length its header declares)? Anything
+        else at the end of a store (a whole batch failing its checksum, a header that does
+        not parse) is damage to bytes that were all written."""
+        remaining = self.size - position
+        if remaining < BATCH_HEADER_BYTES:
+            return True
+        try:
+            header = parse_header(self._scan_read(position, BATCH_HEADER_BYTES))
+        except BatchError:
+            return False
+        return header.batch_bytes > remaining
 
     def _last_record_after(
         self, from_position: int, max_batch_bytes: int, result: ScanResult

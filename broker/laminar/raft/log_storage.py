@@ -250,15 +250,22 @@ class LogStorage:
         """The log is damaged from `index` on (a batch boundary, or past the end): record
         `floor` (the (index, term) the log ended at before the damage; None: no floor, for a
         group with no other voter to repair from) durably as the repair floor, then cut the
-        log there; the commit index follows the cut."""
+        log there (at the snapshot point at the lowest); the commit index follows the cut."""
         old = self.hard_state.repair_floor
         if old is not None and floor is not None:
             floor = max(old, floor, key=up_to_date_order)
-        commit = min(self.hard_state.commit, index - 1, self.last_index())
+        # Damage at or below the snapshot point lies in records kept only because retention
+        # removes whole segments: the log restarts right after the snapshot point instead.
+        cut = max(index, self.first_index())
+        if cut <= self.last_index():
+            cut = self.log.batch_range(cut)[0]  # the whole batch holding it
+        commit = max(min(self.hard_state.commit, cut - 1, self.last_index()), self.snap.index)
         self.hard_state = replace(self.hard_state, commit=commit, repair_floor=floor)
         self._save()
-        if index <= self.last_index():
-            self.log.truncate(max(index, self.log.start_index))
+        if index <= self.snap.index:
+            self.log.reset(cut)
+        elif cut <= self.last_index():
+            self.log.truncate(cut)
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         """Install a snapshot (its data too): the log restarts empty right after it."""

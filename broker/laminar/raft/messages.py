@@ -106,8 +106,8 @@ class MessageType(IntEnum):
     READ_INDEX_RESP = 12
     HEARTBEATS = 13  # node level: the heartbeats of many groups to one node, coalesced
     HEARTBEATS_RESP = 14
-    REPAIR = 15  # a follower repairing its log -> leader: what is your last index?
-    REPAIR_RESP = 16  # `index`: the leader's last index when it answered
+    REPAIR = 15  # a member repairing its log: its last index and term (`index`, `log_term`)
+    REPAIR_RESP = 16  # entries held after that point, by a member that holds it too
 
 
 @dataclass(slots=True)

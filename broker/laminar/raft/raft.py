@@ -17,15 +17,16 @@ the leader has committed an entry of its own term.
 Log repair. A node whose log lost entries it may have acknowledged (a damaged batch found on
 disk and cut away, with everything after it) starts with `HardState.repair_floor` set: the
 (index, term) its log ended at before. Raft's safety rests on every acknowledged entry
-staying on the node that acknowledged it, so until the log is whole again the node neither
-campaigns nor accepts a leadership transfer, and it grants votes only to candidates at least
-as up to date as the floor: exactly the votes it would have granted with its old log. It
-tells the leader of its term where its log now ends, so that the leader sends the rest again
-(its progress no longer counts what was lost), and asks for the leader's last index (REPAIR /
-REPAIR_RESP). It is repaired once its commit index reaches that index: its log then matches
-the leader's up to an entry the leader appended after everything this node could have
-acknowledged to it, and, as the leader was elected without this node's vote, after every
-entry committed before its term.
+staying on the node that acknowledged it, so until its log is again at least as up to date
+as the floor the node neither campaigns nor takes a leadership transfer, and it grants votes
+only to candidates at least as up to date as the floor: exactly the votes it would have
+granted with its old log. A log that reaches the floor again through Raft's log matching
+holds every committed entry the old one held (same last term: the same prefix; a later
+term: written by a leader elected without this node's vote, which holds them all). To get
+there it sends REPAIR (where its log ends) to its leader, which stops counting what was lost
+and sends it again, or, with no leader known, to every member, which answers REPAIR_RESP with
+the entries its own log holds after that point (a leaderless group can so recover an entry
+only a damaged node and one other held).
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ class Raft:
         self.conf = hard_state.conf
         self.pending_confs: dict[int, ConfChange] = dict(pending_confs or {})
         self.repair_floor = hard_state.repair_floor
-        #: the last index the leader of this term reported to a repairing node
-        self.repair_target: int | None = None
+        self.repair_elapsed = 0
+        #: whom a repairing node asks when it knows no leader: every member it knew (one
+        #: removed since may be the only other holder of what it lost)
+        self.repair_peers = set(hard_state.conf.members()) | set(snapshot.conf.members())
         self.role = Role.FOLLOWER
         self.lead: str | None = None
         self.progress: dict[str, Progress] = {}
@@ -146,6 +149,7 @@ class Raft:
         self._prev_hard = hard_state
         self._applied_commit = self.log.committed
         self._apply_committed_confs()
+        self._maybe_repaired()
         self._reset_randomized_timeout()
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -179,7 +183,6 @@ class Raft:
         self.votes = {}
         self.transferee = None
         self.pending_reads = []
-        self.repair_target = None  # a repairing node asks the leader of the new term again
         last = self.log.last_index()
         self.progress = {}
         for node in self.conf.members():
@@ -226,8 +229,8 @@ class Raft:
             self._tick_election()
 
     def _tick_election(self) -> None:
-        if self.repair_floor is not None and self.repair_target is None and self.lead is not None:
-            self._send(self._msg(MT.REPAIR, self.lead, index=self.log.last_index()))
+        if self.repair_floor is not None:
+            self._tick_repair()
         self.election_elapsed += 1
         if self.election_elapsed >= self.randomized_election_ticks:
             self.election_elapsed = 0
@@ -264,6 +267,19 @@ class Raft:
             if node != self.id:
                 progress.recent_active = False
         return active >= self._quorum()
+
+    def _tick_repair(self) -> None:
+        """Ask for what the log lost, every half election timeout: the leader, or with none
+        known every other member."""
+        self.repair_elapsed += 1
+        if self.repair_elapsed < max(1, self.config.election_ticks // 2):
+            return
+        self.repair_elapsed = 0
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        self.repair_peers |= set(self.conf.members())
+        for node in (self.lead,) if self.lead is not None else sorted(self.repair_peers):
+            if node != self.id:
+                self._send(self._msg(MT.REPAIR, node, index=last_index, log_term=last_term))
 
     def _promotable(self) -> bool:
         # a repairing node may not lead, unless it is the only voter (nobody to repair from)
@@ -341,6 +357,12 @@ class Raft:
         if m.type in (MT.VOTE, MT.PRE_VOTE):
             self._handle_vote_request(m)
             return
+        if m.type is MT.REPAIR:
+            self._handle_repair(m)
+            return
+        if m.type is MT.REPAIR_RESP:
+            self._handle_repair_response(m)
+            return
         if self.role is Role.LEADER:
             self._step_leader(m)
         elif self.role in (Role.CANDIDATE, Role.PRE_CANDIDATE):
@@ -376,10 +398,69 @@ class Raft:
         return last_term > floor_term or (last_term == floor_term and last_index >= floor_index)
 
     def _maybe_repaired(self) -> None:
-        target = self.repair_target
-        if self.repair_floor is not None and target is not None and self.log.committed >= target:
+        """Leave the repair once the log is at least as up to date as the floor again."""
+        floor = self.repair_floor
+        if floor is None:
+            return
+        last_term = self.log.last_term()
+        if last_term > floor[1] or (last_term == floor[1] and self.log.last_index() >= floor[0]):
             self.repair_floor = None
-            self.repair_target = None
+
+    def _handle_repair(self, m: Message) -> None:
+        """A member repairing its log says where it ends. The leader sends the rest again
+        (no longer counting what was lost); another member sends what its own log holds
+        after that point, if it holds the same entry there."""
+        log = self.log
+        if self.role is Role.LEADER:
+            progress = self.progress.get(m.src)
+            if progress is not None and progress.match > m.index:
+                progress.match = m.index
+                progress.become_probe()
+            if progress is not None:
+                self._send_append(m.src)
+            return
+        if m.index >= log.last_index():
+            return
+        if m.index < log.first_index() - 1:
+            # what it lacks is compacted here: our snapshot (committed state) instead
+            snapshot = log.storage.snapshot()
+            self._send(self._msg(MT.REPAIR_RESP, m.src, index=m.index, snapshot=snapshot))
+            return
+        if not log.match_term(m.index, m.log_term):
+            return
+        try:
+            entries = log.entries(m.index + 1, self.config.max_append_bytes)
+        except StorageUnavailable:
+            return
+        self._send(
+            self._msg(
+                MT.REPAIR_RESP, m.src, index=m.index, log_term=m.log_term, entries=tuple(entries)
+            )
+        )
+
+    def _handle_repair_response(self, m: Message) -> None:
+        """Entries another member holds after the end of our repairing log: appended where
+        they match it, as a leader's would be (the commit index does not move)."""
+        log = self.log
+        if self.repair_floor is None:
+            return
+        if m.snapshot is not None:
+            if m.snapshot.index > log.committed and not log.match_term(
+                m.snapshot.index, m.snapshot.term
+            ):
+                self._restore(m.snapshot)
+            return
+        if not m.entries or not log.match_term(m.index, m.log_term):
+            return
+        position = log.find_conflict(m.entries)
+        if position is None or m.entries[position].index <= log.committed:
+            return
+        first_new = m.entries[position].index
+        for index in [i for i in self.pending_confs if i >= first_new]:
+            del self.pending_confs[index]
+        log.append(m.entries[position:])
+        self._note_confs(m.entries[position:])
+        self._maybe_repaired()
 
     def _step_candidate(self, m: Message) -> None:
         expected = MT.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MT.VOTE_RESP
@@ -414,9 +495,6 @@ class Raft:
                 self._hup(transfer=True)
         elif m.type is MT.READ_INDEX_RESP:
             self.read_states.append((m.context, m.index))
-        elif m.type is MT.REPAIR_RESP and self.repair_floor is not None and m.src == self.lead:
-            self.repair_target = m.index
-            self._maybe_repaired()
 
     def _handle_append(self, m: Message) -> None:
         log = self.log
@@ -447,6 +525,7 @@ class Raft:
             log.append(m.entries[position:])
             self._note_confs(m.entries[position:])
         self._commit_to(min(m.commit, last_new))
+        self._maybe_repaired()
         self._send(self._msg(MT.APPEND_RESP, m.src, index=last_new))
 
     def _handle_snapshot(self, m: Message) -> None:
@@ -461,13 +540,18 @@ class Raft:
             self._commit_to(snapshot.index)
             self._send(self._msg(MT.APPEND_RESP, m.src, index=self.log.committed))
             return
+        self._restore(snapshot)
+        self._send(self._msg(MT.APPEND_RESP, m.src, index=snapshot.index))
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        """Start the log over at a snapshot (committed state, from the leader or, repairing,
+        from any member)."""
         self.log.restore(snapshot)
         self.conf = snapshot.conf
         self.pending_confs = {}
         self._applied_commit = snapshot.index
         self._reset_progress_after_conf()
         self._maybe_repaired()
-        self._send(self._msg(MT.APPEND_RESP, m.src, index=snapshot.index))
 
     # ---- leader ----------------------------------------------------------------------------
 
@@ -475,13 +559,6 @@ class Raft:
         progress = self.progress.get(m.src)
         if m.type is MT.READ_INDEX:
             self._start_read(m.context, m.src)
-            return
-        if m.type is MT.REPAIR:
-            if progress is not None and progress.match > m.index:
-                # its log lost entries it acknowledged: send them again from where it ends
-                progress.match = m.index
-                progress.become_probe()
-            self._send(self._msg(MT.REPAIR_RESP, m.src, index=self.log.last_index()))
             return
         if progress is None:
             return
@@ -656,7 +733,6 @@ class Raft:
         if not self.log.commit_to(index):
             return False
         self._apply_committed_confs()
-        self._maybe_repaired()
         return True
 
     def _apply_committed_confs(self) -> None:

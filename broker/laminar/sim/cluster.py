@@ -4,7 +4,10 @@ N nodes run the real `laminar.raft` core over the real segmented log on `MemoryD
 storage, so a crash loses exactly what was not fsynced (optionally leaving a torn tail). A
 virtual clock drives ticks and message delivery; the network drops, duplicates, delays
 (reordering) and partitions; nodes crash (also in the middle of persisting a Ready) and
-restart; leaders change membership; replicas compact their logs, so laggards need snapshots.
+restart; leaders change membership; replicas compact their logs, so laggards need snapshots;
+a bit flips in a stored batch (then the node restarts, or reads meet it), and the damaged
+replica repairs as the broker's do (`laminar.raft.repair`: opened or reopened cut at the
+damage, with a repair floor), one damaged replica per group at a time.
 After every step the invariants are checked: election safety, log matching, leader
 completeness, state-machine safety, and that no entry acknowledged to a client is lost.
 
@@ -23,6 +26,7 @@ import xxhash
 
 from ..log.batch import BATCH_HEADER_BYTES, Record, encode_batch
 from ..log.config import LogConfig
+from ..log.errors import CorruptBatchError
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import MemoryDirectory
 from ..raft.config import RaftConfig
@@ -35,8 +39,9 @@ from ..raft.messages import (
     MessageType,
 )
 from ..raft.multi import MultiRaft
-from ..raft.raft import ProposalDropped, Raft, Ready, Role, scan_pending_confs
-from ..raft.storage import stored_entries
+from ..raft.raft import ProposalDropped, Raft, Ready, Role
+from ..raft.repair import Damage, last_entry, open_raft
+from ..raft.storage import StorageUnavailable, stored_entries
 
 TICK_MS = 10
 LOG_CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
@@ -64,6 +69,7 @@ class SimConfig:
     propose_rate: float = 0.5  # per group per tick
     conf_change_rate: float = 0.01  # per group per tick
     compact_rate: float = 0.005  # per node per group per tick
+    corrupt_rate: float = 0.01  # per tick: a bit flips in a batch a node stored
     raft: RaftConfig = field(
         default_factory=lambda: RaftConfig(
             election_ticks=10, heartbeat_ticks=2, max_append_bytes=4096
@@ -81,6 +87,8 @@ class SimNode:
     down_until_ms: int = -1
     #: each hosted group's bootstrap configuration (reused when the node restarts)
     bootstrap: dict[str, ConfState] = field(default_factory=dict)
+    #: group -> first damaged index a read met: the group reopens repaired
+    damaged: dict[str, int] = field(default_factory=dict)
 
 
 class Simulation:
@@ -106,7 +114,18 @@ class Simulation:
         self.leader_terms: dict[tuple[str, str], int] = {}
         self.next_tag = 0
         self.faulty = True
-        self.stats = {"acked": 0, "elections": 0, "crashes": 0, "snapshots": 0, "confs": 0}
+        self.stats = {
+            "acked": 0,
+            "elections": 0,
+            "crashes": 0,
+            "snapshots": 0,
+            "confs": 0,
+            "bit_flips": 0,
+            "repairs": 0,
+        }
+        #: group -> (node, index) of a bit flip, until that replica no longer holds it damaged
+        #: (damage on a majority of a group is beyond what replication can survive)
+        self.unrepaired: dict[str, tuple[str, int]] = {}
         for node in self._initial_nodes():
             for group, voters in zip(self.group_names, self.config.groups, strict=True):
                 node.bootstrap[group] = ConfState(tuple(sorted(f"n{v}" for v in voters)))
@@ -123,8 +142,11 @@ class Simulation:
         for group, conf in sorted(node.bootstrap.items()):
             self._host(node, group, conf)
 
-    def _host(self, node: SimNode, group: str, conf: ConfState) -> None:
-        """Run `group` on a live node, bootstrapped with `conf` if its storage is new."""
+    def _host(
+        self, node: SimNode, group: str, conf: ConfState, *, repair_at: int | None = None
+    ) -> None:
+        """Run `group` on a live node, bootstrapped with `conf` if its storage is new,
+        repaired (as the broker's replicas are) where its log is damaged."""
         assert node.multi is not None
         node.bootstrap.setdefault(group, conf)
         if group not in node.directories:
@@ -133,16 +155,88 @@ class Simulation:
         log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
         storage = LogStorage(directory, log, conf=conf)
         node.storages[group] = storage
-        hard_state, _ = storage.initial_state()
-        raft = Raft(
-            group,
-            node.id,
-            storage,
-            self.config.raft,
-            random.Random(self.rng.getrandbits(64)),
-            pending_confs=scan_pending_confs(storage, hard_state.commit),
+        damage = None
+        if repair_at is not None:
+            damage = Damage(repair_at, last_entry(storage), f"damaged batch at {repair_at}")
+        rng = random.Random(self.rng.getrandbits(64))
+        raft, _, repairs = open_raft(
+            group, node.id, storage, self.config.raft, rng, lambda: None, damage
         )
+        for repaired in repairs:
+            self.stats["repairs"] += 1
+            self._log(f"{node.id} {group} repairs from {repaired.first_index} ({repaired.reason})")
+        log.on_corrupt = lambda error: self._met_damage(node, group, error)
         node.multi.add(raft)
+
+    def _met_damage(self, node: SimNode, group: str, error: CorruptBatchError) -> None:
+        node.damaged[group] = min(error.index, node.damaged.get(group, error.index))
+
+    def _repair_damaged(self, node: SimNode) -> None:
+        """Reopen the groups whose reads met damage, repaired (the broker does the same
+        between two rounds)."""
+        damaged, node.damaged = node.damaged, {}
+        for group, index in sorted(damaged.items()):
+            if node.multi is None or group not in node.multi.groups:
+                continue
+            conf = node.multi.groups[group].conf
+            node.multi.remove(group)
+            node.storages[group].log.close()
+            self._host(node, group, conf, repair_at=index)
+
+    def _flip_bit(self) -> None:
+        """Damage one stored batch of a live node's group (its payload, where only the
+        checksum can tell), then restart the node, sometimes without the segment's index file
+        so that opening it scans the damage."""
+        config, rng = self.config, self.rng
+        choices = [
+            (node, group)
+            for node in self._alive()
+            for group in sorted(node.storages)
+            if group not in self.unrepaired
+            and node.storages[group].log.start_index < node.storages[group].log.next_index
+        ]
+        if not choices or rng.random() >= config.corrupt_rate:
+            return
+        node, group = rng.choice(choices)
+        log = node.storages[group].log
+        index = rng.randrange(log.start_index, log.next_index)
+        name, start, end = log.batch_location(index)
+        if end - start <= BATCH_HEADER_BYTES:
+            return
+        position = rng.randrange(start + BATCH_HEADER_BYTES, end)
+        directory = node.directories[group]
+        for data in (directory.files[name].data, directory.files[name].durable):
+            if position < len(data):
+                data[position] ^= 1 << rng.randrange(8)
+        self.stats["bit_flips"] += 1
+        self.unrepaired[group] = (node.id, index)
+        self._log(f"bit flip in {node.id} {group} batch holding {index}")
+        if rng.random() < 0.5:
+            self._crash(node, torn=False)
+            if rng.random() < 0.5:
+                directory.remove(name.replace(".log", ".index"))
+
+    def _forget_repaired(self) -> None:
+        """A flipped batch is repaired once its node holds it whole again (or no longer
+        holds it) and has left the repair."""
+        for group, (node_id, index) in sorted(self.unrepaired.items()):
+            node = self.nodes[node_id]
+            raft = node.multi.groups.get(group) if node.multi is not None else None
+            storage = node.storages.get(group)
+            if raft is None or storage is None or node.damaged:
+                continue
+            if raft.repair_floor is not None or storage.hard_state.repair_floor is not None:
+                continue
+            log = storage.log
+            if log.start_index <= index < log.next_index:
+                hook, log.on_corrupt = log.on_corrupt, None  # the check is not the node's read
+                try:
+                    log.read(index)
+                except CorruptBatchError:
+                    continue
+                finally:
+                    log.on_corrupt = hook
+            del self.unrepaired[group]
 
     def _crash(self, node: SimNode, *, torn: bool) -> None:
         self._log(f"crash {node.id}{' (torn)' if torn else ''}")
@@ -323,8 +417,13 @@ class Simulation:
             previous = (entry.last_index, entry.term)
 
     def _check_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
-        """State-machine safety: every node commits the same entry at every index."""
-        for entry in stored_entries(node.storages[group], *committed):
+        """State-machine safety: every node commits the same entry at every index (a damaged
+        one is checked when the repaired node commits it again)."""
+        try:
+            entries = list(stored_entries(node.storages[group], *committed))
+        except StorageUnavailable:
+            return
+        for entry in entries:
             value = (entry.term, _hash(entry.data))
             known = self.committed[group].setdefault(entry.index, value)
             if known != value:
@@ -410,6 +509,7 @@ class Simulation:
         alive = self._alive()
         if len(alive) > 1 and rng.random() < config.crash_rate:
             self._crash(rng.choice(alive), torn=rng.random() < 0.5)
+        self._flip_bit()
 
     def _tick(self, *, faulty: bool) -> None:
         self.now_ms += TICK_MS
@@ -418,9 +518,12 @@ class Simulation:
             self._faults()
         for node in self._alive():
             assert node.multi is not None
+            if node.damaged:
+                self._repair_damaged(node)
             node.multi.tick()
             self._process(node)
         self._deliver_due()
+        self._forget_repaired()
         for node in self._alive():
             self._control(node)
         if faulty:  # the settle phase is quiet, so that every commit can reach everyone

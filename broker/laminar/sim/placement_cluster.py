@@ -58,6 +58,7 @@ SCENARIO = SimConfig(
     propose_rate=0.2,
     conf_change_rate=0.0,  # membership changes come from reconciliation only
     compact_rate=0.0,
+    corrupt_rate=0.0,
     raft=RaftConfig(
         election_ticks=10,
         heartbeat_ticks=2,

@@ -94,6 +94,7 @@ SCENARIO = SimConfig(
     settle_ticks=100,
     propose_rate=0.25,
     compact_rate=0.008,
+    corrupt_rate=0.0,  # bit flips are the Raft simulation's (sim/cluster.py)
     raft=RaftConfig(election_ticks=10, heartbeat_ticks=2, max_append_bytes=4096),
 )
 
@@ -400,8 +401,10 @@ class QueueSimulation(Simulation):
 
     # ---- replicas: one applier per hosted partition ----------------------------------------
 
-    def _host(self, node: SimNode, group: str, conf: ConfState) -> None:
-        super()._host(node, group, conf)
+    def _host(
+        self, node: SimNode, group: str, conf: ConfState, *, repair_at: int | None = None
+    ) -> None:
+        super()._host(node, group, conf, repair_at=repair_at)
         if group not in self.oracles:
             self.oracles[group] = Oracle(group, self.stats)
 
