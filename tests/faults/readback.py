@@ -201,6 +201,6 @@ async def read_all(env: Env) -> dict[tuple[str, int], list[Replica]]:
                 int(item["commit_index"]), int(item.get("log_start", 0)),
             )  # fmt: skip
             replicas.setdefault((replica.topic, replica.partition), []).append(replica)
-    for group in replicas.values():
-        await asyncio.gather(*(read_replica(env, r) for r in group))
+    # all at once: a replica under repair may take up to REPAIR_TIMEOUT_S, once in all
+    await asyncio.gather(*(read_replica(env, r) for g in replicas.values() for r in g))
     return replicas
