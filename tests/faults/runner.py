@@ -30,6 +30,7 @@ from .workload import (
     PLAIN,
     Context,
     Recorder,
+    parse_text,
     probe,
     producer_writer,
     queue_consumer,
@@ -107,6 +108,29 @@ def outcomes_between(recorder: Recorder, since_s: float, until_s: float) -> dict
             if since_s <= a.sent_s < until_s
         )
     )
+
+
+def annotate(
+    violations: dict[str, list[dict[str, Any]]], recorder: Recorder, events: list[dict[str, Any]]
+) -> None:
+    """Say, for a violation about a value, which fault was held (or last healed) when its
+    first attempt was sent: where to look in the broker logs."""
+    by_id = {(v.writer, v.seq): v for v in recorder.values.values()}
+    for examples in violations.values():
+        for example in examples:
+            parsed = parse_text(str(example.get("value", "")))
+            value = by_id.get(parsed) if parsed else None
+            if value is None or not value.attempts:
+                continue
+            sent_s = value.attempts[0].sent_s
+            example["first_attempt_during"] = "before the faults"
+            for event in events:
+                if event["inject_s"] <= sent_s:
+                    held = sent_s < event["heal_s"]
+                    example["first_attempt_during"] = (
+                        f"fault {event['number']} {event['kind']} on {event['target']} "
+                        + ("(held)" if held else "(after its heal)")
+                    )
 
 
 async def heal_everything(env: Env) -> None:
@@ -261,6 +285,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
             report.add(finding["kind"], **{k: v for k, v in finding.items() if k != "kind"})
         phases["check_total_s"] = time.monotonic() - check_started
     end_s = time.monotonic()
+    annotate(report.violations, recorder, events)
     for n, event in enumerate(events):
         next_s = events[n + 1]["inject_s"] if n + 1 < len(events) else end_s
         event["unavailability_after_inject"] = recovery_s(
