@@ -63,7 +63,7 @@ def test_groups_survive_a_restart_and_commands_apply_once(tmp_path: Path) -> Non
     assert [type(a.command) for a in applied] == [Acquire, Accept]
     assert applier.catch_up(storage.last_index()) == []  # nothing twice
     before = applier.snapshot_data()
-    storage.flush()
+    storage.close()
     storage.log.close()
 
     reopened = open_storage(tmp_path)
@@ -93,7 +93,7 @@ def test_retention_snapshot_carries_the_groups_and_an_installed_one_restarts_the
     applier.trim()
     expected = applier.state.describe(G)
     assert expected["accepted"] == 120 and expected["acquired"] == 2
-    storage.flush()
+    storage.close()
     storage.log.close()
 
     restarted = QueueApplier(open_storage(tmp_path / "leader"))

@@ -180,16 +180,36 @@ def test_a_later_floor_keeps_the_more_up_to_date_one() -> None:
     assert storage.last_index() == -1
 
 
-def test_the_commit_index_alone_is_saved_every_commit_save_indexes() -> None:
+def test_the_commit_index_hint_is_written_every_commit_save_indexes() -> None:
+    """Without fsync: a process crash keeps it (the page cache), a power cut may not."""
     directory = MemoryDirectory()
     storage = LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=CONF,
                          commit_save_indexes=4)  # fmt: skip
     storage.append(entries_from(0, [(1, 1)] * 10))
     storage.sync()
-    storage.set_hard_state(HardState(1, "a", 2, CONF))  # a term change: saved
+    storage.set_hard_state(HardState(1, "a", 2, CONF))  # a term change: the state is saved
     storage.set_hard_state(HardState(1, "a", 5, CONF))  # 3 past the saved commit: remembered
     assert open_storage(directory).hard_state.commit == 2
-    storage.set_hard_state(HardState(1, "a", 6, CONF))  # 4 past it: saved
+    storage.set_hard_state(HardState(1, "a", 6, CONF))  # 4 past it: the hint
     reopened = open_storage(directory)
     assert reopened.hard_state.commit == 6 and reopened.commit_term == 1
     assert reopened.lost_floor() is None
+    directory.crash()  # the hint was never synced
+    assert open_storage(directory).hard_state.commit == 2
+    storage = open_storage(directory)
+    storage.set_hard_state(HardState(1, "a", 9, CONF))
+    storage.close()  # a clean close saves it durably
+    directory.crash()
+    assert open_storage(directory).hard_state.commit == 9
+
+
+def test_a_torn_commit_hint_is_ignored() -> None:
+    directory = MemoryDirectory()
+    storage = LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=CONF,
+                         commit_save_indexes=1)  # fmt: skip
+    storage.append(entries_from(0, [(1, 1)] * 3))
+    storage.set_hard_state(HardState(1, None, 0, CONF))
+    storage.set_hard_state(HardState(1, None, 2, CONF))
+    assert open_storage(directory).hard_state.commit == 2
+    directory.open("raft.commit", create=False).write(3, (b"\xff",))
+    assert open_storage(directory).hard_state.commit == 0

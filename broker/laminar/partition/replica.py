@@ -353,7 +353,7 @@ class Replica:
             self.groups.close()
         self._fail_pending("the replica is closing")
         self._committed.notify()
-        self.storage.flush()
+        self.storage.close()
         self.log.close()
 
     def destroy(self) -> None:

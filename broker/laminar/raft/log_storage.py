@@ -6,6 +6,12 @@ before the log's first index) live in `raft.state`, and the state machine's snap
 any) in `raft.snapshot`; both are replaced atomically: write a temporary file, fsync it, rename
 it over the old one, fsync the directory.
 
+The commit index alone is not worth two fsyncs per round (Raft never needs it back), but a
+restart that knows it reopens where it was instead of rescanning the log after an old commit,
+and can tell a log that lost committed entries. So it is also kept in `raft.commit`, a hint
+written in place without fsync every `commit_save_indexes` and checked by its own checksum: a
+torn or stale hint is ignored, a newer one wins over `raft.state`.
+
 Damage. A batch that fails its checksum is never served: reads raise StorageUnavailable (the
 log's `on_corrupt` hook tells the runtime, which repairs the replica). `begin_repair` cuts the
 log at a damaged batch after durably recording the repair floor (see `HardState`), so a crash
@@ -15,19 +21,23 @@ in between leaves a node that still knows it must not campaign.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import replace
+
+import xxhash
 
 from ..log.batch import decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
 from ..log.segmented_log import SegmentedLog
-from ..log.storage import Directory
+from ..log.storage import Directory, Storage
 from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
 from .storage import StorageUnavailable
 
 STATE_FILE = "raft.state"
-#: a data partition's commit index alone is saved every this many indexes (a restart then
-#: reopens close to where it was, instead of rescanning the log since an old commit)
-COMMIT_SAVE_INDEXES = 1 << 16
+COMMIT_FILE = "raft.commit"  # the commit index hint: commit, its term, xxh3-64 of both
+COMMIT_HINT = struct.Struct("<qqQ")
+#: the commit index hint of a data partition is written every this many indexes
+COMMIT_SAVE_INDEXES = 1 << 12
 SNAPSHOT_FILE = "raft.snapshot"  # the state machine's snapshot data, if it has any
 TEMP_SUFFIX = ".tmp"
 
@@ -52,14 +62,15 @@ class LogStorage:
         commit_save_indexes: int = COMMIT_SAVE_INDEXES,
     ) -> None:
         """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group.
-        The commit index alone is saved once it moved `commit_save_indexes` past the saved one
-        (and on `flush`): 1 keeps it exact, for a group whose state a restart replays up to
-        its commit (the cluster metadata)."""
+        The commit index hint is written once the commit moved `commit_save_indexes` past the
+        last one: 1 keeps it exact, for a group whose state a restart replays up to its
+        commit (the cluster metadata)."""
         self.directory = directory
         self.log = log
         self.commit_save_indexes = commit_save_indexes
         self.commit_term = 0
         self._commit_unsaved = False
+        self._hint: Storage | None = None
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
@@ -67,6 +78,7 @@ class LogStorage:
         else:
             self.hard_state = HardState(conf=conf)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
+        self._load_commit_hint()
         self._saved_commit = self.hard_state.commit
 
     # ---- the state file --------------------------------------------------------------------
@@ -147,6 +159,32 @@ class LogStorage:
         self._replace(STATE_FILE, json.dumps(document, sort_keys=True).encode(), sync=sync)
         self._commit_unsaved = False
         self._saved_commit = hs.commit
+        if self._hint is not None or COMMIT_FILE in self.directory.names():
+            self._write_commit_hint()  # never older than the state it would override
+
+    def _load_commit_hint(self) -> None:
+        if COMMIT_FILE not in self.directory.names():
+            return
+        data = self._read(COMMIT_FILE)
+        if len(data) != COMMIT_HINT.size:
+            return
+        commit, term, checksum = COMMIT_HINT.unpack(data)
+        if checksum != xxhash.xxh3_64_intdigest(data[:16]) or commit <= self.hard_state.commit:
+            return
+        self.hard_state = replace(self.hard_state, commit=commit)
+        self.commit_term = term
+
+    def _write_commit_hint(self) -> None:
+        """Write the commit index hint in place (no fsync: losing it costs only time)."""
+        commit = self.hard_state.commit
+        self.commit_term = self.term_or(commit, self.hard_state.term)
+        head = struct.pack("<qq", commit, self.commit_term)
+        data = head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
+        if self._hint is None:
+            create = COMMIT_FILE not in self.directory.names()
+            self._hint = self.directory.open(COMMIT_FILE, create=create)
+        self._hint.write(0, (data,))
+        self._saved_commit = commit
 
     def term_or(self, index: int, default: int) -> int:
         """The term of the entry at `index`, or `default` where the log cannot tell."""
@@ -221,22 +259,26 @@ class LogStorage:
 
     def set_hard_state(self, hard_state: HardState) -> None:
         """Persist term, vote, configuration and repair floor durably before returning. A
-        change of the commit index alone is saved only every `commit_save_indexes` (else
-        remembered for the next durable save or `flush`): Raft never needs it back after a
-        crash, and saving it would cost two fsyncs per Ready."""
+        change of the commit index alone goes to the commit hint every `commit_save_indexes`
+        and into the state at the next durable save or `close`."""
         old = self.hard_state
         self.hard_state = hard_state
         durable = (hard_state.term, hard_state.vote, hard_state.conf, hard_state.repair_floor)
-        changed = durable != (old.term, old.vote, old.conf, old.repair_floor)
-        if changed or hard_state.commit - self._saved_commit >= self.commit_save_indexes:
+        if durable != (old.term, old.vote, old.conf, old.repair_floor):
             self._save()
+        elif hard_state.commit - self._saved_commit >= self.commit_save_indexes:
+            self._write_commit_hint()
+            self._commit_unsaved = True
         elif hard_state.commit != old.commit:
             self._commit_unsaved = True
 
-    def flush(self) -> None:
-        """Write a remembered commit index (on a clean close)."""
+    def close(self) -> None:
+        """Save a remembered commit index durably (a clean close); release the hint file."""
         if self._commit_unsaved:
             self._save()
+        if self._hint is not None:
+            self._hint.close()
+            self._hint = None
 
     def lost_floor(self) -> tuple[int, int] | None:
         """(index, term) of the saved commit if the log no longer reaches it (it lost records
