@@ -698,9 +698,12 @@ class Broker:
             self._status[group] = GroupStatus(raft.role, raft.lead, raft.term)
             replica = self._replica_of(group)
             if replica is not None:
-                replica.on_leadership()
                 if self.id in raft.conf.members():
                     self._was_member.add(group)
+                with contextlib.suppress(CorruptBatchError):
+                    # a new leader reads its newest batch headers: damage there was reported
+                    # (on_damage) and the replica reopens repaired next round
+                    replica.on_leadership()
 
     # ---- applying committed entries --------------------------------------------------------
 
