@@ -116,7 +116,9 @@ async def until(condition: Callable[[], object]) -> None:
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
+async def serving(
+    tmp_path: Path, request_timeout_ms: int = 60_000
+) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
     """An HTTP client of a broker (never started: no peers, no driver) hosting partition t/0,
     whose replica n1 leads; and what asyncio reports to the loop's exception handler (checked
     empty at the end, after a collection)."""
@@ -124,7 +126,8 @@ async def serving(tmp_path: Path) -> AsyncIterator[tuple[TestClient, Replica, li
     asyncio.get_running_loop().set_exception_handler(
         lambda _, context: reported.append(context["message"])
     )
-    broker = Broker(BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=60_000))
+    config = BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=request_timeout_ms)
+    broker = Broker(config)
     broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
     replica = open_replica(tmp_path / "t-0")
     broker.replicas[replica.group] = replica

@@ -88,8 +88,9 @@ async def test_waits_that_gave_up_leave_no_unretrieved_failure(tmp_path: Path) -
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(asyncio.shield(future), 0)
     del append, command, future
-    depose(replica)  # leadership lost: both fail, and nobody waits for them any more
+    depose(replica)  # leadership lost: the command fails, the append waits for its index
+    assert len(replica.pending) == 1
+    replica.close()  # and fails: nobody waits for either any more
     assert not replica.pending
     gc.collect()
     assert [context["message"] for context in errors] == []
-    replica.close()

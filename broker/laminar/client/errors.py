@@ -98,8 +98,9 @@ class Unavailable(LaminarError):
 
 class Timeout(LaminarError):
     """504, the outcome of a write is unknown: `timeout` (not committed within the broker's
-    request timeout) or `outcome_unknown` (the leader lost its leadership first); it MAY
-    still commit. Or status 0: the client's own deadline passed before an answer."""
+    request timeout) or `outcome_unknown` (the replica closed, or a queue command's leader
+    stepped down, first); it MAY still commit. Or status 0: the client's own deadline passed
+    before an answer."""
 
     @property
     def retryable(self) -> bool:

@@ -281,24 +281,30 @@ class Replica:
         self._committed.notify()
 
     def on_leadership(self) -> None:
-        """Called after each persisted Ready: fail waiting appends of a lost leadership,
-        rebuild the producer table for a new one."""
+        """Called after each persisted Ready: rebuild the producer table for a new leadership,
+        fail the queue commands of a lost one. Appends waiting for their commit keep waiting
+        across a leadership change: whichever leader commits their index answers them (their
+        entry: done; another: CommitLost), so a leadership transfer needs no 504; a request
+        that times out first answers 504 as ever."""
         raft = self.raft
         if raft.role is Role.LEADER:
             if self._led_term != raft.term:
                 self._led_term = raft.term
-                self._fail_pending("leadership changed")
+                self._fail_queue_commands("leadership changed")
                 self._rebuild_producers()
         elif self._led_term != -1:
             self._led_term = -1
             self.producers.clear()
-            self._fail_pending(f"no longer the leader (leader: {raft.lead})")
+            self._fail_queue_commands(f"no longer the leader (leader: {raft.lead})")
 
-    def _fail_pending(self, why: str) -> None:
-        """No waiting append will learn its commit here any more (its entry may be in other
-        replicas' logs and be committed by the next leader)."""
+    def _fail_queue_commands(self, why: str) -> None:
         if self.groups is not None:
             self.groups.fail_all(why)
+
+    def _fail_pending(self, why: str) -> None:
+        """No waiting append will learn its commit here any more (the replica closes; its
+        entry may be in other replicas' logs and be committed by the next leader)."""
+        self._fail_queue_commands(why)
         for base, pending in self.pending.items():
             if not pending.future.done():
                 pending.future.set_exception(

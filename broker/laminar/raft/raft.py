@@ -434,13 +434,20 @@ class Raft:
             return
         self._send(
             self._msg(
-                MT.REPAIR_RESP, m.src, index=m.index, log_term=m.log_term, entries=tuple(entries)
+                MT.REPAIR_RESP,
+                m.src,
+                index=m.index,
+                log_term=m.log_term,
+                entries=tuple(entries),
+                commit=log.committed,
             )
         )
 
     def _handle_repair_response(self, m: Message) -> None:
         """Entries another member holds after the end of our repairing log: appended where
-        they match it, as a leader's would be (the commit index does not move)."""
+        they match it, as a leader's would be, and committed as far as that member knows
+        them committed (so that configuration changes among them take effect: a node that
+        was removed meanwhile learns it and does not campaign)."""
         log = self.log
         if self.repair_floor is None:
             return
@@ -453,13 +460,15 @@ class Raft:
         if not m.entries or not log.match_term(m.index, m.log_term):
             return
         position = log.find_conflict(m.entries)
-        if position is None or m.entries[position].index <= log.committed:
-            return
-        first_new = m.entries[position].index
-        for index in [i for i in self.pending_confs if i >= first_new]:
-            del self.pending_confs[index]
-        log.append(m.entries[position:])
-        self._note_confs(m.entries[position:])
+        if position is not None:
+            first_new = m.entries[position].index
+            if first_new <= log.committed:
+                return
+            for index in [i for i in self.pending_confs if i >= first_new]:
+                del self.pending_confs[index]
+            log.append(m.entries[position:])
+            self._note_confs(m.entries[position:])
+        self._commit_to(min(m.commit, m.entries[-1].last_index))
         self._maybe_repaired()
 
     def _step_candidate(self, m: Message) -> None:
