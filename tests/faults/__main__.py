@@ -1,5 +1,5 @@
 """`python -m tests.faults`: one seeded run (or rounds of runs for `--duration-s`), a JSON
-summary on stdout, exit status 1 on any violation (see docs/reliability-fault-suite.md)."""
+summary on stdout, exit status 1 on any violation (see docs/reliability.md, "The fault-injection suite")."""
 
 from __future__ import annotations
 
