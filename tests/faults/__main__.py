@@ -1,5 +1,6 @@
 """`python -m tests.faults`: one seeded run (or rounds of runs for `--duration-s`), a JSON
-summary on stdout, exit status 1 on any violation (see docs/reliability.md, "The fault-injection suite")."""
+summary on stdout, exit status 1 on any violation (docs/reliability.md, "The fault-injection
+suite")."""
 
 from __future__ import annotations
 
