@@ -79,23 +79,18 @@ class _BrokerCollector(Collector):
         )
         meta.add_metric([], 1.0 if broker.metadata_leader == broker.id else 0.0)
         yield meta
-        for name, help_text in (
-            ("elections", "Raft elections this broker started"),
-            ("leader_changes", "Raft leader changes this broker observed"),
-            ("fsyncs", "log fdatasync calls"),
-            ("ready_rounds", "Raft Ready rounds persisted"),
-            ("dropped_messages", "Raft messages dropped (unknown group or peer)"),
+        for prefix, name, help_text in (
+            ("raft", "elections", "Raft elections this broker started"),
+            ("raft", "leader_changes", "Raft leader changes this broker observed"),
+            ("raft", "fsyncs", "log fdatasync calls"),
+            ("raft", "ready_rounds", "Raft Ready rounds persisted"),
+            ("raft", "dropped_messages", "Raft messages dropped (unknown group or peer)"),
+            ("storage", "corrupt_batches", "damaged batches found on disk by reads (never served)"),
+            ("storage", "repairs", "replicas cut at damage and refetched from their leader"),
+            ("storage", "data_loss_repairs", "damaged only voters: the records after are lost"),
+            ("storage", "quarantined_replicas", "replicas of topics never known here, set aside"),
         ):
-            counter = CounterMetricFamily(f"laminar_raft_{name}", help_text)
-            counter.add_metric([], broker.counters[name])
-            yield counter
-        for name, help_text in (
-            ("corrupt_batches", "damaged batches found on disk by reads (never served)"),
-            ("repairs", "replicas cut at damage and refetched from their leader"),
-            ("data_loss_repairs", "damaged replicas with no other voter: records after lost"),
-            ("quarantined_replicas", "replicas of topics never known here, moved aside"),
-        ):
-            counter = CounterMetricFamily(f"laminar_storage_{name}", help_text)
+            counter = CounterMetricFamily(f"laminar_{prefix}_{name}", help_text)
             counter.add_metric([], broker.counters[name])
             yield counter
         for name, value in broker.timers.items():
