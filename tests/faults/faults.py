@@ -24,6 +24,8 @@ from .workload import IDEMPOTENT, Context, Entry, Recorder, Value, append_values
 FILL_CHUNK_BYTES = 1 << 20
 CLOCK_TOLERANCE_MS = 5_000
 CLOCK_VERIFY_TIMEOUT_S = 10.0
+#: how long a fault aimed at a leader waits for one to be known (e.g. right after kill9_all)
+LEADER_WAIT_S = 15.0
 LOOKUP_TIMEOUT_S = 3.0
 
 
@@ -98,13 +100,16 @@ class Fault:
         return nodes[self.plan.pick % len(nodes)]
 
     async def pick_leader(self) -> str:
-        """The leader of the partition the pick names (any broker when none is known)."""
+        """The leader of the partition the pick names, waiting up to LEADER_WAIT_S for one
+        to be known (then any broker)."""
         topic, partition = self.env.partitions[self.plan.pick % len(self.env.partitions)]
-        leader = await self.env.partition_leader(topic, partition)
         self.details["partition"] = f"{topic}/{partition}"
-        if leader is None:
-            self.details["leader"] = "unknown: picked a broker instead"
-            return self.pick_node()
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while (leader := await self.env.partition_leader(topic, partition)) is None:
+            if time.monotonic() >= deadline:
+                self.details["leader"] = "unknown: picked a broker instead"
+                return self.pick_node()
+            await asyncio.sleep(0.2)
         return leader
 
     async def inject(self) -> None:
@@ -314,6 +319,14 @@ class ClockJump(Fault):
 
     async def inject(self) -> None:
         self.target = await self.pick_leader()
+        if await self.led_partition() is None:
+            # it no longer leads (leadership moved meanwhile): the leader of any partition,
+            # so that a record it stamps can show the jump
+            for topic, partition in self.env.partitions:
+                if (leader := await self.env.partition_leader(topic, partition)) is not None:
+                    self.details["leader"] = f"moved: {leader} leads {topic}/{partition}"
+                    self.target = leader
+                    break
         self.details["offset_s"] = self.plan.clock_offset_s
         if not self.env.cluster.faketime:
             self.env.problems.append({"fault": self.kind, "problem": "libfaketime is missing"})
