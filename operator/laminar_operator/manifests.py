@@ -305,6 +305,8 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": "api"},
             "periodSeconds": 2,
+            # /readyz waits up to 3 s to confirm with the metadata leader that it caught up
+            "timeoutSeconds": 4,
             "failureThreshold": 3,
         },
         "livenessProbe": {
