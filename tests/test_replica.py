@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from laminar.log.batch import Record, encode_batch, parse_header
+from laminar.partition.errors import ReplicaClosed
 from laminar.partition.replica import Replica, SequenceConflict
 from laminar.queue import Accept
 from laminar.raft.messages import Message, MessageType
@@ -120,4 +121,20 @@ async def test_a_retry_reaching_a_new_leader_before_its_first_round_is_a_duplica
     drive(replica)
     ack(replica)
     assert await retry == await first
+    replica.close()
+
+
+async def test_a_stopping_broker_refuses_proposals_as_closed(tmp_path: Path) -> None:
+    """Once the broker stops, its driver persists nothing: a proposal then would only be
+    answered "outcome unknown" at close. It is refused (503: nothing was done)."""
+    replica = replicas.open_replica(tmp_path / "p")
+    elect(replica)
+    replica.refuse_proposals()
+    data = batch(1, 0)
+    assert replica.groups is not None
+    with pytest.raises(ReplicaClosed):
+        replica.propose(data, parse_header(data))
+    with pytest.raises(ReplicaClosed):
+        replica.groups.propose(Accept("g", "c", (0,)))
+    assert not replica.pending
     replica.close()

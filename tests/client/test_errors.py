@@ -7,6 +7,7 @@ import pytest
 from laminar.client import (
     BadRequest,
     Conflict,
+    CorruptData,
     LaminarError,
     NotFound,
     OutOfRange,
@@ -62,7 +63,14 @@ def test_out_of_range_carries_the_log_start() -> None:
 
 
 def test_answers_that_are_not_the_error_schema_still_map_by_status() -> None:
-    error = error_from_response(502, None)
-    assert isinstance(error, Unavailable) and error.code == "unknown"
+    error = error_from_response(502, None)  # a proxy's: it may have reached the broker
+    assert isinstance(error, Timeout) and error.code == "unknown"
+    assert isinstance(error_from_response(500, None), Timeout)
     assert type(error_from_response(418, "teapot")) is LaminarError
     assert isinstance(error_from_response(404, {"unexpected": 1}), NotFound)
+
+
+def test_damaged_records_say_where_reading_goes_on() -> None:
+    error = error_from_response(422, body("corrupt_data", next_index=17))
+    assert isinstance(error, CorruptData) and error.next_index == 17
+    assert not error.retryable

@@ -23,6 +23,7 @@ from .consumer import Consumer, ConsumerTransport
 from .errors import (
     BadRequest,
     Conflict,
+    CorruptData,
     LaminarError,
     NotFound,
     OutOfRange,
@@ -65,6 +66,7 @@ __all__ = [
     "Conflict",
     "Consumer",
     "ConsumerTransport",
+    "CorruptData",
     "Delivery",
     "GroupConsumer",
     "GroupDescription",

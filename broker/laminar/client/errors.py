@@ -79,6 +79,17 @@ class OutOfRange(LaminarError):
         self.log_start = log_start
 
 
+class CorruptData(LaminarError):
+    """422: the records asked for are damaged on disk and the partition has no other replica
+    to fetch them from (`next_index`: where reading can go on)."""
+
+    @property
+    def next_index(self) -> int | None:
+        detail = self.body.get("error")
+        value = detail.get("next_index") if isinstance(detail, Mapping) else None
+        return value if isinstance(value, int) else None
+
+
 class Overloaded(LaminarError):
     """429: the partition's queue of appends awaiting commit is full; retry later."""
 
@@ -116,6 +127,7 @@ _BY_STATUS: dict[int, type[LaminarError]] = {
     413: PayloadTooLarge,
     415: BadRequest,
     416: OutOfRange,
+    422: CorruptData,
     429: Overloaded,
     503: Unavailable,
     504: Timeout,
@@ -124,7 +136,9 @@ _BY_STATUS: dict[int, type[LaminarError]] = {
 
 def error_from_response(status: int, body: Any) -> LaminarError:
     """The exception for an error answer: `body` is the decoded JSON (anything, if it was not
-    JSON). Unknown 5xx statuses map to `Unavailable`, other unknown ones to `LaminarError`."""
+    JSON). Other 5xx statuses than the broker's 503 and 504 (a 500, a proxy's 502) map to
+    `Timeout`: the request may have reached the broker, so a write's outcome is unknown.
+    Other unknown statuses map to `LaminarError`."""
     detail = body.get("error") if isinstance(body, Mapping) else None
     if isinstance(detail, Mapping):
         code = str(detail.get("code", "unknown"))
@@ -134,5 +148,5 @@ def error_from_response(status: int, body: Any) -> LaminarError:
     mapping = body if isinstance(body, Mapping) else None
     cls = _BY_STATUS.get(status)
     if cls is None:
-        cls = Unavailable if 500 <= status < 600 else LaminarError
+        cls = Timeout if 500 <= status < 600 else LaminarError
     return cls(status, code, message, mapping)

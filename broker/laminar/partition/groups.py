@@ -99,6 +99,8 @@ class ConsumerGroups:
         self._last_batch: StoredBatch | None = None
         #: called after each proposal (the broker wakes its driver to persist it)
         self.on_propose: Callable[[], None] = _nothing
+        #: the broker is stopping: nothing proposed now would be persisted
+        self.closing = False
         self.closed = False
 
     @property
@@ -109,7 +111,7 @@ class ConsumerGroups:
 
     def propose(self, command: QueueCommand) -> asyncio.Future[Result]:
         """Propose `command` (leader only): a future for its result once applied here."""
-        if self.closed:
+        if self.closed or self.closing:
             raise ReplicaClosed(f"{self.raft.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:

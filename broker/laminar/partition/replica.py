@@ -174,6 +174,7 @@ class Replica:
         self._led_term = -1  # the term this replica last led in (its producer table's)
         self.groups = ConsumerGroups(self.raft, self.log, applier) if applier else None
         self.closed = False
+        self.closing = False  # see `refuse_proposals`
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class Replica:
     def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
         """Propose a verified batch: a future resolving to its base index once committed, and
         whether it is a duplicate (then the future gives the original's base index)."""
-        if self.closed:
+        if self.closed or self.closing:
             raise ReplicaClosed(f"{self.group} is closed")
         raft = self.raft
         if raft.role is not Role.LEADER:
@@ -359,6 +360,14 @@ class Replica:
                 return
 
     # ---- lifecycle -------------------------------------------------------------------------
+
+    def refuse_proposals(self) -> None:
+        """The broker is stopping (its driver will persist nothing more): appends and queue
+        commands are refused as closed (503: nothing was done) instead of being proposed and
+        then answered "outcome unknown"."""
+        self.closing = True
+        if self.groups is not None:
+            self.groups.closing = True
 
     def close(self) -> None:
         if self.closed:

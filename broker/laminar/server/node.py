@@ -210,6 +210,8 @@ class Broker:
         if graceful:
             await self._transfer_leaderships(timeout_s=3.0)
         self._stopping = True
+        for replica in self._all_replicas():
+            replica.refuse_proposals()
         self._wake.set()
         if self.swim is not None:
             await self.swim.stop(leave=graceful)
@@ -776,7 +778,7 @@ class Broker:
         MetadataError (invalid / exists / not_found), NotLeader, ReplicaClosed or
         TimeoutError."""
         meta = self.meta
-        if meta is not None and meta.closed:
+        if meta is not None and (meta.closed or meta.closing):
             raise ReplicaClosed(f"{meta.group} is closed")
         if meta is None or meta.raft.role is not Role.LEADER:
             raise NotLeader(self.metadata_leader)
