@@ -52,6 +52,16 @@ def test_fresh_storage_bootstraps_the_group() -> None:
         storage.term(0)
 
 
+def test_the_bootstrap_configuration_survives_a_power_cut_at_once() -> None:
+    """Regression (the fault suite, kill -9 of every broker as a dead-letter topic was
+    created): its replicas came back with no voters, and the partition never had a leader."""
+    directory = MemoryDirectory()
+    open_storage(directory)  # created, then nothing else happens before the crash
+    directory.crash()
+    reopened = LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=ConfState(()))
+    assert reopened.initial_state()[0].conf == CONF
+
+
 def test_entries_are_batches_with_their_terms_and_kinds() -> None:
     storage = open_storage(MemoryDirectory())
     storage.append(entries_from(0, [(3, 1), (1, 1), (2, 2)]))

@@ -78,6 +78,10 @@ class LogStorage:
         else:
             self.hard_state = HardState(conf=conf)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
+            if conf.voters or conf.learners:
+                # durable before the group is used: a member that came back without its
+                # bootstrap would have no voters, and when all did, no leader ever again
+                self._save()
         self._load_commit_hint()
         self._saved_commit = self.hard_state.commit
 

@@ -323,7 +323,19 @@ class Broker:
                     continue
                 # a topic the metadata does not know (yet): its replica is hosted all the
                 # same; the metadata this node replayed may be behind the cluster's
-                self._host(topic, partition, ConfState(()))
+                self._host(topic, partition, self._reopen_bootstrap(topic, partition, created))
+
+    def _reopen_bootstrap(self, topic: str, partition: int, created: int | None) -> ConfState:
+        """The configuration a replica found on disk is opened with, used only when it never
+        saved its Raft state (created just before a crash): the partition's initial voters,
+        as when it was created (safe for a member with an empty log: nothing it never
+        persisted was counted in a quorum), or none while the topic is unknown."""
+        known = self.state.topics.get(topic)
+        if known is None or created not in (None, known.created_index):
+            return ConfState(())
+        if partition >= len(known.assignment):
+            return ConfState(())
+        return ConfState(tuple(sorted(known.assignment[partition])))
 
     def _topic_deleted(self, topic: str, created_index: int) -> bool:
         """Has this node applied the deletion of the topic created at `created_index`?"""
