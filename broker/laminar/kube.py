@@ -101,8 +101,9 @@ def path_of(api_version: str, kind: str, namespace: str, name: str | None = None
 
 
 class KubeClient:
-    def __init__(self, credentials: Credentials) -> None:
+    def __init__(self, credentials: Credentials, field_manager: str = FIELD_MANAGER) -> None:
         self.credentials = credentials
+        self.field_manager = field_manager  # who changed what, in managedFields
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -148,7 +149,7 @@ class KubeClient:
         """Server-side apply (idempotent): the operator owns the fields it sets."""
         meta = obj["metadata"]
         path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        query = f"?fieldManager={FIELD_MANAGER}&force=true"
+        query = f"?fieldManager={self.field_manager}&force=true"
         answer = await self._request("PATCH", path + query, obj, "application/apply-patch+yaml")
         assert answer is not None
         return answer
@@ -160,7 +161,10 @@ class KubeClient:
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> None:
-        path = path_of(api_version, kind, namespace, name) + "/status"
+        path = (
+            path_of(api_version, kind, namespace, name)
+            + f"/status?fieldManager={self.field_manager}"
+        )
         await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
 

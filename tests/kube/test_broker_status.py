@@ -5,6 +5,7 @@ get/patch, topic list) and nothing more."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -87,6 +88,13 @@ def test_status_follows_leadership(crds: KubeApi, reporting: tuple[LocalCluster,
         return status if len(parts) == 4 and all(p["leader"] for p in parts) else None
 
     status = wait_for("leaders reported", led)
+    shown = crds.get("topic.laminarmq.io/payments", "-n", namespace, "--show-managed-fields")
+    writers = {
+        entry["manager"]
+        for entry in shown["metadata"]["managedFields"]
+        if "f:partitions" in (entry.get("fieldsV1") or {}).get("f:status", {})
+    }
+    assert writers == {"laminar-broker"}, shown["metadata"]["managedFields"]
     for entry, state in zip(status["partitions"], described.partition_states, strict=True):
         assert sorted(entry["replicas"]) == sorted(state.replicas)
         assert entry["leader"] in state.replicas
@@ -113,6 +121,15 @@ def test_status_follows_leadership(crds: KubeApi, reporting: tuple[LocalCluster,
     time.sleep(3.5)  # more than three report rounds
     assert topic()["metadata"]["resourceVersion"] == version
     assert (topic().get("status") or {})["partitions"] == settled["partitions"]
+
+    # another writer (the operator, with its answer to creating the topic, before leaders were
+    # elected) overwrites the status: the reporting broker puts it right
+    leaderless = [{**p, "leader": ""} for p in settled["partitions"]]
+    crds.kubectl(
+        "patch", "topic.laminarmq.io/payments", "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": {"partitions": leaderless}}),
+    )  # fmt: skip
+    assert wait_for("leaders reported again", led)["partitions"] == settled["partitions"]
 
     killed = settled["partitions"][0]["leader"]
     brokers.kill(killed)

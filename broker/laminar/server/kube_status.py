@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "laminarmq.io/v1alpha1"
 REPORT_INTERVAL_S = 1.0
+FIELD_MANAGER = "laminar-broker"  # the brokers' writes, in the objects' managedFields
 HEARTBEAT_S = 30.0
 WARN_INTERVAL_S = 60.0
 
@@ -45,8 +46,7 @@ class KubeStatusReporter:
         self.api = api
         self.namespace = namespace
         self.cluster = cluster
-        self.kube = KubeClient(Credentials.from_path(kube_config))
-        self._topics: dict[str, dict[str, Any]] = {}  # what each Topic's status was patched to
+        self.kube = KubeClient(Credentials.from_path(kube_config), field_manager=FIELD_MANAGER)
         self._members: dict[str, Any] | None = None
         self._heartbeat = 0.0
         self._warned = 0.0
@@ -57,7 +57,6 @@ class KubeStatusReporter:
                 await asyncio.sleep(REPORT_INTERVAL_S)
                 broker = self.api.broker
                 if broker.metadata_leader != broker.id:
-                    self._topics.clear()  # a new term of reporting starts from scratch
                     self._members = None
                     continue
                 try:
@@ -90,9 +89,11 @@ class KubeStatusReporter:
             for p in status["partitions"]:
                 if p["leader"] in leaders:
                     leaders[p["leader"]] += 1
-            if self._topics.get(name) != status:
+            # against what the object shows now, not what this broker last wrote: the operator
+            # writes the status too (the answer to creating the topic, maybe before leaders)
+            shown = obj.get("status") or {}
+            if any(shown.get(key) != value for key, value in status.items()):
                 await self.kube.patch_status(API_VERSION, "Topic", self.namespace, name, status)
-                self._topics[name] = status
         hosted = {node: len(items) for node, items in view.items()}
         members = {
             "members": [
