@@ -116,6 +116,9 @@ async def _scale_step(
     current = int(sts["spec"]["replicas"]) if sts else wanted
     if wanted >= current:
         _set_condition(patch, body, "ScaleDown", "False", "NotScalingDown", "")
+        if wanted > current:  # until the new brokers joined and placement converged
+            message = f"scaling up to {wanted}: new brokers join, then partitions move to them"
+            _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
         return wanted, ""
     leaving = node_id(cluster, current - 1)
     try:
@@ -166,9 +169,10 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
     running = int(((sts or {}).get("spec") or {}).get("replicas", wanted))
     reported = _reported(dict(body))
     moving = int(status.get("rebalancingPartitions") or 0) if reported else 0
+    joining = _joining(dict(body), wanted) if reported else []
     if running > wanted:
         changes["phase"] = "ScalingDown"
-    elif moving:
+    elif moving or joining:
         changes["phase"] = "Rebalancing"
     else:
         changes["phase"] = "Running" if ready >= wanted and replicas == wanted else "Pending"
@@ -179,10 +183,26 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         _set_condition(patch, body, "Ready", "True", "AllBrokersReady", f"{ready}/{wanted} ready")
     else:
         _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
-    _placement_conditions(patch, body, reported, moving)
+    _placement_conditions(patch, body, reported, moving, joining)
 
 
-def _placement_conditions(patch: kopf.Patch, body: kopf.Body, reported: bool, moving: int) -> None:
+def _joining(cluster: dict[str, Any], wanted: int) -> list[str]:
+    """The brokers of the first `wanted` ordinals the brokers' report does not show alive
+    (none when the report lists no members)."""
+    members = (cluster.get("status") or {}).get("members")
+    if members is None:
+        return []
+    alive = {m["name"] for m in members if m.get("state") == "alive"}
+    try:
+        expected = [node_id(cluster, ordinal) for ordinal in range(wanted)]
+    except IndexError:  # node ids listed for fewer brokers than wanted (tests)
+        return []
+    return [node for node in expected if node not in alive]
+
+
+def _placement_conditions(
+    patch: kopf.Patch, body: kopf.Body, reported: bool, moving: int, joining: list[str]
+) -> None:
     """Rebalancing and Degraded, from what the brokers last reported."""
     if not reported:
         why = f"no broker has reported for {STALE_REPORT_S:.0f} s"
@@ -192,6 +212,9 @@ def _placement_conditions(patch: kopf.Patch, body: kopf.Body, reported: bool, mo
     if moving:
         message = f"{moving} partitions moving to the brokers placement chose"
         _set_condition(patch, body, "Rebalancing", "True", "PartitionsMoving", message)
+    elif joining:
+        message = f"waiting for {', '.join(joining)} to join the cluster"
+        _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
     else:
         message = "every led partition is on the brokers placement chose"
         _set_condition(patch, body, "Rebalancing", "False", "Converged", message)

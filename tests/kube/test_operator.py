@@ -353,9 +353,18 @@ def test_rebalancing_and_degraded_follow_what_the_brokers_report(
     patched in as the broker's ServiceAccount would."""
     crds.apply(local_cluster_object(namespace, [f"http://{loopback_prefix()}.1:9"]))
 
-    def report(moving: int, under: int) -> None:
+    def report(moving: int, under: int, members: list[str] | None = None) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {"reportedAt": stamp, "rebalancingPartitions": moving, "underReplicated": under}
+        body: dict[str, Any] = {
+            "reportedAt": stamp,
+            "rebalancingPartitions": moving,
+            "underReplicated": under,
+        }
+        if members is not None:
+            body["members"] = [
+                {"name": n, "state": "alive", "weight": 1, "leaders": 0, "replicas": 0}
+                for n in members
+            ]
         crds.kubectl(
             "patch", "laminarcluster/demo", "-n", namespace, "--subresource=status",
             "--type=merge", "-p", json.dumps({"status": body}),
@@ -374,7 +383,11 @@ def test_rebalancing_and_degraded_follow_what_the_brokers_report(
     assert moving["condition"]["message"].startswith("3 partitions moving")
     degraded = wait_for("Degraded", lambda: shown("Degraded", "True"))
     assert degraded["condition"]["reason"] == "UnderReplicated"
-    report(moving=0, under=0)
+    report(moving=0, under=0, members=["demo-0", "demo-1"])
+    joining = wait_for("a broker joining", lambda: (s := shown("Rebalancing", "True")) and
+                       s["condition"]["reason"] == "BrokersJoining" and s)  # fmt: skip
+    assert joining["condition"]["message"] == "waiting for demo-2 to join the cluster"
+    report(moving=0, under=0, members=["demo-0", "demo-1", "demo-2"])
     converged = wait_for("converged", lambda: shown("Rebalancing", "False"))
     assert converged["condition"]["reason"] == "Converged"
     assert converged["phase"] == "Pending"  # no kubelet here: no broker pod gets ready
