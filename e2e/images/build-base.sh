@@ -7,7 +7,7 @@
 set -euo pipefail
 IMAGE=${LAMINAR_BASE_IMAGE:-localhost/laminar-base:bookworm}
 CACHE=${LAMINAR_IMAGE_CACHE:-$HOME/.cache/laminar/images}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+source "$(dirname "$0")/../kind/versions.sh"  # debian_mirror: the machine's apt source
 PODMAN=(podman --runtime runc)
 tarball=$CACHE/base-bookworm.tar
 
@@ -17,8 +17,10 @@ if [[ ! -s $tarball ]]; then
   mkdir -p "$CACHE"
   root=$(mktemp -d)
   trap 'rm -rf "$root"' EXIT
+  mirror=$(debian_mirror)
+  [[ -n $mirror ]] || { echo "no Debian mirror in /etc/apt/sources*; set DEBIAN_MIRROR" >&2; exit 1; }
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-    bookworm "$root" "$MIRROR" >&2
+    bookworm "$root" "$mirror" >&2
   if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
     cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
     chroot "$root" update-ca-certificates >&2

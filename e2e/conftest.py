@@ -1,0 +1,107 @@
+"""The kind cluster the end-to-end tests share (e2e/cluster.py makes it), and a small face on
+kubectl, helm and a client pod inside the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from . import cluster as kind_cluster
+
+T = TypeVar("T")
+WORKLOAD = Path(__file__).with_name("workload.py")
+WAIT_S = 300.0
+POLL_S = 1.0
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
+    """Poll `probe` until it returns something true; fail, naming `what`, after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+class Kube:
+    """kubectl and helm against the kind cluster, with their errors in the failure message."""
+
+    def __init__(self, kubeconfig: Path, tools: kind_cluster.Tools) -> None:
+        self.kubeconfig = kubeconfig
+        self.tools = tools
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 600.0) -> str:
+        return self._run(self.tools.kubectl, *args, stdin=stdin, timeout_s=timeout_s)
+
+    def helm(self, *args: str, timeout_s: float = 600.0) -> str:
+        return self._run(self.tools.helm, *args, timeout_s=timeout_s)
+
+    def _run(self, tool: Path, *args: str, stdin: str | None = None, timeout_s: float) -> str:
+        command = [str(tool), "--kubeconfig", str(self.kubeconfig), *args]
+        done = subprocess.run(
+            command, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        assert done.returncode == 0, (
+            f"{' '.join(command[2:])} exited {done.returncode}:\n"
+            f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
+        )
+        return done.stdout
+
+    def get(self, what: str, *args: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.kubectl("get", what, "-o", "json", *args))
+        return found
+
+    def exists(self, what: str, *args: str) -> bool:
+        names = self.kubectl("get", what, "-o", "name", "--ignore-not-found", *args)
+        return bool(names.strip())
+
+    def metrics(self, pod: str, port: int = 7070) -> str:
+        """A pod's /metrics, through the API server's proxy."""
+        return self.kubectl("get", "--raw", f"/api/v1/namespaces/default/pods/{pod}:{port}/proxy"
+                            "/metrics")  # fmt: skip
+
+    def workload(self, pod: str, *args: str, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+        """Run e2e/workload.py in `pod`; the JSON lines it printed."""
+        out = self.kubectl("exec", "-i", pod, "--", "python3", "-", *args,
+                           stdin=WORKLOAD.read_text(), timeout_s=timeout_s)  # fmt: skip
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    def start_workload(self, pod: str, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [str(self.tools.kubectl), "--kubeconfig", str(self.kubeconfig), "exec", "-i", pod,
+             "--", "python3", "-", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdin is not None
+        process.stdin.write(WORKLOAD.read_text())
+        process.stdin.close()
+        process.stdin = None  # all given: communicate() has nothing more to send
+        return process
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    why = kind_cluster.why_not_here()
+    if why:
+        pytest.skip(f"kind e2e: {why}")
+    # LAMINAR_KIND_CLUSTER: a cluster of that name (made if missing), kept afterwards
+    name = os.environ.get("LAMINAR_KIND_CLUSTER") or f"laminar-e2e-{secrets.token_hex(3)}"
+    keep = bool(os.environ.get("LAMINAR_KIND_KEEP") or os.environ.get("LAMINAR_KIND_CLUSTER"))
+    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
+    try:
+        made = kind_cluster.up(name, kubeconfig)
+        yield Kube(made.kubeconfig_path, kind_cluster.Tools.build())
+    finally:
+        if not keep:
+            kind_cluster.down(name)

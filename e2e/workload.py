@@ -1,0 +1,85 @@
+"""What the end-to-end tests run inside the cluster, in a client pod of the broker image (it
+carries the Python client): ``kubectl exec -i <pod> -- python3 - <command> ...`` with this file
+on stdin. Every line it prints is one JSON object.
+
+    produce BROKERS TOPIC PREFIX MAX_RECORDS MAX_S STOP_FILE
+        Sends PREFIX-0, PREFIX-1, ... with the idempotent Producer, paced, until STOP_FILE
+        exists, MAX_RECORDS were sent or MAX_S passed. Prints {"value", "partition", "index"}
+        for every record acknowledged and {"error"} for every one that failed, then
+        {"sent", "acknowledged", "errors"}.
+    read BROKERS TOPIC
+        Prints {"partition", "index", "value"} for every committed record of every partition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import Future
+
+from laminar.client import Client, RecordMetadata
+
+PACE_S = 0.01  # between sends: a few thousand records span a fault
+READ_BATCH = 1000
+
+
+def emit(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def produce(
+    brokers: str, topic: str, prefix: str, max_records: int, max_s: float, stop_file: str
+) -> None:
+    deadline = time.monotonic() + max_s
+    sent: list[tuple[str, Future[RecordMetadata]]] = []
+    with Client(brokers.split(",")) as client, client.producer(topic, linger_ms=2) as producer:
+        while len(sent) < max_records and time.monotonic() < deadline:
+            if os.path.exists(stop_file):
+                break
+            value = f"{prefix}-{len(sent)}"
+            sent.append((value, producer.send(value.encode())))
+            time.sleep(PACE_S)
+        producer.flush()
+    acknowledged = errors = 0
+    for value, future in sent:
+        try:
+            where = future.result(timeout=0)
+        except Exception as e:  # the test reports every error by name
+            errors += 1
+            emit(value=value, error=f"{type(e).__name__}: {e}")
+        else:
+            acknowledged += 1
+            emit(value=value, partition=where.partition, index=where.index)
+    emit(sent=len(sent), acknowledged=acknowledged, errors=errors)
+
+
+def read(brokers: str, topic: str) -> None:
+    with Client(brokers.split(",")) as client:
+        for partition in range(client.partition_count(topic)):
+            start = client.read(topic, partition, max_records=1)
+            at, end = start.log_start, start.commit_index
+            while at <= end:
+                got = client.read(topic, partition, at, max_records=READ_BATCH)
+                for record in got.records:
+                    value = record.value.decode() if record.value is not None else None
+                    emit(partition=partition, index=record.index, value=value)
+                if got.next_index <= at:
+                    raise RuntimeError(f"no progress reading {topic}/{partition} at {at}")
+                at = got.next_index
+
+
+def main() -> None:
+    command, *args = sys.argv[1:]
+    if command == "produce":
+        brokers, topic, prefix, max_records, max_s, stop_file = args
+        produce(brokers, topic, prefix, int(max_records), float(max_s), stop_file)
+    elif command == "read":
+        read(*args)
+    else:
+        sys.exit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main()
