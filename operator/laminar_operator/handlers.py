@@ -119,6 +119,7 @@ async def _scale_step(
         if wanted > current:  # until the new brokers joined and placement converged
             message = f"scaling up to {wanted}: new brokers join, then partitions move to them"
             _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
+            await _undrain(cluster, body, [node_id(cluster, o) for o in range(current, wanted)])
         return wanted, ""
     leaving = node_id(cluster, current - 1)
     try:
@@ -146,6 +147,20 @@ async def _scale_step(
     more = f"scaling down to {wanted}" if current - 1 > wanted else ""
     _set_condition(patch, body, "ScaleDown", "True" if more else "False", "Drained", message)
     return current - 1, more
+
+
+async def _undrain(cluster: dict[str, Any], body: kopf.Body, nodes: list[str]) -> None:
+    """The ordinals a scale-up brings back were drained by the scale-down that removed them:
+    let placement use them again (best effort: a failure is a Warning event, not a stop)."""
+    try:
+        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+            for node in nodes:
+                try:
+                    await client.undrain(node)
+                except NotFound:
+                    continue  # never a member: nothing to undo
+    except LaminarError as e:
+        kopf.warn(body, reason="UndrainFailed", message=f"{', '.join(nodes)} may stay drained: {e}")
 
 
 @kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)

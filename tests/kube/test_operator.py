@@ -341,6 +341,20 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         condition = wait_for("the refusal", refused)
         assert "replication factor 3" in condition["message"]
         assert sts_replicas() == 3
+
+        # scaling up again brings the drained broker back into placement
+        crds.kubectl("scale", "laminarcluster/demo", "--replicas=4", "-n", namespace)
+
+        def draining() -> bool:
+            async def ask() -> bool:
+                async with AsyncClient(four.urls) as client:
+                    return any(m.draining for m in (await client.cluster()).members if
+                               m.id == last)  # fmt: skip
+
+            return asyncio.run(ask())
+
+        wait_for("4 replicas again", lambda: sts_replicas() == 4)
+        wait_for(f"{last} undrained", lambda: not draining())
     finally:
         four.stop()
 

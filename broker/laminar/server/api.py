@@ -354,7 +354,8 @@ class Api:
 
     def _node(self, request: web.Request) -> str:
         node = request.match_info["node"]
-        known = set(self.broker.members()) | set(self.broker.state.weights)
+        state = self.broker.state
+        known = set(self.broker.members()) | set(state.weights) | state.draining
         if not NODE_ID.fullmatch(node) or node not in known:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
         return node
