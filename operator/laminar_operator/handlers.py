@@ -119,7 +119,8 @@ async def _scale_step(
         if wanted > current:  # until the new brokers joined and placement converged
             message = f"scaling up to {wanted}: new brokers join, then partitions move to them"
             _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
-            await _undrain(cluster, body, [node_id(cluster, o) for o in range(current, wanted)])
+        if sts is not None:
+            await _undrain(cluster, body, current, wanted)
         return wanted, ""
     leaving = node_id(cluster, current - 1)
     try:
@@ -149,18 +150,25 @@ async def _scale_step(
     return current - 1, more
 
 
-async def _undrain(cluster: dict[str, Any], body: kopf.Body, nodes: list[str]) -> None:
-    """The ordinals a scale-up brings back were drained by the scale-down that removed them:
-    let placement use them again (best effort: a failure is a Warning event, not a stop)."""
+async def _undrain(cluster: dict[str, Any], body: kopf.Body, current: int, wanted: int) -> None:
+    """Brokers a scale-down drained, and that the cluster wants again (a scale-up bringing
+    their ordinals back, or a scale-down given up): let placement use them again. Best
+    effort: a failure is a Warning event, not a stop."""
+    returning = [node_id(cluster, ordinal) for ordinal in range(current, wanted)]
+    staying = {node_id(cluster, ordinal) for ordinal in range(min(current, wanted))}
     try:
         async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
-            for node in nodes:
+            members = (await client.cluster()).members
+            drained = [m.id for m in members if m.draining and m.id in staying]
+            for node in returning + drained:
                 try:
                     await client.undrain(node)
                 except NotFound:
                     continue  # never a member: nothing to undo
     except LaminarError as e:
-        kopf.warn(body, reason="UndrainFailed", message=f"{', '.join(nodes)} may stay drained: {e}")
+        if returning:
+            message = f"{', '.join(returning)} may stay drained: {e}"
+            kopf.warn(body, reason="UndrainFailed", message=message)
 
 
 @kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)
