@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -70,3 +71,10 @@ async def wait_until(
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child the test stops with SIGINT (Ctrl-C): a shell that runs the
+    tests in the background hands every child SIGINT ignored, and Python then never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -26,6 +26,8 @@ import pytest
 
 from laminar.client import partition_for
 
+from .conftest import interruptible
+
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 60
@@ -274,6 +276,7 @@ def test_consume_bounds_and_follow(cluster3: Any) -> None:
         [sys.executable, "-m", "laminar", "consume", name, "--follow",
          "--brokers", ",".join(cluster3.urls)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+        preexec_fn=interruptible,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + TIMEOUT_S

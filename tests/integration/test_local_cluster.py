@@ -13,7 +13,7 @@ import pytest
 
 from laminar.local_cluster import LocalCluster, pid_alive, probe
 
-from .conftest import loopback_prefix
+from .conftest import interruptible, loopback_prefix
 
 pytestmark = pytest.mark.integration
 LAMINAR = [sys.executable, "-m", "laminar"]
@@ -92,6 +92,7 @@ def test_foreground_up_stops_on_ctrl_c(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert process.stdout is not None
