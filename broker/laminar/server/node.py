@@ -331,11 +331,10 @@ class Broker:
         as when it was created (safe for a member with an empty log: nothing it never
         persisted was counted in a quorum), or none while the topic is unknown."""
         known = self.state.topics.get(topic)
-        if known is None or created not in (None, known.created_index):
+        found = self._assignment_conf(f"{topic}/{partition}")
+        if known is None or found is None or created not in (None, known.created_index):
             return ConfState(())
-        if partition >= len(known.assignment):
-            return ConfState(())
-        return ConfState(tuple(sorted(known.assignment[partition])))
+        return found[2]
 
     def _topic_deleted(self, topic: str, created_index: int) -> bool:
         """Has this node applied the deletion of the topic created at `created_index`?"""
@@ -476,8 +475,8 @@ class Broker:
     def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
         topic_name, _, number = group.rpartition("/")
         topic = self.state.topics.get(topic_name)
-        if topic is None or not number.isdigit() or int(number) >= topic.partitions:
-            return None
+        if topic is None or not number.isdigit() or int(number) >= len(topic.assignment):
+            return None  # (the assignment lists every partition of a topic it knows)
         partition = int(number)
         return topic_name, partition, ConfState(tuple(sorted(topic.assignment[partition])))
 
