@@ -7,31 +7,26 @@ import json
 import os
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from tests.kube.test_operator import wait_for as kube_wait_for
+
 from . import cluster as kind_cluster
 
 T = TypeVar("T")
 WORKLOAD = Path(__file__).with_name("workload.py")
 WAIT_S = 300.0
-POLL_S = 1.0
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
-    """Poll `probe` until it returns something true; fail, naming `what`, after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
+    """The operator tests' `wait_for`, with the longer default a kind node needs (pods start,
+    images unpack)."""
+    found: T = kube_wait_for(what, probe, timeout_s)
+    return found
 
 
 class Kube:

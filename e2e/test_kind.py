@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import IMAGE_TAG, ROOT
 from .conftest import Kube, wait_for
@@ -146,13 +147,11 @@ def pod_names(kube: Kube) -> list[str]:
 
 
 def gauge(metrics: str, name: str, **labels: str) -> float | None:
-    """A metric's value in a Prometheus text exposition (None when absent)."""
-    for line in metrics.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        shown = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(shown.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
+    """A sample's value in a Prometheus text exposition (None when absent)."""
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
     return None
 
 

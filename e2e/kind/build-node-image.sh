@@ -29,9 +29,6 @@ node_tarball=$("$here"/rootfs.sh node "$NODE_PACKAGES")
 proxy_tarball=$("$here"/rootfs.sh proxy "$PROXY_PACKAGES")
 tools=$("$here"/build-tools.sh)
 kube=$("$root_dir"/e2e/kube/build-binaries.sh)
-kind_source=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
-
 work=$(mktemp -d)
 build_container=laminar-kind-node-build-$$
 base=localhost/laminar-kind-node-base:$recipe
@@ -43,6 +40,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+kind_source=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
 R=$work/rootfs
 mkdir -p "$R" "$work/images" "$work/context"
 tar -C "$R" -xf "$node_tarball"
