@@ -403,6 +403,12 @@ def test_7_a_rolling_restart_hands_leaderships_over(kube: Kube) -> None:
 def test_8_the_xdp_router_in_the_pods(kube: Kube) -> None:
     kube.kubectl("patch", "laminarcluster/demo", "--type=merge",
                  "-p", json.dumps({"spec": {"xdp": {"enabled": True}}}))  # fmt: skip
+
+    def templated() -> bool:  # the operator applied it: else the rollout below is the old one
+        spec = kube.get("statefulset/demo")["spec"]["template"]["spec"]
+        return any(c["name"] == "xdp-router" for c in spec.get("initContainers") or [])
+
+    wait_for("the StatefulSet's template with the XDP init container", templated)
     kube.kubectl("rollout", "status", "statefulset/demo", "--timeout=600s", timeout_s=660)
     wait_for("3 brokers ready", lambda: cluster_status(kube).get("readyReplicas") == 3)
     for pod in pod_names(kube):
