@@ -351,6 +351,8 @@ def test_6_a_broker_pod_force_deleted_under_load(kube: Kube) -> None:
     kube.kubectl("delete", "pod", victim, "--force", "--grace-period=0")
 
     def back() -> bool:
+        if not kube.exists(f"pod/{victim}"):  # deleted, not yet made again
+            return False
         pod = kube.get(f"pod/{victim}")
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         replaced = pod["metadata"]["uid"] != started
