@@ -203,6 +203,7 @@ def test_1_helm_installs_the_operator(kube: Kube) -> None:
         "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", "5m",
         "--set", f"image.repository={OPERATOR_IMAGE.split(':')[0]}",
         "--set", f"image.tag={IMAGE_TAG}",
+        "--set", "xdp.allowed=true",  # scenario 8 runs the XDP router (docs/kubernetes.md)
     )  # fmt: skip
     kube.kubectl("wait", "--for=condition=Established", *CRDS, "--timeout=60s")
     kube.kubectl("wait", "--for=condition=Available", f"deployment/{RELEASE}",
@@ -243,7 +244,9 @@ def test_2_a_cluster_of_three_brokers(kube: Kube) -> None:
     for pod in pod_names(kube):
         assert gauge(kube.metrics(pod), "laminar_swim_members", state="alive") == 3, pod
 
+    # the label the cluster's NetworkPolicy admits to the brokers' API port
     kube.kubectl("run", CLIENT, f"--image={BROKER_IMAGE}", "--image-pull-policy=Never",
+                 "--labels=laminarmq.io/client=true",
                  "--restart=Never", "--command", "--", "sleep", "7200")  # fmt: skip
     kube.kubectl("wait", "--for=condition=Ready", f"pod/{CLIENT}", "--timeout=180s")
 
@@ -433,7 +436,8 @@ def test_9_deleting_removes_what_it_owns(kube: Kube) -> None:
     kube.kubectl("delete", f"topic.laminarmq.io/{TOPIC}", "--timeout=120s")
     kube.kubectl("delete", "pod", CLIENT, "--timeout=120s")
     owned = ("statefulset/demo", "service/demo", "service/demo-peers", "configmap/demo-config",
-             "secret/demo-secret", "poddisruptionbudget/demo", "serviceaccount/demo-broker",
+             "secret/demo-secret", "poddisruptionbudget/demo", "networkpolicy/demo",
+             "serviceaccount/demo-broker",
              "role/demo-broker", "rolebinding/demo-broker")  # fmt: skip
     for what in owned:
         assert kube.exists(what), what

@@ -1,5 +1,5 @@
 """A small Kubernetes API client (the operator's, and the brokers' status reports): server-side
-apply, get, list, merge-patch of status.
+apply, create, get, list, delete, merge-patch of status.
 
 Credentials come from the kubeconfig (`KUBECONFIG`, else ~/.kube/config: its current
 context's server, CA and bearer token) or, inside a pod, from the ServiceAccount mount. Only
@@ -26,6 +26,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PLURALS = {
     "ConfigMap": "configmaps",
     "LaminarCluster": "laminarclusters",
+    "NetworkPolicy": "networkpolicies",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "Role": "roles",
     "RoleBinding": "rolebindings",
@@ -153,6 +154,32 @@ class KubeClient:
         answer = await self._request("PATCH", path + query, obj, "application/apply-patch+yaml")
         assert answer is not None
         return answer
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create `obj`; None, and the object left as it is, when it exists already (the
+        operator's Secrets: created once, never read back)."""
+        meta = obj["metadata"]
+        path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"])
+        try:
+            return await self._request("POST", path + f"?fieldManager={self.field_manager}", obj)
+        except KubeError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete one object (only if its uid is still `uid`, when given); False when there
+        was none."""
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await self._request("DELETE", path_of(api_version, kind, namespace, name), body)
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[dict[str, Any]]:
         found = await self._request("GET", path_of(api_version, kind, namespace))

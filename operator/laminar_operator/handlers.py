@@ -4,12 +4,17 @@
 
 A LaminarCluster is reconciled on create, on every spec change and on operator start: its
 objects are server-side applied (idempotent; a changed spec rolls the StatefulSet through the
-pod template's spec hash). The HMAC key is generated once and kept; the initial node set is
-the replicas the cluster was created with, read back from its ConfigMap. Status: replicas,
-readyReplicas and selector (the scale subresource's), phase, the Ready condition and
-observedGeneration, refreshed by a timer from the StatefulSet; the Rebalancing and Degraded
-conditions from what the brokers report (rebalancingPartitions, underReplicated), Unknown while
-their reports are stale.
+pod template's spec hash). The HMAC key's Secret is created once and never read (the operator
+may create Secrets, not read them); the initial node set is the replicas the cluster was
+created with, read back from its ConfigMap. The NetworkPolicy is applied, or deleted when
+spec.networkPolicy.enabled turns false. spec.xdp.enabled is honoured only where the operator
+allows XDP (LAMINAR_XDP_ALLOWED, the chart's xdp.allowed); elsewhere the XdpAllowed condition
+is False and a Warning event says why.
+
+Status: replicas, readyReplicas and selector (the scale subresource's), phase, the Ready
+condition and observedGeneration, refreshed by a timer from the StatefulSet; the Rebalancing
+and Degraded conditions from what the brokers report (rebalancingPartitions, underReplicated),
+Unknown while their reports are stale.
 
 A Topic is created or altered (partitions grow, config) through the brokers' admin API, and
 deleted with it (a finalizer; when the brokers stay unreachable the deletion lets go after
@@ -20,8 +25,8 @@ refuses is a PermanentError (the schema rejects most before the operator sees th
 
 from __future__ import annotations
 
-import base64
 import datetime
+import os
 import secrets
 from typing import Any
 
@@ -40,24 +45,40 @@ BACKOFF_S = 5.0
 SCALE_POLL_S = 2.0
 
 
+#: "true" lets clusters run the privileged XDP init container (the chart's xdp.allowed).
+XDP_ALLOWED_ENV = "LAMINAR_XDP_ALLOWED"
+#: The namespace the operator runs in (the chart sets it from the downward API); its pods are
+#: admitted to the brokers' API port. Unset (an operator outside the cluster): none is.
+OPERATOR_NAMESPACE_ENV = "LAMINAR_OPERATOR_NAMESPACE"
+XDP_NOT_ALLOWED = (
+    "spec.xdp.enabled is ignored: this operator does not allow the privileged XDP init "
+    "container (the operator chart's value xdp.allowed is false; an administrator may set it "
+    "to true). The brokers run without the XDP router."
+)
+
+
+def xdp_allowed(environ: Any = os.environ) -> bool:
+    return str(environ.get(XDP_ALLOWED_ENV, "")).strip().lower() in ("1", "true", "yes")
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    # No watching of namespaces and CRDs: the operator serves its two resources, whose CRDs
+    # are installed before it (the chart's crds/), in the namespaces it is given by exact name
+    # (--namespace) or in all (--all-namespaces). So it needs no cluster-wide read of
+    # namespaces or CRDs (docs/kubernetes.md, "Privileges").
+    settings.scanning.disabled = True
     memo.kube = KubeClient(Credentials.from_environment())
+    memo.xdp_allowed = xdp_allowed()
+    memo.operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or None
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.kube.close()
-
-
-async def _hmac_key(kube: KubeClient, namespace: str, name: str) -> bytes:
-    found = await kube.get("v1", "Secret", namespace, manifests.secret_name(name))
-    if found and manifests.SECRET_KEY in (found.get("data") or {}):
-        return base64.b64decode(found["data"][manifests.SECRET_KEY])
-    return secrets.token_bytes(32)
 
 
 async def _initial_replicas(kube: KubeClient, namespace: str, name: str, spec: Any) -> int:
@@ -73,15 +94,24 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     kube: KubeClient = memo.kube
     cluster = dict(body)
     name, namespace = manifests.names(cluster)
+    allowed = bool(memo.xdp_allowed)
+    _xdp_condition(patch, body, manifests.xdp_wanted(cluster), allowed)
     try:
-        key = await _hmac_key(kube, namespace, name)
         initial = await _initial_replicas(kube, namespace, name, body.spec)
         replicas, draining = await _scale_step(kube, cluster, body, patch)
         objects = manifests.owned(
-            cluster, hmac_key=key, initial_replicas=initial, replicas=replicas
+            cluster,
+            initial_replicas=initial,
+            replicas=replicas,
+            xdp_allowed=allowed,
+            operator_namespace=memo.operator_namespace,
         )
+        # the key: made once (a Secret that exists is left alone, never read back)
+        await kube.create(manifests.secret(cluster, secrets.token_bytes(32)))
         for obj in objects:
             await kube.apply(obj)
+        if not manifests.network_policy_enabled(cluster):
+            await _delete_network_policy(kube, cluster)
     except KubeError as e:
         _set_condition(patch, body, "Ready", "False", "ApplyFailed", str(e))
         raise kopf.TemporaryError(f"applying {namespace}/{name}: {e}", delay=BACKOFF_S) from e
@@ -89,6 +119,31 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     patch.status["observedGeneration"] = body.metadata.get("generation")
     if draining:
         raise kopf.TemporaryError(draining, delay=SCALE_POLL_S)
+
+
+def _xdp_condition(patch: kopf.Patch, body: kopf.Body, wanted: bool, allowed: bool) -> None:
+    """XdpAllowed: False (and a Warning event) while the spec asks for XDP that the operator
+    does not allow; True otherwise (set only once a spec has asked for XDP)."""
+    if wanted and not allowed:
+        _set_condition(patch, body, "XdpAllowed", "False", "XdpNotAllowed", XDP_NOT_ALLOWED)
+        kopf.warn(body, reason="XdpNotAllowed", message=XDP_NOT_ALLOWED)
+    elif wanted:
+        message = "the XDP router is loaded by a privileged init container"
+        _set_condition(patch, body, "XdpAllowed", "True", "XdpAllowed", message)
+    elif any(c.get("type") == "XdpAllowed" for c in body.status.get("conditions") or []):
+        _set_condition(patch, body, "XdpAllowed", "True", "XdpNotRequested", "")
+
+
+async def _delete_network_policy(kube: KubeClient, cluster: dict[str, Any]) -> None:
+    """The cluster's NetworkPolicy, gone (spec.networkPolicy.enabled turned false): only the
+    one this cluster owns, not another of the same name."""
+    name, namespace = manifests.names(cluster)
+    found = await kube.get("networking.k8s.io/v1", "NetworkPolicy", namespace, name)
+    owners = ((found or {}).get("metadata") or {}).get("ownerReferences") or []
+    uid = cluster["metadata"]["uid"]
+    if found and any(o.get("uid") == uid for o in owners):
+        policy_uid = found["metadata"]["uid"]
+        await kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, name, policy_uid)
 
 
 def node_id(cluster: dict[str, Any], ordinal: int) -> str:

@@ -1,12 +1,19 @@
 """What the operator owns for one LaminarCluster, built from its spec: pure functions, no I/O.
 
 `owned(cluster, ...)` lists, in the order they are applied: the broker ServiceAccount with a
-Role that may only get and patch the status of LaminarClusters and Topics (and its binding),
-the Secret with the cluster HMAC key, the ConfigMap of broker settings (LAMINAR_* variables),
-the headless peer Service, the client Service, the StatefulSet and the PodDisruptionBudget.
-Every object carries the cluster's labels and an owner reference to it, so that deleting the
-cluster garbage-collects them. `cluster` is the custom object as the API server returns it
-(defaults applied); missing fields take the CRD's defaults here too.
+Role that may only list Topics and patch the status of LaminarClusters and Topics (and its
+binding),
+the ConfigMap of broker settings (LAMINAR_* variables), the headless peer Service, the client
+Service, the StatefulSet, the PodDisruptionBudget and, unless spec.networkPolicy.enabled is
+false, the NetworkPolicy. The Secret with the cluster HMAC key (`secret`) is created once,
+before them, and never applied again. Every object carries the cluster's labels and an owner
+reference to it, so that deleting the cluster garbage-collects them. `cluster` is the custom
+object as the API server returns it (defaults applied); missing fields take the CRD's defaults
+here too.
+
+Two settings are the operator's, not the cluster's: whether the privileged XDP init container
+may run at all (`xdp_allowed`, the chart's xdp.allowed), and the namespace the operator runs in
+(admitted to the brokers' API port by the NetworkPolicy).
 """
 
 from __future__ import annotations
@@ -34,6 +41,13 @@ POD_INTERFACE = "eth0"
 BPF_FS = "/sys/fs/bpf"
 #: Where the broker container sees its pod's pinned XDP maps (read-only), to export counters.
 XDP_PIN_MOUNT = "/run/laminar/xdp"
+#: Pods of a cluster's namespace with this label are admitted to its brokers' API port.
+CLIENT_LABEL = f"{API_GROUP}/client"
+#: Namespaces with this label are admitted to the API port (Prometheus scrapes /metrics there)
+#: while spec.networkPolicy.metricsNamespaceSelector is unset (set, it replaces this).
+METRICS_LABEL = f"{API_GROUP}/metrics"
+#: The label of the operator's pods (the chart's), admitted from the operator's namespace.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "laminar-operator"}
 
 Object = dict[str, Any]
 
@@ -46,7 +60,14 @@ DEFAULTS: Object = {
     "config": {"replicationFactor": 3, "fsync": "always"},
     "xdp": {"enabled": False},
     "workersPerPod": 1,
+    "networkPolicy": {
+        "enabled": True,
+        "clientSelectors": [],
+        "metricsNamespaceSelector": {"matchLabels": {METRICS_LABEL: "true"}},
+    },
 }
+#: Spec fields that change no pod: a change of them does not roll the StatefulSet.
+NOT_IN_PODS = ("replicas", "networkPolicy")
 
 
 def spec_of(cluster: Object) -> Object:
@@ -137,8 +158,9 @@ def service_account(cluster: Object) -> Object:
 
 
 def role(cluster: Object) -> Object:
-    """The brokers may read and patch the status of this namespace's clusters and topics,
-    nothing else (they report leadership and membership there)."""
+    """The brokers may list this namespace's topics and merge-patch the status of its clusters
+    and topics, nothing else (they report leadership and membership there; they read the
+    Topics' status from the list)."""
     name, _ = names(cluster)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -148,7 +170,7 @@ def role(cluster: Object) -> Object:
             {
                 "apiGroups": [API_GROUP],
                 "resources": ["laminarclusters/status", "topics/status"],
-                "verbs": ["get", "patch"],
+                "verbs": ["patch"],
             },
             {
                 "apiGroups": [API_GROUP],
@@ -172,8 +194,9 @@ def role_binding(cluster: Object) -> Object:
 
 
 def secret(cluster: Object, hmac_key: bytes) -> Object:
-    """The cluster's HMAC key (brokers authenticate each other with it). Generated once by
-    the operator and never rebuilt: `hmac_key` is the one already stored, if any."""
+    """The cluster's HMAC key (brokers authenticate each other with it). Created once by the
+    operator with a new random key, and never changed or read back after: the operator may
+    create Secrets, not read them."""
     name, _ = names(cluster)
     return {
         "apiVersion": "v1",
@@ -255,19 +278,29 @@ def _pod_selector(name: str) -> dict[str, str]:
     return {k: v for k, v in labels(name).items() if k != "app.kubernetes.io/managed-by"}
 
 
-def spec_hash(cluster: Object, initial_replicas: int) -> str:
-    """Changes whenever what the pods run changes (not with replicas): a new value in the pod
-    template rolls the StatefulSet."""
+def xdp_wanted(cluster: Object) -> bool:
+    """Does the cluster's spec ask for the XDP router?"""
+    return bool(spec_of(cluster)["xdp"].get("enabled"))
+
+
+def spec_hash(cluster: Object, initial_replicas: int, xdp_allowed: bool = False) -> str:
+    """Changes whenever what the pods run changes (not with replicas, nor the NetworkPolicy):
+    a new value in the pod template rolls the StatefulSet. XDP counts as the pods run it (on
+    only when the spec asks and the operator allows it)."""
     spec = spec_of(cluster)
-    relevant = {k: v for k, v in spec.items() if k != "replicas"}
+    relevant = {k: v for k, v in spec.items() if k not in NOT_IN_PODS}
+    relevant["xdp"] = {**spec["xdp"], "enabled": xdp_wanted(cluster) and xdp_allowed}
     relevant["settings"] = broker_settings(cluster, initial_replicas)
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
     return digest[:16]
 
 
-def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = None) -> Object:
+def stateful_set(
+    cluster: Object, initial_replicas: int, replicas: int | None = None, xdp_allowed: bool = False
+) -> Object:
     """The brokers. `replicas` overrides spec.replicas (a scale-down shrinks the StatefulSet
-    only once the leaving brokers host nothing)."""
+    only once the leaving brokers host nothing). The privileged XDP init container is there
+    only when spec.xdp.enabled asks for it and the operator's `xdp_allowed` permits it."""
     name, _ = names(cluster)
     spec = spec_of(cluster)
     storage = spec["storage"]
@@ -357,7 +390,7 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
         "containers": [broker],
         "volumes": volumes,
     }
-    if spec["xdp"].get("enabled"):
+    if xdp_wanted(cluster) and xdp_allowed:
         pod["initContainers"] = [xdp_init_container(cluster)]
         volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
         # the broker reads its pod's counters (the map file is world-readable), nothing more
@@ -384,7 +417,9 @@ def stateful_set(cluster: Object, initial_replicas: int, replicas: int | None = 
             "template": {
                 "metadata": {
                     "labels": pod_labels,
-                    "annotations": {SPEC_HASH_ANNOTATION: spec_hash(cluster, initial_replicas)},
+                    "annotations": {
+                        SPEC_HASH_ANNOTATION: spec_hash(cluster, initial_replicas, xdp_allowed)
+                    },
                 },
                 "spec": pod,
             },
@@ -437,18 +472,76 @@ def pod_disruption_budget(cluster: Object) -> Object:
     }
 
 
+def network_policy(cluster: Object, operator_namespace: str | None = None) -> Object:
+    """Who may reach the brokers. The API port (7070; /metrics is served there too): the
+    cluster's own brokers, pods of its namespace labelled CLIENT_LABEL=true, the peers
+    spec.networkPolicy.clientSelectors lists, the operator's pods in `operator_namespace`
+    (when known), and every pod of the namespaces spec.networkPolicy.metricsNamespaceSelector
+    selects (Prometheus). The peer (TCP 7071) and gossip (UDP 7072) ports: the cluster's own
+    brokers only. Egress is not restricted. (Traffic from the pod's own node, the kubelet's
+    probes, is always allowed.)"""
+    name, _ = names(cluster)
+    settings = spec_of(cluster)["networkPolicy"]
+    brokers: Object = {"podSelector": {"matchLabels": _pod_selector(name)}}
+    clients: list[Object] = [
+        brokers,  # brokers ask each other's API (a node's partitions, through any broker)
+        {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
+        *(settings.get("clientSelectors") or []),
+    ]
+    if operator_namespace:
+        clients.append(
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
+                },
+                "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+            }
+        )
+    clients.append({"namespaceSelector": settings["metricsNamespaceSelector"]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(cluster, name),
+        "spec": {
+            "podSelector": {"matchLabels": _pod_selector(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": clients, "ports": [{"protocol": "TCP", "port": API_PORT}]},
+                {
+                    "from": [brokers],
+                    "ports": [
+                        {"protocol": "TCP", "port": PEER_PORT},
+                        {"protocol": "UDP", "port": GOSSIP_PORT},
+                    ],
+                },
+            ],
+        },
+    }
+
+
+def network_policy_enabled(cluster: Object) -> bool:
+    return bool(spec_of(cluster)["networkPolicy"].get("enabled", True))
+
+
 def owned(
-    cluster: Object, *, hmac_key: bytes, initial_replicas: int, replicas: int | None = None
+    cluster: Object,
+    *,
+    initial_replicas: int,
+    replicas: int | None = None,
+    xdp_allowed: bool = False,
+    operator_namespace: str | None = None,
 ) -> list[Object]:
-    """Everything the operator applies for `cluster`, in order."""
-    return [
+    """Everything the operator applies for `cluster`, in order (the Secret apart: `secret`)."""
+    objects = [
         service_account(cluster),
         role(cluster),
         role_binding(cluster),
-        secret(cluster, hmac_key),
         config_map(cluster, initial_replicas),
         peer_service(cluster),
         client_service(cluster),
-        stateful_set(cluster, initial_replicas, replicas),
+        stateful_set(cluster, initial_replicas, replicas, xdp_allowed),
         pod_disruption_budget(cluster),
     ]
+    if network_policy_enabled(cluster):
+        objects.append(network_policy(cluster, operator_namespace))
+    return objects

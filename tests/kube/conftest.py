@@ -6,13 +6,20 @@ across runs) run on loopback ports of their own, with RBAC on; the controller ma
 garbage collector only (there are no nodes: pods are never scheduled). `kube.kubectl(...)`
 runs the kubectl built with them against it as an admin (system:masters).
 
+`operator_identity(...)` installs what the Helm chart grants the operator (its ServiceAccount,
+ClusterRole or Roles and their bindings, rendered by `helm template`), and `run_operator(...)`
+runs the operator (kopf, in a thread) as that ServiceAccount with the chart Deployment's own
+arguments and environment, and checks that the API server denied it nothing.
+
 Skipped, with the reason, where etcd or Go is missing (.ci/run installs both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
 import socket
@@ -30,6 +37,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "laminar-operator"
 BUILD = ROOT / "e2e" / "kube" / "build-binaries.sh"
 CRDS = sorted((ROOT / "crds").glob("*.yaml"))
 ADMIN_TOKEN = "laminar-test-admin-token"
@@ -197,6 +205,9 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
                 f"--secure-port={port}", f"--cert-dir={work / 'certs'}",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=RBAC",
+                # as OpenShift has it: owner references that block deletion need the right to
+                # update the owner's finalizers (the operator's rules grant it)
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--service-cluster-ip-range=10.96.0.0/24",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pub}",
@@ -251,3 +262,105 @@ def crds(kube: KubeApi) -> KubeApi:
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
         kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     return kube
+
+
+# ---- the operator as the chart installs it -----------------------------------------------------
+
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+#: Any refusal in a log: 403 Forbidden (RBAC's, or a namespace being deleted refusing writes).
+FORBIDDEN = re.compile(r"\b403\b|[Ff]orbidden")
+
+
+def helm(kube: KubeApi, *args: str) -> str:
+    result = subprocess.run(
+        [str(kube.bin_dir / "helm"), *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def rendered(
+    kube: KubeApi, *sets: str, release: str = "laminar", namespace: str = "laminar-system"
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart: its objects."""
+    out = helm(kube, "template", release, str(CHART), "--namespace", namespace, *sets)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+@dataclass
+class OperatorIdentity:
+    """The chart's operator ServiceAccount, installed with its RBAC, and how the chart runs it."""
+
+    namespace: str
+    account: str  # the ServiceAccount's name
+    kubeconfig: Path  # with a token of the ServiceAccount
+    args: list[str]  # `kopf run` arguments of the chart's Deployment
+    env: dict[str, str]  # the Deployment's environment (the downward API's namespace resolved)
+    objects: list[dict[str, Any]]  # the RBAC objects applied
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+    def can(self, kube: KubeApi, *args: str) -> bool:
+        """`kubectl auth can-i` as the operator (impersonated by the admin)."""
+        answer = kube.kubectl("auth", "can-i", f"--as={self.user}", *args, check=False)
+        assert answer.stdout.strip() in ("yes", "no"), answer.stdout + answer.stderr
+        return answer.stdout.strip() == "yes"
+
+
+def operator_identity(kube: KubeApi, release: str, namespace: str, *sets: str) -> OperatorIdentity:
+    """Install the chart's RBAC (exactly as rendered with `sets`) and the operator's
+    ServiceAccount in `namespace`; watched namespaces must exist already."""
+    docs = rendered(kube, *sets, release=release, namespace=namespace)
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    objects = [d for d in docs if d["kind"] in RBAC_KINDS]
+    kube.apply(objects)
+    (account,) = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
+    token = kube.kubectl(
+        "create", "token", account, "-n", namespace, "--duration=2h"
+    ).stdout.strip()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account
+    (container,) = pod["containers"]
+    args = [a for a in container["args"] if not a.startswith("--liveness")]  # no probe port
+    env = {}
+    for var in container.get("env") or []:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, var
+            env[var["name"]] = namespace
+    return OperatorIdentity(
+        namespace, account, kube.kubeconfig_for(f"{release}-operator", token), args, env, objects
+    )
+
+
+@contextlib.contextmanager
+def run_operator(identity: OperatorIdentity, strict: bool = False, **env: str) -> Iterator[Any]:
+    """The operator (kopf's KopfRunner, in a thread) as `identity`, with the chart's arguments
+    and environment (`env` overrides). On exit: it raised nothing, and RBAC denied it nothing
+    (kopf's "Not enough permissions" included); `strict`: no 403 at all in its log (else a 403
+    for writes into a namespace another test is deleting is fine)."""
+    from kopf.testing import KopfRunner
+
+    variables = {**identity.env, **env, "KUBECONFIG": str(identity.kubeconfig)}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        with KopfRunner(identity.args, timeout=60) as runner:
+            yield runner
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    assert runner.exception is None, runner.output
+    denied = re.compile(
+        rf'User "{re.escape(identity.user)}" cannot|Not enough permissions'
+        + (f"|{FORBIDDEN.pattern}" if strict else "")
+    )
+    refused = [line for line in runner.output.splitlines() if denied.search(line)]
+    assert not refused, "\n".join(refused)

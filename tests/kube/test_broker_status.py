@@ -1,6 +1,6 @@
 """Brokers report partition leadership and membership into Topic and LaminarCluster status
 themselves (no operator running), with the broker ServiceAccount the operator makes (status
-get/patch, topic list) and nothing more."""
+patch, topic list) and nothing more."""
 
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ def test_the_broker_account_may_only_touch_status(
     assert can("patch", "topics.laminarmq.io") == "no"
     assert can("delete", "laminarclusters.laminarmq.io") == "no"
     assert can("get", "secrets") == "no"
+    assert can("get", "laminarclusters.laminarmq.io", "--subresource=status") == "no"
 
 
 def test_status_follows_leadership(crds: KubeApi, reporting: tuple[LocalCluster, str]) -> None:

@@ -9,28 +9,12 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import yaml
 
 from ..integration.conftest import make_cluster
-from .conftest import ROOT, KubeApi
-
-CHART = ROOT / "charts" / "laminar-operator"
-
-
-def helm(kube: KubeApi, *args: str) -> str:
-    result = subprocess.run(
-        [str(kube.bin_dir / "helm"), *args], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
-def rendered(kube: KubeApi, *sets: str) -> list[dict[str, Any]]:
-    out = helm(kube, "template", "laminar", str(CHART), "--namespace", "laminar-system", *sets)
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+from .conftest import CHART, ROOT, KubeApi, helm, rendered
 
 
 def test_lint_is_clean(kube: KubeApi) -> None:
@@ -50,12 +34,86 @@ def test_template_defaults(kube: KubeApi) -> None:
         "ServiceAccount",
     ]  # the Pod is `helm test`'s
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    assert role["rules"] == yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+    rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+    assert role["rules"] == rules
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][-2:] == ["-m", "laminar_operator.handlers"]
     assert "--all-namespaces" in container["args"]
+    assert "--namespace" not in container["args"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["LAMINAR_XDP_ALLOWED"]["value"] == "false"  # off unless an administrator says
+    assert env["LAMINAR_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "metadata.namespace"
+    }
+
+
+def test_the_rules_are_least_privilege() -> None:
+    """What the rules grant, and above all what they do not: no read of Secrets, no delete but
+    of NetworkPolicies, nothing cluster-scoped, no escalate/bind, no wildcards, no pods."""
+    rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert all("*" not in verbs for verbs in granted.values())
+    assert not any("*" in key for group_resource in granted for key in group_resource)
+    assert granted[("", "secrets")] == {"create"}
+    assert {key for key, verbs in granted.items() if "delete" in verbs} == {
+        ("networking.k8s.io", "networkpolicies")
+    }
+    assert not any(verbs & {"escalate", "bind", "impersonate"} for verbs in granted.values())
+    resources = {resource for _, resource in granted}
+    assert not resources & {"namespaces", "customresourcedefinitions", "pods", "nodes"}
+    assert not resources & {"clusterroles", "clusterrolebindings", "leases"}
+    list_watch = {key for key, verbs in granted.items() if verbs & {"list", "watch"}}
+    assert list_watch == {("laminarmq.io", "laminarclusters"), ("laminarmq.io", "topics")}
+
+
+def test_template_watched_namespaces(kube: KubeApi) -> None:
+    docs = rendered(kube, "--set", "watchNamespaces={team-a,team-b}", "--set", "xdp.allowed=true")
+    kinds = sorted(d["kind"] for d in docs)
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    for namespace, role in roles.items():
+        assert role["rules"] == rules
+        binding = bindings[namespace]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "laminar-laminar-operator",
+             "namespace": "laminar-system"}
+        ]  # fmt: skip
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert "--all-namespaces" not in args
+    assert args[args.index("--namespace") :][:4] == [
+        "--namespace", "team-a", "--namespace", "team-b"
+    ]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LAMINAR_XDP_ALLOWED"] == "true"
+
+
+def test_template_refuses_namespaces_outside_watch_namespaces(kube: KubeApi) -> None:
+    """Namespaces given in extraArgs would leave the RBAC cluster-wide, and patterns match
+    nothing (the operator takes exact names): both refused."""
+    for sets in (
+        ["--set", "extraArgs={--namespace,team-a}"],
+        ["--set", "extraArgs={--namespace=team-a}"],
+        ["--set", "watchNamespaces={team-*}"],
+    ):
+        result = subprocess.run(
+            [str(kube.bin_dir / "helm"), "template", "laminar", str(CHART), *sets],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode != 0, sets
+        assert "watchNamespaces" in result.stderr, result.stderr
 
 
 def test_template_options(kube: KubeApi) -> None:
@@ -63,7 +121,7 @@ def test_template_options(kube: KubeApi) -> None:
         kube,
         "--set", "serviceMonitor.enabled=true",
         "--set", "grafanaDashboard.enabled=true",
-        "--set", "extraArgs={--namespace,team-a}",
+        "--set", "extraArgs={--verbose}",
     )  # fmt: skip
     monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
@@ -73,7 +131,7 @@ def test_template_options(kube: KubeApi) -> None:
     args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"][
         "containers"
     ][0]["args"]
-    assert "--all-namespaces" not in args and args[-2:] == ["--namespace", "team-a"]
+    assert "--all-namespaces" in args and args[-1] == "--verbose"
 
 
 def test_the_api_server_accepts_the_chart(crds: KubeApi) -> None:
@@ -89,6 +147,10 @@ def test_the_api_server_accepts_the_chart(crds: KubeApi) -> None:
         }
     )
     crds.apply(docs, "--dry-run=server")
+    # and the namespaced mode's Roles and RoleBindings, in watched namespaces that exist
+    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "chart-team"}})
+    scoped = rendered(crds, "--set", "watchNamespaces={chart-team}")
+    crds.apply([d for d in scoped if d["kind"] in ("Role", "RoleBinding")], "--dry-run=server")
 
 
 def test_chart_crds_are_the_crds() -> None:

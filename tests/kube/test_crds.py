@@ -117,7 +117,12 @@ def test_owned_objects_are_accepted_and_collected_with_their_cluster(
 ) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
     cluster = crds.get("laminarcluster/demo", "-n", namespace)
-    objects = manifests.owned(cluster, hmac_key=b"k" * 32, initial_replicas=3)
+    spec = cluster["spec"]["networkPolicy"]  # the schema's defaults
+    assert spec == {"enabled": True}  # the scrapers' default is the operator's (manifests)
+    objects = [
+        manifests.secret(cluster, b"k" * 32),
+        *manifests.owned(cluster, initial_replicas=3, operator_namespace="laminar-system"),
+    ]
     crds.apply(objects)
     sts = crds.get("statefulset/demo", "-n", namespace)
     assert sts["metadata"]["ownerReferences"][0]["uid"] == cluster["metadata"]["uid"]
@@ -126,7 +131,8 @@ def test_owned_objects_are_accepted_and_collected_with_their_cluster(
 
     crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
     kinds = (
-        "statefulset,service,configmap,secret,poddisruptionbudget,serviceaccount,role,rolebinding"
+        "statefulset,service,configmap,secret,poddisruptionbudget,serviceaccount,role,rolebinding,"
+        "networkpolicy"
     )
     deadline = time.monotonic() + 60
     left: list[str] = []
@@ -147,8 +153,46 @@ def test_the_stateful_set_with_the_xdp_init_container_is_valid(
     cluster["spec"]["xdp"] = {"enabled": True}
     crds.apply(cluster)
     applied = crds.get("laminarcluster/demo", "-n", namespace)
-    crds.apply(manifests.stateful_set(applied, initial_replicas=3))  # validated by the server
+    # validated by the server
+    crds.apply(manifests.stateful_set(applied, initial_replicas=3, xdp_allowed=True))
     pod = crds.get("statefulset/demo", "-n", namespace)["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["securityContext"]["privileged"] is True
     assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_network_policy_settings_are_validated(crds: KubeApi, namespace: str) -> None:
+    cluster = load(ROOT / "examples" / "cluster.yaml")
+    cluster["spec"]["networkPolicy"] = {
+        "clientSelectors": [
+            {"podSelector": {"matchLabels": {"app": "web"}}},
+            {
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]
+                },
+                "podSelector": {"matchLabels": {"laminarmq.io/client": "true"}},
+            },
+        ],
+        "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prom"}},
+    }
+    crds.apply({**cluster, "metadata": {**cluster["metadata"], "namespace": namespace}})
+    applied = crds.get("laminarcluster/demo", "-n", namespace)
+    policy = manifests.network_policy(applied)
+    crds.apply(policy, "--dry-run=server")  # a NetworkPolicy the server takes
+    admitted = policy["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": {"app": "web"}}} in admitted
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prom"}}} in (
+        admitted
+    )
+    assert "laminarmq.io/metrics" not in str(admitted)
+
+    for bad in (
+        {"clientSelectors": [{}]},  # a peer selecting nothing said
+        {"clientSelectors": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]},
+        {"clientSelectors": [{"podSelector": {"matchExpressions": [{"key": "a",
+                                                                   "operator": "Is"}]}}]},
+        {"enabled": "yes"},
+    ):  # fmt: skip
+        refused = copy.deepcopy(cluster)
+        refused["spec"]["networkPolicy"] = bad
+        rejected(crds, refused, namespace)

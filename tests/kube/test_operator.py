@@ -1,5 +1,7 @@
-"""The operator (kopf, in a thread: KopfRunner) against the real API server, with only the
-chart's ClusterRole rules (charts/laminar-operator/files/operator-rules.yaml)."""
+"""The operator (kopf, in a thread: KopfRunner) against the real API server, as the chart's
+ServiceAccount with only the rights the chart grants it (rendered by `helm template`: the
+cluster-wide ClusterRole here; tests/kube/test_rbac.py has the namespaced mode and what the
+operator may not do)."""
 
 from __future__ import annotations
 
@@ -8,21 +10,18 @@ import base64
 import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 
 from laminar.client import AsyncClient, NotFound
 from laminar.client.models import TopicDescription
 from laminar.local_cluster import LocalCluster
 
 from ..integration.conftest import loopback_prefix, make_cluster
-from .conftest import ROOT, KubeApi
+from .conftest import ROOT, KubeApi, OperatorIdentity, operator_identity, run_operator
 
-RULES = ROOT / "charts" / "laminar-operator" / "files" / "operator-rules.yaml"
 WAIT_S = 60.0
 
 
@@ -38,74 +37,29 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> 
 
 
 @pytest.fixture(scope="module")
-def operator_kubeconfig(crds: KubeApi) -> Path:
-    """A ServiceAccount bound to the chart's ClusterRole rules, and a kubeconfig with its token."""
-    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "laminar-system"}})
-    crds.kubectl("create", "serviceaccount", "laminar-operator", "-n", "laminar-system")
-    crds.apply(
-        [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": "laminar-operator"},
-                "rules": yaml.safe_load(RULES.read_text()),
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "laminar-operator"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "laminar-operator",
-                },
-                "subjects": [
-                    {
-                        "kind": "ServiceAccount",
-                        "name": "laminar-operator",
-                        "namespace": "laminar-system",
-                    }
-                ],
-            },
-        ]
-    )
-    token = crds.kubectl(
-        "create", "token", "laminar-operator", "-n", "laminar-system", "--duration=2h"
-    ).stdout.strip()
-    return crds.kubeconfig_for("operator", token)
+def identity(crds: KubeApi) -> OperatorIdentity:
+    """The chart's operator ServiceAccount and ClusterRole (watchNamespaces empty, defaults)."""
+    return operator_identity(crds, "laminar-operator", "laminar-system")
 
 
 @pytest.fixture()
-def operator(operator_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
-    monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
-    args = ["run", "--all-namespaces", "--standalone", "-m", "laminar_operator.handlers"]
-    with KopfRunner(args, timeout=60) as runner:
+def operator(identity: OperatorIdentity) -> Iterator[Any]:
+    with run_operator(identity) as runner:
         yield runner
-    assert runner.exception is None, runner.output
-    # (403s about namespaces other tests are deleting are fine; RBAC denials are not)
-    assert 'User "system:serviceaccount:laminar-system:laminar-operator" cannot' not in (
-        runner.output
-    ), runner.output
 
 
-def test_the_operator_may_not_do_more_than_its_rules(
-    crds: KubeApi, operator_kubeconfig: Path
-) -> None:
-    allowed = crds.kubectl(
-        "auth", "can-i", "create", "statefulsets", "-n", "default", kubeconfig=operator_kubeconfig
-    )
-    assert allowed.stdout.strip() == "yes"
-    denied = crds.kubectl(
-        "auth", "can-i", "create", "pods", "-n", "default",
-        kubeconfig=operator_kubeconfig, check=False,
-    )  # fmt: skip
-    assert denied.stdout.strip() == "no"
+def found(kube: KubeApi, what: str, namespace: str) -> Any:
+    answer = kube.kubectl("get", what, "-n", namespace, "-o", "json", check=False)
+    return json.loads(answer.stdout) if answer.returncode == 0 else None
+
+
+def condition(kube: KubeApi, what: str, namespace: str, kind: str) -> dict[str, Any] | None:
+    status = kube.get(what, "-n", namespace).get("status") or {}
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
 
 
 def test_a_cluster_gets_its_objects_and_status(
-    crds: KubeApi,
-    namespace: str,
-    operator: KopfRunner,
+    crds: KubeApi, namespace: str, operator: Any
 ) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
     cluster = crds.get("laminarcluster/demo", "-n", namespace)
@@ -120,7 +74,7 @@ def test_a_cluster_gets_its_objects_and_status(
     assert first["spec"]["replicas"] == 3
     for kind, name in [
         ("service", "demo"), ("service", "demo-peers"), ("configmap", "demo-config"),
-        ("secret", "demo-secret"), ("poddisruptionbudget", "demo"),
+        ("secret", "demo-secret"), ("poddisruptionbudget", "demo"), ("networkpolicy", "demo"),
         ("serviceaccount", "demo-broker"), ("role", "demo-broker"), ("rolebinding", "demo-broker"),
     ]:  # fmt: skip
         owned = crds.get(f"{kind}/{name}", "-n", namespace)
@@ -193,7 +147,7 @@ def local_cluster_object(namespace: str, urls: list[str]) -> dict[str, Any]:
 
 
 def test_topics_follow_their_objects(
-    crds: KubeApi, namespace: str, operator: KopfRunner, brokers: LocalCluster
+    crds: KubeApi, namespace: str, operator: Any, brokers: LocalCluster
 ) -> None:
     crds.apply(local_cluster_object(namespace, brokers.urls))
     topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
@@ -247,7 +201,7 @@ def test_topics_follow_their_objects(
 
 
 def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cluster(
-    crds: KubeApi, namespace: str, operator: KopfRunner
+    crds: KubeApi, namespace: str, operator: Any
 ) -> None:
     dead = f"http://{loopback_prefix()}.1:9"  # nothing listens there
     crds.apply(local_cluster_object(namespace, [dead]))
@@ -278,7 +232,7 @@ def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cl
 def test_scale_down_drains_before_shrinking_and_keeps_replication(
     crds: KubeApi,
     namespace: str,
-    operator: KopfRunner,
+    operator: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     four = make_cluster(tmp_path_factory.mktemp("four"), 4)
@@ -360,7 +314,7 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
 
 
 def test_rebalancing_and_degraded_follow_what_the_brokers_report(
-    crds: KubeApi, namespace: str, operator: KopfRunner
+    crds: KubeApi, namespace: str, operator: Any
 ) -> None:
     """The operator derives phase and the Rebalancing / Degraded conditions from the status the
     brokers report (test_broker_status has real brokers report it); here the report is
@@ -406,3 +360,119 @@ def test_rebalancing_and_degraded_follow_what_the_brokers_report(
     assert converged["condition"]["reason"] == "Converged"
     assert converged["phase"] == "Pending"  # no kubelet here: no broker pod gets ready
     assert wait_for("not degraded", lambda: shown("Degraded", "False"))
+
+
+def test_xdp_runs_only_where_the_chart_allows_it(crds: KubeApi, namespace: str) -> None:
+    """spec.xdp.enabled asks for a privileged init container: with the chart's default
+    (xdp.allowed false) the cluster gets none, and says why; once an administrator sets
+    xdp.allowed=true, the restarted operator adds it."""
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    cluster["spec"]["xdp"] = {"enabled": True}
+
+    def pod_spec() -> Any:
+        sts = found(crds, "statefulset/demo", namespace)
+        return sts and sts["spec"]["template"]["spec"]
+
+    refused = operator_identity(crds, "laminar-operator", "laminar-system")
+    assert refused.env["LAMINAR_XDP_ALLOWED"] == "false"  # the chart's default
+    with run_operator(refused):
+        crds.apply(cluster)
+        shown = wait_for(
+            "XdpAllowed False",
+            lambda: condition(crds, "laminarcluster/demo", namespace, "XdpAllowed"),
+        )
+        assert shown["status"] == "False" and shown["reason"] == "XdpNotAllowed", shown
+        assert "xdp.allowed" in shown["message"]
+        pod = wait_for("the StatefulSet", pod_spec)
+        assert "initContainers" not in pod
+        assert all("hostPath" not in v for v in pod["volumes"])
+
+        def warned() -> list[Any]:
+            events = crds.get("events", "-n", namespace)["items"]
+            return [e for e in events if e.get("reason") == "XdpNotAllowed"]
+
+        (event, *_) = wait_for("the Warning event", warned)
+        assert event["type"] == "Warning" and "xdp.allowed" in event["message"]
+
+    allowed = operator_identity(
+        crds, "laminar-operator", "laminar-system", "--set", "xdp.allowed=true"
+    )
+    assert allowed.env["LAMINAR_XDP_ALLOWED"] == "true"
+    with run_operator(allowed):  # resumes the cluster: the router goes in
+        pod = wait_for("the XDP init container", lambda: (p := pod_spec()) and
+                       p.get("initContainers") and p)  # fmt: skip
+        (init,) = pod["initContainers"]
+        assert init["name"] == "xdp-router" and init["securityContext"]["privileged"] is True
+        shown = wait_for(
+            "XdpAllowed True",
+            lambda: (
+                (c := condition(crds, "laminarcluster/demo", namespace, "XdpAllowed"))
+                and c["status"] == "True"
+                and c
+            ),
+        )
+        assert shown["reason"] == "XdpAllowed"
+
+
+def test_the_network_policy_is_owned_and_follows_the_spec(
+    crds: KubeApi, namespace: str, operator: Any
+) -> None:
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    cluster["spec"]["networkPolicy"] = {
+        "clientSelectors": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+        ]
+    }
+    crds.apply(cluster)
+    uid = crds.get("laminarcluster/demo", "-n", namespace)["metadata"]["uid"]
+
+    def policy() -> Any:
+        return found(crds, "networkpolicy/demo", namespace)
+
+    shipped = wait_for("the NetworkPolicy", policy)
+    assert shipped["metadata"]["ownerReferences"][0]["uid"] == uid
+    sts = wait_for("the StatefulSet", lambda: found(crds, "statefulset/demo", namespace))
+    pods = sts["spec"]["selector"]
+    spec = shipped["spec"]
+    assert spec["podSelector"] == pods and spec["policyTypes"] == ["Ingress"]
+    api, internal = spec["ingress"]
+    assert api["ports"] == [{"protocol": "TCP", "port": 7070}]
+    assert {"podSelector": {"matchLabels": {"laminarmq.io/client": "true"}}} in api["from"]
+    assert {  # the operator, in the namespace the chart runs it in
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "laminar-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "laminar-operator"}},
+    } in api["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}} in (
+        api["from"]
+    )
+    assert {"namespaceSelector": {"matchLabels": {"laminarmq.io/metrics": "true"}}} in (
+        api["from"]
+    )  # the default metricsNamespaceSelector
+    assert internal["from"] == [{"podSelector": pods}]
+    assert sorted(p["port"] for p in internal["ports"]) == [7071, 7072]
+
+    before = sts["spec"]["template"]["metadata"]["annotations"]
+    crds.kubectl(
+        "patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
+        "-p", '{"spec": {"networkPolicy": {"enabled": false}}}',
+    )  # fmt: skip
+    wait_for("the NetworkPolicy deleted", lambda: not policy())
+    crds.kubectl(
+        "patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"networkPolicy": {"enabled": True, "metricsNamespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}}}),
+    )  # fmt: skip
+    again = wait_for("the NetworkPolicy back", policy)
+    admitted = again["spec"]["ingress"][0]["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in admitted
+    assert "laminarmq.io/metrics" not in json.dumps(admitted)
+    # none of it rolled the brokers
+    after = found(crds, "statefulset/demo", namespace)["spec"]["template"]["metadata"]
+    assert after["annotations"] == before
+
+    crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
+    wait_for("the NetworkPolicy collected", lambda: not policy(), timeout_s=120)

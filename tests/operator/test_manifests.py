@@ -19,17 +19,23 @@ CLUSTER: dict[str, Any] = {
 
 
 def build(cluster: dict[str, Any] = CLUSTER, **kw: Any) -> dict[str, dict[str, Any]]:
-    objects = m.owned(cluster, hmac_key=b"k" * 32, initial_replicas=3, **kw)
+    objects = m.owned(cluster, initial_replicas=3, **kw)
     return {obj["kind"]: obj for obj in objects}
 
 
+def with_spec(**changes: Any) -> dict[str, Any]:
+    cluster = copy.deepcopy(CLUSTER)
+    cluster["spec"].update(changes)
+    return cluster
+
+
 def test_every_object_is_owned_by_the_cluster_and_labelled() -> None:
-    objects = m.owned(CLUSTER, hmac_key=b"k" * 32, initial_replicas=3)
+    objects = m.owned(CLUSTER, initial_replicas=3)
     assert [o["kind"] for o in objects] == [
-        "ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "Service", "Service",
-        "StatefulSet", "PodDisruptionBudget",
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service",
+        "StatefulSet", "PodDisruptionBudget", "NetworkPolicy",
     ]  # fmt: skip
-    for obj in objects:
+    for obj in [*objects, m.secret(CLUSTER, b"k" * 32)]:
         meta = obj["metadata"]
         assert meta["namespace"] == "prod"
         assert meta["labels"]["app.kubernetes.io/instance"] == "demo"
@@ -47,8 +53,8 @@ def test_every_object_is_owned_by_the_cluster_and_labelled() -> None:
 
 
 def test_building_twice_gives_the_same_objects() -> None:
-    assert m.owned(CLUSTER, hmac_key=b"x", initial_replicas=3) == m.owned(
-        copy.deepcopy(CLUSTER), hmac_key=b"x", initial_replicas=3
+    assert m.owned(CLUSTER, initial_replicas=3) == m.owned(
+        copy.deepcopy(CLUSTER), initial_replicas=3
     )
 
 
@@ -83,9 +89,8 @@ def test_stateful_set() -> None:
 
 def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivileged() -> None:
     plain = build()["StatefulSet"]["spec"]["template"]["spec"]
-    cluster = copy.deepcopy(CLUSTER)
-    cluster["spec"]["xdp"] = {"enabled": True}
-    pod = build(cluster)["StatefulSet"]["spec"]["template"]["spec"]
+    cluster = with_spec(xdp={"enabled": True})
+    pod = build(cluster, xdp_allowed=True)["StatefulSet"]["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["command"][:4] == ["laminar-xdp", "load", "--iface", "eth0"]
     assert init["image"] == pod["containers"][0]["image"]  # the loader ships in the broker image
@@ -107,14 +112,70 @@ def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivilege
     assert "LAMINAR_XDP_PIN_DIR" not in {e["name"] for e in plain_broker["env"]}
 
 
+def test_xdp_the_operator_does_not_allow_renders_nothing_privileged() -> None:
+    plain = build()["StatefulSet"]
+    refused = build(with_spec(xdp={"enabled": True}))["StatefulSet"]  # xdp_allowed: False
+    assert refused == plain  # the same pods (no init container, no hostPath): nothing rolls
+    for allowed in (True, False):
+        pod = build(xdp_allowed=allowed)["StatefulSet"]["spec"]["template"]["spec"]
+        assert "initContainers" not in pod and "bpffs" not in {v["name"] for v in pod["volumes"]}
+    allowed = build(with_spec(xdp={"enabled": True}), xdp_allowed=True)["StatefulSet"]
+    hash_key = m.SPEC_HASH_ANNOTATION
+    assert (
+        allowed["spec"]["template"]["metadata"]["annotations"][hash_key]
+        != plain["spec"]["template"]["metadata"]["annotations"][hash_key]
+    )  # allowing it later rolls the pods onto the router
+
+
+def test_network_policy_admits_clients_the_operator_and_metrics_to_the_api_only() -> None:
+    cluster = with_spec(
+        networkPolicy={
+            "clientSelectors": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+            ]
+        }
+    )
+    policy = build(cluster, operator_namespace="laminar-system")["NetworkPolicy"]
+    spec = policy["spec"]
+    pods = {"matchLabels": build()["StatefulSet"]["spec"]["selector"]["matchLabels"]}
+    assert spec["podSelector"] == pods and spec["policyTypes"] == ["Ingress"]
+    api, internal = spec["ingress"]
+    assert api["ports"] == [{"protocol": "TCP", "port": 7070}]
+    assert api["from"] == [
+        {"podSelector": pods},  # the brokers ask each other's API
+        {"podSelector": {"matchLabels": {"laminarmq.io/client": "true"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}},
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "laminar-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "laminar-operator"}},
+        },
+        {"namespaceSelector": {"matchLabels": {"laminarmq.io/metrics": "true"}}},  # default
+    ]
+    assert internal == {
+        "from": [{"podSelector": pods}],
+        "ports": [{"protocol": "TCP", "port": 7071}, {"protocol": "UDP", "port": 7072}],
+    }
+
+
+def test_network_policy_settings() -> None:
+    outside = build()["NetworkPolicy"]["spec"]["ingress"][0]["from"]  # no operator namespace
+    assert not any("laminar-operator" in str(peer) for peer in outside)
+    prometheus = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    elsewhere = with_spec(networkPolicy={"metricsNamespaceSelector": prometheus})
+    api = build(elsewhere)["NetworkPolicy"]["spec"]["ingress"][0]["from"]
+    assert api == [*outside[:2], {"namespaceSelector": prometheus}]
+    assert "NetworkPolicy" not in build(with_spec(networkPolicy={"enabled": False}))
+    # the policy changes no pod: it does not roll the brokers
+    annotations = build(elsewhere)["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == build()["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
+
+
 def test_scale_down_overrides_the_replicas_only() -> None:
     assert build(replicas=5)["StatefulSet"]["spec"]["replicas"] == 5
 
 
 def test_peer_service_publishes_addresses_before_readiness() -> None:
-    services = [
-        o for o in m.owned(CLUSTER, hmac_key=b"k", initial_replicas=3) if o["kind"] == "Service"
-    ]
+    services = [o for o in m.owned(CLUSTER, initial_replicas=3) if o["kind"] == "Service"]
     peers, client = services
     assert peers["metadata"]["name"] == "demo-peers" and client["metadata"]["name"] == "demo"
     assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
@@ -122,31 +183,30 @@ def test_peer_service_publishes_addresses_before_readiness() -> None:
 
 
 def test_config_map_keeps_the_initial_nodes_and_seeds() -> None:
-    data = m.owned(CLUSTER, hmac_key=b"k", initial_replicas=3)[4]["data"]
+    data = build()["ConfigMap"]["data"]
     assert data["LAMINAR_INITIAL_NODES"] == "demo-0,demo-1,demo-2"
     assert data["LAMINAR_SEEDS"].split(",") == [
         f"demo-{i}.demo-peers.prod.svc:7072" for i in range(3)
     ]
     scaled = copy.deepcopy(CLUSTER)
     scaled["spec"]["replicas"] = 7
-    again = m.owned(scaled, hmac_key=b"k", initial_replicas=3)[4]["data"]
+    again = build(scaled)["ConfigMap"]["data"]
     assert again["LAMINAR_INITIAL_NODES"] == data["LAMINAR_INITIAL_NODES"]
 
 
 def test_secret_carries_the_given_key() -> None:
-    secret = build()["Secret"]
+    secret = m.secret(CLUSTER, b"k" * 32)
     assert base64.b64decode(secret["data"]["hmac"]) == b"k" * 32
 
 
 def test_broker_role_may_only_touch_status() -> None:
-    rules = build()["Role"]["rules"]
-    writable = [r for r in rules if "patch" in r["verbs"]]
-    assert writable == [
+    assert build()["Role"]["rules"] == [
         {
             "apiGroups": ["laminarmq.io"],
             "resources": ["laminarclusters/status", "topics/status"],
-            "verbs": ["get", "patch"],
-        }
+            "verbs": ["patch"],
+        },
+        {"apiGroups": ["laminarmq.io"], "resources": ["topics"], "verbs": ["list"]},
     ]
 
 
@@ -157,6 +217,8 @@ def test_broker_role_may_only_touch_status() -> None:
         (lambda s: s.update(image="laminar-broker:2"), True),
         (lambda s: s.setdefault("config", {}).update(fsync="interval"), True),
         (lambda s: s.update(resources={"limits": {"memory": "2Gi"}}), True),
+        (lambda s: s.update(networkPolicy={"enabled": False}), False),
+        (lambda s: s.update(xdp={"enabled": True}), False),  # not allowed: the same pods
     ],
 )
 def test_spec_changes_roll_the_pods_but_scaling_does_not(change: Any, rolls: bool) -> None:
