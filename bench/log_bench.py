@@ -16,7 +16,8 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
 from laminar.log import (
     BATCH_HEADER_BYTES,
@@ -27,7 +28,9 @@ from laminar.log import (
     Record,
     SegmentedLog,
     encode_batch,
+    verify_batch,
 )
+from laminar.log import records as record_rules
 
 # Record value sizes, named as in laminarmq's benchmarks.
 SIZES: dict[str, int] = {
@@ -62,6 +65,13 @@ DEFAULT_MAX_SECONDS = 20.0
 #: interleaved durable comparison (k records, batch 100): writes per side, writes per block
 AB_WRITES, AB_QUICK_WRITES, AB_BLOCK_WRITES = 3000, 600, 20
 
+
+#: --verify: records per batch, value bytes, calls per timed block, bytes each append side
+#: may write before its log is started over (keeps the disk use bounded)
+VERIFY_BATCHES = (1, 100, 1000)
+VERIFY_VALUE_BYTES = 100
+VERIFY_BLOCK_RECORDS = 10_000
+VERIFY_LOG_BYTES = 256 * MIB
 
 # ---- results --------------------------------------------------------------------------------
 
@@ -797,6 +807,158 @@ def parse_ints(text: str, kind: str) -> list[int]:
     return values
 
 
+# ---- --verify: what checking every record costs the append path (issue 19) ----------------
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    what: str  # verify_batch | append (SegmentedLog.append, fsync never)
+    batch: int  # records per batch
+    mode: str  # header+checksum | +records (C) | +records (Python)
+    records_per_s: float  # records per batch / the median block's time per call
+    p50_us: float  # per call (batch): percentiles of the blocks' means
+    p99_us: float
+    ratio: float | None = None  # records/s against header+checksum alone
+
+
+def _timed_blocks(
+    sides: dict[str, Callable[[], object]], calls: int, budget_ns: int
+) -> dict[str, list[float]]:
+    """Per-call ns of each side, one sample per block of `calls` calls; the sides take turns
+    block by block (the order flipping every round), so drift on this noisy VM hits all. One
+    untimed block of each first (warm caches and allocator)."""
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for call in sides.values():
+        for _ in range(calls):
+            call()
+    deadline = clock() + budget_ns
+    rounds = 0
+    while clock() < deadline or rounds < 5:
+        order = names if rounds % 2 == 0 else names[::-1]
+        for name in order:
+            call = sides[name]
+            t0 = clock()
+            for _ in range(calls):
+                call()
+            samples[name].append((clock() - t0) / calls)
+        rounds += 1
+    return samples
+
+
+def _summarise(
+    what: str, batch: int, samples: dict[str, list[float]], base: str
+) -> list[VerifyResult]:
+    out = []
+    rates = {}
+    for mode, per_call in samples.items():
+        ordered = [int(v) for v in sorted(per_call)]
+        p50_us = percentile_us(ordered, 0.50)
+        # from the median block: other processes on this 2-core VM inflate some blocks a lot
+        rates[mode] = rate(batch, p50_us / 1e6)
+        out.append(
+            VerifyResult(what, batch, mode, rates[mode], p50_us, percentile_us(ordered, 0.99))
+        )
+    for result in out:
+        result.ratio = ratio(result.records_per_s, rates[base])
+    return out
+
+
+def measure_verify(max_seconds: float, directory: str) -> list[VerifyResult]:
+    """verify_batch with and without the record walk (C, and the Python reference for
+    scale), then SegmentedLog.append (fsync never) with and without it, on batches of 1, 100
+    and 1000 records of 100 B."""
+    budget_ns = int(max_seconds * 1e9)
+    results: list[VerifyResult] = []
+    for batch in VERIFY_BATCHES:
+        records = make_records(random.Random(batch), VERIFY_VALUE_BYTES, batch)
+        data = encode_batch(records, now_ms=FIXED_NOW_MS)
+        calls = max(1, VERIFY_BLOCK_RECORDS // batch)
+        samples = _timed_blocks(_verify_sides(data), calls, budget_ns)
+        results += _summarise("verify_batch", batch, samples, "header+checksum")
+        with _AppendSides(data, directory) as sides:
+            samples = _timed_blocks(sides.calls(), max(1, calls // 4), budget_ns)
+        results += _summarise("append, fsync never", batch, samples, "header+checksum")
+    return results
+
+
+def _verify_sides(data: bytes) -> dict[str, Callable[[], object]]:
+    header, _ = verify_batch(data, MAX_BATCH_BYTES)
+    payload = memoryview(data)[BATCH_HEADER_BYTES:]
+    count, first, top = header.record_count, header.first_timestamp_ms, header.max_timestamp_ms
+    reference = record_rules.records_problem_py
+
+    def checksum_only() -> object:
+        return verify_batch(data, MAX_BATCH_BYTES, check_records=False)
+
+    def with_records() -> object:
+        return verify_batch(data, MAX_BATCH_BYTES)
+
+    def with_python() -> object:
+        verify_batch(data, MAX_BATCH_BYTES, check_records=False)
+        return reference(payload, count, first, top)
+
+    compiled = "+records (C)" if record_rules.COMPILED else "+records (no C!)"
+    return {
+        "header+checksum": checksum_only,
+        compiled: with_records,
+        "+records (Python)": with_python,
+    }
+
+
+class _AppendSides:
+    """Two file logs (fsync never) appending `data`, one checking records and one not; each
+    starts over past VERIFY_LOG_BYTES, so the disk use stays bounded."""
+
+    MODES: ClassVar[dict[str, bool]] = {"header+checksum": False, "+records (C)": True}
+
+    def __init__(self, data: bytes, directory: str) -> None:
+        self.data = data
+        self.paths = {m: tempfile.mkdtemp(prefix="verify-", dir=directory) for m in self.MODES}
+        self.logs = {m: self._open(m) for m in self.MODES}
+
+    def _open(self, mode: str) -> SegmentedLog:
+        return SegmentedLog.open(FileDirectory(self.paths[mode]), log_config("never"))
+
+    def calls(self) -> dict[str, Callable[[], object]]:
+        return {mode: partial(self._append, mode, check) for mode, check in self.MODES.items()}
+
+    def _append(self, mode: str, check: bool) -> object:
+        log = self.logs[mode]
+        if log.size_bytes >= VERIFY_LOG_BYTES:
+            log.close()
+            shutil.rmtree(self.paths[mode], ignore_errors=True)
+            log = self.logs[mode] = self._open(mode)
+        return log.append(self.data, check_records=check)
+
+    def __enter__(self) -> _AppendSides:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for mode, log in self.logs.items():
+            log.close()
+            shutil.rmtree(self.paths[mode], ignore_errors=True)
+
+
+def print_verify_table(results: list[VerifyResult], max_seconds: float) -> None:
+    print(
+        f"Record checks at append: batches of 1/100/1000 records of {VERIFY_VALUE_BYTES} B; "
+        f"sides alternate in blocks, {max_seconds:g} s in all; records/s from the median "
+        "block."
+    )
+    print(f"C walker built: {record_rules.COMPILED}")
+    print(
+        f"{'what':<22} {'batch':>5} {'mode':<18} {'records/s':>13} {'p50 us':>9} {'p99 us':>9} "
+        f"{'ratio':>6}"
+    )
+    for r in results:
+        print(
+            f"{r.what:<22} {r.batch:>5} {r.mode:<18} {r.records_per_s:>13,.0f} "
+            f"{r.p50_us:>9.2f} {r.p99_us:>9.2f} {fmt_ratio(r.ratio):>6}"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=(
@@ -854,11 +1016,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help="print all results as one JSON object, last line"
     )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="only time verify_batch and SegmentedLog.append with and without the record "
+        "checks (issue 19), batches of 1/100/1000 records of 100 B; --max-seconds per side "
+        "(default 2)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verify:
+        seconds = 2.0 if args.max_seconds is None else args.max_seconds
+        root = tempfile.mkdtemp(prefix="laminar-bench-verify-", dir=args.dir)
+        try:
+            verified = measure_verify(seconds, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print_verify_table(verified, seconds)
+        if args.json:
+            print(json.dumps({"verify": [asdict(v) for v in verified]}))
+        return 0
     if args.quick:
         args.sizes, args.counts, args.batches = ["k"], [10_000], [100]
         args.fsync = list(FSYNCS)

@@ -85,6 +85,39 @@ class Kube:
         return process
 
 
+def cluster_state(kube: Kube) -> str:
+    """What a failed scenario leaves to read: the custom resources' status, the pods, events,
+    and the tail of the operator's and each broker's log."""
+    parts: list[str] = []
+
+    def run(title: str, *args: str, tail: int = 4000) -> None:
+        try:
+            out = kube.kubectl(*args, timeout_s=60)
+        except (AssertionError, subprocess.SubprocessError) as e:
+            out = f"({e})"
+        parts.append(f"--- {title}\n{out[-tail:]}")
+
+    run("laminarclusters", "get", "laminarclusters", "-o", "jsonpath={.items[*].status}")
+    run("topics", "get", "topics.laminarmq.io", "-o", "jsonpath={.items[*].status}")
+    run("pods", "get", "pods", "-A", "-o", "wide")
+    run("events", "get", "events", "--sort-by=.lastTimestamp", tail=3000)
+    operator = ("-n", "laminar-system", "deploy/laminar-operator")
+    run("operator log", "logs", *operator, "--tail=80", tail=8000)
+    pods = kube.kubectl("get", "pods", "-l", "app.kubernetes.io/instance=demo", "-o", "name")
+    for pod in pods.split():
+        run(f"{pod} log", "logs", pod, "-c", "broker", "--tail=40", tail=4000)
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    kube = getattr(item, "funcargs", {}).get("kube")
+    if report.when == "call" and report.failed and isinstance(kube, Kube):
+        report.sections.append(("cluster state at the failure", cluster_state(kube)))
+
+
 @pytest.fixture(scope="session")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     why = kind_cluster.why_not_here()

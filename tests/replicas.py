@@ -19,7 +19,7 @@ from laminar.raft.config import RaftConfig
 from laminar.raft.messages import ConfState, Entry, EntryKind, Message, MessageType
 from laminar.raft.raft import encode_control
 from laminar.server.api import Api
-from laminar.server.config import BrokerConfig
+from laminar.server.config import BrokerConfig, new_secret
 from laminar.server.metrics import BrokerMetrics
 from laminar.server.node import Broker
 
@@ -126,7 +126,9 @@ async def serving(
     asyncio.get_running_loop().set_exception_handler(
         lambda _, context: reported.append(context["message"])
     )
-    config = BrokerConfig("n1", tmp_path / "broker", request_timeout_ms=request_timeout_ms)
+    config = BrokerConfig(
+        "n1", tmp_path / "broker", secret=new_secret(), request_timeout_ms=request_timeout_ms
+    )
     broker = Broker(config)
     broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
     replica = open_replica(tmp_path / "t-0")

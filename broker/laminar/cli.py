@@ -165,6 +165,26 @@ def _local_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret(path: str | None) -> int:
+    """`laminar secret [FILE]`: a new random cluster secret, on stdout or in a new file that
+    only its owner can read (an existing file is never overwritten)."""
+    from .server.config import new_secret
+
+    secret = new_secret()
+    if path is None:
+        sys.stdout.write(secret.decode())
+        return 0
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        print(f"laminar secret: cannot create {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(secret)
+    print(f"wrote a new cluster secret to {path}; give every broker the same file", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="laminar", description="Laminar message queue")
     parser.add_argument("--version", action="version", version=f"laminar {__version__}")
@@ -185,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server.config import add_arguments
 
     add_arguments(serve)
+    secret = commands.add_parser(
+        "secret", help="print a new random cluster secret, or write it to a new file (mode 600)"
+    )
+    secret.add_argument("file", nargs="?", help="create this file (never overwritten)")
     local = commands.add_parser("local-cluster", help="brokers on loopback, no Kubernetes")
     local.add_argument("action", choices=["up", "down", "status"])
     local.add_argument("--nodes", type=int, default=3)
@@ -240,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "local-cluster":
             return _local_cluster(args)
+        if args.command == "secret":
+            return _secret(args.file)
         if args.command == "log-demo":
             if args.records < 1:
                 parser.error("--records must be at least 1")

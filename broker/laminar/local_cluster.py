@@ -3,13 +3,14 @@
 Broker i (1-based) is node `n<i>` on `<prefix>.<10 + i>` with the default ports, its data in
 `<data_dir>/n<i>` and its output in `<data_dir>/n<i>/broker.log`. `cluster.json` in the data
 directory records the nodes and their process ids so `down` and `status` find them later.
+The cluster secret is `<data_dir>/secret` (mode 600): a random one made for each new data
+directory and passed to every broker with --secret-file; a later `up` reuses it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -19,7 +20,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .server.config import DEFAULT_API_PORT, DEFAULT_GOSSIP_PORT, DEFAULT_PEER_PORT
+from .server.config import (
+    DEFAULT_API_PORT,
+    DEFAULT_GOSSIP_PORT,
+    DEFAULT_PEER_PORT,
+    ConfigError,
+    new_secret,
+    read_secret_file,
+)
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -89,12 +97,22 @@ class LocalCluster:
 
     # ---- processes -------------------------------------------------------------------------
 
-    def _secret_path(self) -> Path:
+    def secret_path(self) -> Path:
+        """This cluster's secret file: created with a random secret (readable by its owner
+        only) if missing, checked if present (ClusterError if unusable)."""
         path = self.data_dir / SECRET_FILE
-        if not path.exists():
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_hex(32))
-            path.chmod(0o600)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(new_secret())
+        try:
+            read_secret_file(str(path))
+        except ConfigError as e:
+            raise ClusterError(str(e)) from None
         return path
 
     def _token_path(self) -> Path | None:
@@ -131,7 +149,7 @@ class LocalCluster:
             "--cluster-id",
             CLUSTER_ID,
             "--secret-file",
-            str(self._secret_path()),
+            str(self.secret_path()),
             "--fsync",
             self.fsync,
             *self.extra_args,

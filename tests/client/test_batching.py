@@ -369,6 +369,13 @@ async def test_bad_arguments_are_refused() -> None:
     producer = Producer(log, "t")
     with pytest.raises(ValueError):
         await producer.send(b"v", partition=2)
+    # a timestamp a batch cannot carry is refused by send, never by the batch it would share
+    # with other records (issue 19: it made encoding the batch fail, and all of them)
+    good = await producer.send(b"good", partition=0)
+    for bad in (-1, 253402300799999 + 1, 2**63):
+        with pytest.raises(ValueError, match="timestamp_ms"):
+            await producer.send(b"v", partition=0, timestamp_ms=bad)
+    assert (await good).partition == 0
     with pytest.raises(ValueError):
         Producer(log, "t", producer_id=0)
     with pytest.raises(ValueError):

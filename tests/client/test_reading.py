@@ -4,14 +4,24 @@ control batches, honouring max_records), the JSON fallback, and which replica se
 from __future__ import annotations
 
 import base64
+import struct
 from collections import Counter
 
 import pytest
 
-from laminar.client import Member, PartitionState, decode_read_body, read_replicas
-from laminar.client.client import decode_read_json
-from laminar.log.batch import Record, encode_batch, stamp_header, verify_batch
-from laminar.log.errors import BatchError
+from laminar.client import CorruptData, Member, PartitionState, decode_read_body, read_replicas
+from laminar.client.client import decode_read_json, malformed_records
+from laminar.log.batch import (
+    BATCH_HEADER,
+    CHECKSUM_OFFSET,
+    Record,
+    encode_batch,
+    header_checksum,
+    payload_hash,
+    stamp_header,
+    verify_batch,
+)
+from laminar.log.errors import BatchError, MalformedRecordsError
 from laminar.placement import Candidate, partition_key, rank
 
 
@@ -122,3 +132,37 @@ def test_reads_of_many_partitions_spread_over_the_replicas() -> None:
     shares = {url[-1]: count / 4000 for url, count in firsts.items()}
     assert abs(shares["1"] - 0.25) < 0.04 and abs(shares["3"] - 0.25) < 0.04
     assert abs(shares["2"] - 0.5) < 0.04  # weight 2
+
+
+def malformed_batch(base_index: int) -> bytes:
+    """A stored batch whose checksum holds but whose key length runs past its record (what
+    brokers accepted before appends checked records)."""
+    payload = struct.pack("<iiiH", 0, 1000, 1, 0) + b"kv"
+    header = BATCH_HEADER.pack(b"LMQB", 1, 0, base_index, 1, len(payload), 1, 0, 0, 1000, 1000, 0)[
+        :CHECKSUM_OFFSET
+    ]
+    checksum = header_checksum(header, payload_hash(payload))
+    return header + checksum.to_bytes(8, "little") + payload
+
+
+def test_a_malformed_batch_ends_the_answer_and_the_reader_can_skip_it() -> None:
+    body = stored_batch(1, [b"a", b"b"]) + malformed_batch(3) + stored_batch(4, [b"c"])
+    result = decode_read_body(
+        body, from_index=1, max_records=10, next_index=5, commit_index=4, log_start=1
+    )
+    # the records before it, and reading goes on at it (not at the answer's next index 5,
+    # which would pass over it and the good batch after it unseen)
+    assert [(r.index, r.value) for r in result.records] == [(1, b"a"), (2, b"b")]
+    assert result.next_index == 3
+    with pytest.raises(MalformedRecordsError) as raised:
+        decode_read_body(
+            body[len(stored_batch(1, [b"a", b"b"])) :],
+            from_index=3,
+            max_records=10,
+            next_index=5,
+            commit_index=4,
+            log_start=1,
+        )
+    error = malformed_records("t", 0, raised.value)
+    assert isinstance(error, CorruptData) and error.code == "corrupt_data"
+    assert error.next_index == 4 and "key of 1000 bytes runs past" in error.message

@@ -21,6 +21,7 @@ import pytest
 
 from laminar.client import AsyncClient
 from laminar.log.batch import Record
+from laminar.server.config import new_secret
 
 from ..integration.conftest import loopback_prefix
 from ..netns import veth_pair
@@ -77,10 +78,15 @@ def test_the_broker_image_serves_as_uid_10001_on_a_read_only_root(
     data = tmp_path / "data"
     data.mkdir()
     os.chown(data, 10001, 10001)  # as a volume's fsGroup would
+    secret = tmp_path / "secret"  # the cluster secret, mounted as the operator mounts it
+    secret.mkdir()
+    (secret / "hmac").write_bytes(new_secret())
+    os.chown(secret / "hmac", 10001, 10001)
     host = f"{loopback_prefix()}.1"
     podman(
         *RUN, "-d", "--name", container, "--network", "host", "--read-only",
-        "-v", f"{data}:/var/lib/laminar", "--tmpfs", "/tmp",
+        "-v", f"{data}:/var/lib/laminar", "-v", f"{secret}:/etc/laminar/secret:ro",
+        "--tmpfs", "/tmp", "-e", "LAMINAR_SECRET_FILE=/etc/laminar/secret/hmac",
         "-e", "LAMINAR_NODE_ID=image-1", "-e", f"LAMINAR_HOST={host}", broker,
     )  # fmt: skip
     url = f"http://{host}:7070"

@@ -18,6 +18,7 @@ import pytest
 
 from laminar.client import AsyncClient
 from laminar.log.batch import Record, encode_batch
+from laminar.server.config import new_secret
 
 from .conftest import loopback_prefix, make_cluster
 
@@ -41,7 +42,7 @@ REQUIRED_METRICS = [
 
 def start_broker(data_dir: Path, host: str, log_path: Path) -> subprocess.Popen[bytes]:
     secret = data_dir.parent / "secret"
-    secret.write_text("a-secret-of-at-least-16-bytes")
+    secret.write_bytes(new_secret())
     env = dict(os.environ)
     env.update(
         {

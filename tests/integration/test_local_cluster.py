@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.local_cluster import LocalCluster, pid_alive, probe
+from laminar.local_cluster import ClusterError, LocalCluster, pid_alive, probe
 
 from .conftest import interruptible, loopback_prefix
 
@@ -113,3 +113,31 @@ def test_foreground_up_stops_on_ctrl_c(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             LocalCluster.load(data_dir).stop()
+
+
+def test_each_cluster_gets_its_own_random_secret_passed_to_every_broker(tmp_path: Path) -> None:
+    """No broker of a local cluster relies on a built-in secret: `up` makes a random one in
+    the data directory (mode 600) and hands the same file to every broker; a later `up`
+    reuses it; another cluster gets another."""
+    from laminar.server.config import read_secret_file, secret_problem
+
+    first = LocalCluster(tmp_path / "first", 3, prefix=loopback_prefix())
+    files = set()
+    for node in first.nodes.values():
+        command = first.command(node)
+        files.add(command[command.index("--secret-file") + 1])
+    assert files == {str(tmp_path / "first" / "secret")}
+    path = Path(files.pop())
+    assert path.stat().st_mode & 0o777 == 0o600
+    secret = read_secret_file(str(path))
+    assert secret_problem(secret) is None
+    assert read_secret_file(str(LocalCluster(tmp_path / "first", 3).secret_path())) == secret
+    other = LocalCluster(tmp_path / "other", 1, prefix=loopback_prefix())
+    assert read_secret_file(str(other.secret_path())) != secret
+    # A weak secret someone put there is refused before any broker starts.
+    (tmp_path / "weak").mkdir()
+    (tmp_path / "weak" / "secret").write_text("changeme")
+    weak = LocalCluster(tmp_path / "weak", 1, prefix=loopback_prefix())
+    with pytest.raises(ClusterError, match="8 bytes long"):
+        weak.start()
+    assert all(node.pid is None for node in weak.nodes.values())

@@ -277,3 +277,38 @@ def test_queue_bodies_of_the_contract_validate(doc: dict[str, Any]) -> None:
     renewed = schema_validator(doc, "RenewResult")
     renewed.validate({"done": [1], "refused": [], "lease_deadline_ms": 5})
     assert not renewed.is_valid({"done": [1], "refused": []})
+
+
+def test_the_spec_is_as_strict_as_the_broker_on_bodies(doc: dict[str, Any]) -> None:
+    """The body limits of the spec are the broker's own constants; every operation that takes a
+    body lists what reading one may answer (408 too slow, 413 too big, 415 wrong type)."""
+    from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
+    from laminar.server.api import MAX_APPEND_RECORDS, MAX_HEADER_NAME_BYTES
+    from laminar.server.http import MAX_JSON_DEPTH, MAX_JSON_VALUES
+
+    for (method, path), op in operations(doc).items():
+        if "requestBody" in op:
+            assert {"408", "413", "415"} <= set(op["responses"]), (method, path)
+    codes = set(doc["components"]["schemas"]["ErrorCode"]["enum"])
+    assert {"request_timeout", "internal"} <= codes
+    append = schema_validator(doc, "AppendRequest")
+    assert (
+        doc["components"]["schemas"]["AppendRequest"]["properties"]["records"]["maxItems"]
+        == MAX_APPEND_RECORDS
+    )
+    described = doc["components"]["schemas"]["AppendRequest"]["description"]
+    assert f"{MAX_JSON_VALUES:,}" in described and f"{MAX_JSON_DEPTH} deep" in described
+    record = doc["components"]["schemas"]["AppendRecord"]
+    assert record["properties"]["headers"]["propertyNames"]["maxLength"] == MAX_HEADER_NAME_BYTES
+    good = {"key": "k", "value": "v", "headers": {"h": "x"}, "timestamp_ms": MAX_TIMESTAMP_MS}
+    append.validate({"records": [good, {"value": None, "encoding": "utf-8"}]})
+    append.validate({"records": [{"timestamp_ms": MIN_TIMESTAMP_MS, "headers": None}]})
+    for bad in (
+        {"records": [{**good, "timestamp_ms": MAX_TIMESTAMP_MS + 1}]},
+        {"records": [{**good, "timestamp_ms": MIN_TIMESTAMP_MS - 1}]},
+        {"records": [{**good, "timestamp_ms": 1.5}]},
+        {"records": [{**good, "encoding": "rot13"}]},
+        {"records": [{**good, "extra": 1}]},
+        {"records": [{"value": "v"}] * (MAX_APPEND_RECORDS + 1)},
+    ):
+        assert not append.is_valid(bad), str(bad)[:80]

@@ -1,7 +1,8 @@
 """The peer transport on real loopback sockets: ordered, batched delivery (large appends and
 folded heartbeats included), both directions, the authenticated handshake (wrong secret,
-wrong cluster, replays), hostile bytes, forged routing, reconnection, address changes, the
-queue bound and a clean stop. The raw peers here speak the handshake as docs/formats.md §7
+wrong cluster, replays, a server that proves nothing to an unauthenticated client), hostile
+bytes, forged routing, floods of idle connections, reconnection, address changes, the queue
+bound and a clean stop. The raw peers here speak the handshake as docs/formats.md §7
 describes it, independently of the module's own helpers."""
 
 from __future__ import annotations
@@ -108,11 +109,12 @@ def heartbeats(src: str, dst: str, groups: int, commit: int) -> Message:
 # ---- a raw peer speaking the wire format of docs/formats.md §7 ------------------------------
 
 HEAD = struct.Struct("<4sHBBH")  # magic, version, kind, flags, body length
-HELLO, CHALLENGE, PROOF = 1, 2, 3
+HELLO, CHALLENGE, PROOF, CONFIRM = 1, 2, 3, 4
+CLIENT_LABEL, SERVER_LABEL = b"LMQP/2 client", b"LMQP/2 server"
 
 
-def handshake_message(kind: int, body: bytes) -> bytes:
-    return HEAD.pack(b"LMQP", 1, kind, 0, len(body)) + body
+def handshake_message(kind: int, body: bytes, version: int = 2) -> bytes:
+    return HEAD.pack(b"LMQP", version, kind, 0, len(body)) + body
 
 
 def str8(value: str) -> bytes:
@@ -143,9 +145,9 @@ def mac(
     return hmac.digest(secret, transcript, "sha256")
 
 
-def hello(client: str, server: str, nonce: bytes, cluster: str = CLUSTER) -> bytes:
+def hello(client: str, server: str, cluster: str = CLUSTER) -> bytes:
     cluster_hash = xxhash.xxh64_intdigest(cluster.encode())
-    body = struct.pack("<Q", cluster_hash) + nonce + str8(client) + str8(server)
+    body = struct.pack("<Q", cluster_hash) + str8(client) + str8(server)
     return handshake_message(HELLO, body)
 
 
@@ -159,14 +161,16 @@ class RawPeer:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     hello: bytes = b""
-    proof: bytes = b""
+    proof: bytes = b""  # the whole PROOF message sent
 
-    async def read_challenge(self) -> tuple[bytes, bytes]:
+    async def read_message(self, kind: int, length: int) -> bytes:
         head = await asyncio.wait_for(self.reader.readexactly(HEAD.size), WAIT_S)
-        magic, version, kind, flags, length = HEAD.unpack(head)
-        assert (magic, version, kind, flags, length) == (b"LMQP", 1, CHALLENGE, 0, 64)
-        body = await asyncio.wait_for(self.reader.readexactly(length), WAIT_S)
-        return body[:32], body[32:]
+        assert HEAD.unpack(head) == (b"LMQP", 2, kind, 0, length)
+        return await asyncio.wait_for(self.reader.readexactly(length), WAIT_S)
+
+    async def read_challenge(self) -> bytes:
+        """The server nonce: a CHALLENGE carries nothing else."""
+        return await self.read_message(CHALLENGE, 32)
 
     async def expect_closed(self) -> None:
         """The other side closes the connection (and sends nothing before it)."""
@@ -188,18 +192,23 @@ async def raw_connect(address: str) -> RawPeer:
     return RawPeer(reader, writer)
 
 
-async def raw_authenticated(address: str, client: str = "x", server: str = "b") -> RawPeer:
-    """A connection that completed the handshake as node `client`."""
+async def raw_authenticated(
+    address: str, client: str = "x", server: str = "b"
+) -> tuple[RawPeer, bytes, bytes]:
+    """A connection that completed the handshake as node `client`; with the server's nonce
+    and its proof (CONFIRM body)."""
     peer = await raw_connect(address)
-    client_nonce = os.urandom(32)
-    peer.hello = hello(client, server, client_nonce)
+    peer.hello = hello(client, server)
     peer.writer.write(peer.hello)
-    server_nonce, server_proof = await peer.read_challenge()
-    expected = mac(b"LMQP/1 server", client, server, client_nonce, server_nonce)
+    server_nonce = await peer.read_challenge()
+    client_nonce = os.urandom(32)
+    client_proof = mac(CLIENT_LABEL, client, server, client_nonce, server_nonce)
+    peer.proof = handshake_message(PROOF, client_nonce + client_proof)
+    peer.writer.write(peer.proof)
+    server_proof = await peer.read_message(CONFIRM, 32)
+    expected = mac(SERVER_LABEL, client, server, client_nonce, server_nonce)
     assert hmac.compare_digest(server_proof, expected)
-    peer.proof = mac(b"LMQP/1 client", client, server, client_nonce, server_nonce)
-    peer.writer.write(handshake_message(PROOF, peer.proof))
-    return peer
+    return peer, server_nonce, server_proof
 
 
 # ---- delivery -------------------------------------------------------------------------------
@@ -324,16 +333,15 @@ async def test_wrong_cluster_is_rejected(caplog: pytest.LogCaptureFixture) -> No
         assert inbox.batches == []
         assert a.stats["connects"] == b.stats["accepts"] == 0
         assert "a belongs to another cluster" in caplog.text  # refused before any proof
-        # The same secret and ids, with a HELLO claiming the right cluster but a transcript
-        # of another: the server's proof does not verify.
+        # The same secret and ids, with a HELLO claiming the right cluster but a proof over
+        # the transcript of another: the proofs bind the cluster id, not just its hash.
         raw = await raw_connect(address)
-        nonce = os.urandom(32)
-        raw.writer.write(hello("x", "b", nonce))
-        server_nonce, server_proof = await raw.read_challenge()
-        assert server_proof == mac(b"LMQP/1 server", "x", "b", nonce, server_nonce)
-        assert server_proof != mac(
-            b"LMQP/1 server", "x", "b", nonce, server_nonce, cluster="another-cluster"
-        )
+        raw.writer.write(hello("x", "b"))
+        server_nonce = await raw.read_challenge()
+        client_nonce = os.urandom(32)
+        wrong = mac(CLIENT_LABEL, "x", "b", client_nonce, server_nonce, cluster="another-cluster")
+        raw.writer.write(handshake_message(PROOF, client_nonce + wrong))
+        await raw.expect_closed()  # no CONFIRM
         await raw.close()
 
 
@@ -342,7 +350,7 @@ async def test_handshake_for_another_node_is_rejected() -> None:
     async with stopping(b):
         address = await b.start(HOST, 0)
         raw = await raw_connect(address)
-        raw.writer.write(hello("x", "c", os.urandom(32)))  # meant for node c
+        raw.writer.write(hello("x", "c"))  # meant for node c
         await raw.expect_closed()
         await raw.close()
         assert b.stats["auth_failures"] == 1 and inbox.batches == []
@@ -354,30 +362,31 @@ async def test_replayed_handshakes_are_rejected_both_ways() -> None:
     async with stopping(a, b):
         address = await b.start(HOST, 0)
         # Client side replay: a recorded HELLO and PROOF on a new connection, then a frame.
-        recorded = await raw_authenticated(address, "x", "b")
+        recorded, _, _ = await raw_authenticated(address, "x", "b")
         recorded.writer.write(frame(vote("x", "b", 1)))
         await wait_for(lambda: len(inbox.messages) == 1, "the genuine connection works")
         replay = await raw_connect(address)
         replay.writer.write(recorded.hello)
         await replay.read_challenge()  # a fresh server nonce: the old proof cannot match
-        replay.writer.write(handshake_message(PROOF, recorded.proof) + frame(vote("x", "b", 2)))
+        replay.writer.write(recorded.proof + frame(vote("x", "b", 2)))
         await replay.expect_closed()
         await asyncio.sleep(0.05)
         assert [message.term for message in inbox.messages] == [1]
         assert b.stats["auth_failures"] == 1
-        # Server side replay: a fake "b" answers a's HELLO with a challenge recorded from
-        # the real b for another client nonce.
-        probe = await raw_connect(address)
-        probe.writer.write(hello("a", "b", os.urandom(32)))
-        old_nonce, old_proof = await probe.read_challenge()
+        # Server side replay: a fake "b" answers a's HELLO with the nonce and the proof the
+        # real b gave in a handshake with "a" (for another client nonce).
+        probe, old_nonce, old_proof = await raw_authenticated(address, "a", "b")
         await probe.close()
-        got_hello = asyncio.Event()
+        got_proof = asyncio.Event()
 
         async def fake_b(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                await reader.readexactly(HEAD.size)
-                got_hello.set()
-                writer.write(handshake_message(CHALLENGE, old_nonce + old_proof))
+                head = await reader.readexactly(HEAD.size)
+                await reader.readexactly(HEAD.unpack(head)[4])  # a's HELLO
+                writer.write(handshake_message(CHALLENGE, old_nonce))
+                await reader.readexactly(HEAD.size + 64)  # a's PROOF
+                got_proof.set()
+                writer.write(handshake_message(CONFIRM, old_proof))
                 await reader.read()  # until a hangs up
             writer.close()
 
@@ -386,7 +395,7 @@ async def test_replayed_handshakes_are_rejected_both_ways() -> None:
             fake_address = f"{HOST}:{fake.sockets[0].getsockname()[1]}"
             assert a.send("b", fake_address, [vote("a", "b", 1)])
             await wait_for(lambda: a.stats["auth_failures"] >= 1, "a rejects the replay")
-            assert got_hello.is_set()
+            assert got_proof.is_set()
             assert a.stats["connects"] == 0 and a.peers() == {"b": False}
         finally:
             await a.stop()
@@ -401,12 +410,204 @@ async def test_a_stalled_handshake_times_out(monkeypatch: pytest.MonkeyPatch) ->
     async with stopping(b):
         address = await b.start(HOST, 0)
         raw = await raw_connect(address)
-        raw.writer.write(hello("x", "b", os.urandom(32))[:20])  # half a HELLO, then silence
+        raw.writer.write(hello("x", "b")[:15])  # half a HELLO, then silence
         started = time.monotonic()
         await raw.expect_closed()
         assert time.monotonic() - started < 5
         await raw.close()
         assert b.stats["auth_failures"] == 1 and inbox.batches == []
+
+
+async def test_an_unauthenticated_client_gets_nothing_derived_from_the_secret() -> None:
+    """An outsider who sends a valid HELLO receives a fresh nonce and nothing else: no proof
+    to guess the secret against offline. A wrong proof ends the connection with nothing
+    more sent (no CONFIRM)."""
+    b, inbox = node("b")
+    async with stopping(b):
+        address = await b.start(HOST, 0)
+        nonces = []
+        for _ in range(2):
+            raw = await raw_connect(address)
+            raw.writer.write(hello("x", "b"))
+            nonces.append(await raw.read_challenge())  # exactly a head and 32 bytes
+            raw.writer.write(handshake_message(PROOF, os.urandom(64)))  # a guess
+            await raw.expect_closed()  # and not a byte more
+            await raw.close()
+        assert nonces[0] != nonces[1]  # fresh for every connection
+        assert b.stats["auth_failures"] == 2 and b.stats["accepts"] == 0
+        assert inbox.batches == []
+
+
+async def test_a_client_sends_no_frame_to_a_server_that_has_not_proven_itself() -> None:
+    a, _ = node("a")
+    after_proof: list[bytes] = []
+    done = asyncio.Event()
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readexactly(HEAD.size)
+            await reader.readexactly(HEAD.unpack(head)[4])  # a's HELLO
+            writer.write(handshake_message(CHALLENGE, os.urandom(32)))
+            await reader.readexactly(HEAD.size + 64)  # a's PROOF
+            writer.write(handshake_message(CONFIRM, os.urandom(32)))  # no secret: a guess
+            after_proof.append(await reader.read())  # until a hangs up
+        writer.close()
+        done.set()
+
+    server = await asyncio.start_server(impostor, HOST, 0)
+    try:
+        fake_address = f"{HOST}:{server.sockets[0].getsockname()[1]}"
+        assert a.send("b", fake_address, [vote("a", "b", 1)])
+        await asyncio.wait_for(done.wait(), WAIT_S)
+        assert after_proof == [b""]  # a hung up without sending its queued frame
+        assert a.stats["auth_failures"] >= 1 and a.stats["connects"] == 0
+        assert a.stats["frames_sent"] == 0
+    finally:
+        await a.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_old_handshake_version_and_a_client_posing_as_the_server_are_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    b, _ = node("b")
+    async with stopping(b):
+        address = await b.start(HOST, 0)
+        old = await raw_connect(address)
+        body = struct.pack("<Q", xxhash.xxh64_intdigest(CLUSTER.encode())) + os.urandom(32)
+        old.writer.write(handshake_message(HELLO, body + str8("x") + str8("b"), version=1))
+        await old.expect_closed()
+        await old.close()
+        assert "handshake version 1, this broker speaks 2" in caplog.text
+        itself = await raw_connect(address)
+        itself.writer.write(hello("b", "b"))
+        await itself.expect_closed()
+        await itself.close()
+        assert b.stats["auth_failures"] == 2 and b.stats["accepts"] == 0
+
+
+async def idle_sockets(address: str, count: int, source: str) -> list[socket.socket]:
+    """`count` TCP connections from `source` (a loopback address) that send nothing."""
+    loop = asyncio.get_running_loop()
+    host, port = parse_address(address)
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind((source, 0))
+        await loop.sock_connect(sock, (host, port))
+        sockets.append(sock)
+    return sockets
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+async def test_a_peer_completes_its_handshake_while_one_address_holds_256_idle_sockets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """256 idle connections from 127.0.0.2 (more than the 128 pending handshakes allowed in
+    all) do not lock out a real peer on 127.0.0.1: 8 of them stay pending (for the whole
+    test: the idle timeout is raised), the others are closed at once, and the peer's
+    handshake completes at once rather than when the flood times out."""
+    monkeypatch.setattr(transport_module, "IDLE_HANDSHAKE_TIMEOUT_S", 60.0, raising=False)
+    b, inbox = node("b")
+    a, _ = node("a")
+    flood: list[socket.socket] = []
+    async with stopping(a, b):
+        address = await b.start(HOST, 0)
+        try:
+            flood = await idle_sockets(address, 256, "127.0.0.2")
+            started = time.monotonic()
+            assert a.send("b", address, [vote("a", "b", 1)])  # dials after the flood
+            # Less than the 5 s handshake timeout that the flood's connections had before.
+            await wait_for(lambda: len(inbox.messages) == 1, "a's message", timeout_s=3.0)
+            print(f"\nhandshake under a flood of 256: {time.monotonic() - started:.3f} s ", end="")
+            assert a.stats["connects"] == 1 and b.stats["accepts"] == 1
+            # The flood was in force: b had refused all but 8, and still holds those.
+            assert b.stats["handshakes_refused"] == 256 - 8
+            await wait_for(
+                lambda: sum(closed_by_peer(sock) for sock in flood) == 256 - 8, "refusals seen"
+            )
+            assert sum(not closed_by_peer(sock) for sock in flood) == 8
+            assert b.stats["auth_failures"] == 0  # bare connections are not counted
+        finally:
+            for sock in flood:
+                sock.close()
+
+
+async def test_the_bound_in_all_is_shared_fairly_between_sources(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the pending handshakes in all reach their bound, a new source takes the place
+    of the oldest connection of the source with the most: no source crowds out another."""
+    monkeypatch.setattr(transport_module, "MAX_PENDING_HANDSHAKES", 4)
+    monkeypatch.setattr(transport_module, "IDLE_HANDSHAKE_TIMEOUT_S", 60.0)
+    b, inbox = node("b")
+    a, _ = node("a")
+    held: list[socket.socket] = []
+    async with stopping(a, b):
+        address = await b.start(HOST, 0)
+        try:
+            crowd = await idle_sockets(address, 4, "127.0.0.2")
+            held += crowd
+            await wait_for(lambda: len(b._handshakes) == 4, "the bound in all reached")
+            other = await idle_sockets(address, 2, "127.0.0.3")
+            held += other
+            await wait_for(lambda: b.stats["handshakes_evicted"] == 2, "room made twice")
+            # the oldest two of the crowd went; 127.0.0.3 was refused nothing
+            await wait_for(lambda: closed_by_peer(crowd[0]) and closed_by_peer(crowd[1]), "gone")
+            assert b.stats["handshakes_refused"] == 0
+            assert a.send("b", address, [vote("a", "b", 1)])  # the crowd (2) gives way again
+            await wait_for(lambda: len(inbox.messages) == 1, "a's message")
+            assert b.stats["handshakes_evicted"] == 3
+            # Pending now: one of the crowd's, two of 127.0.0.3's. A third source gets the
+            # free place; a fourth takes the place of 127.0.0.3's oldest (it has the most);
+            # then every source has one, and one more from any of them is refused.
+            assert closed_by_peer(crowd[2]) and not closed_by_peer(crowd[3])
+            third = await idle_sockets(address, 1, "127.0.0.4")
+            fourth = await idle_sockets(address, 1, "127.0.0.5")
+            held += third + fourth
+            await wait_for(lambda: closed_by_peer(other[0]), "127.0.0.3's oldest gave way")
+            assert b.stats["handshakes_evicted"] == 4
+            extra = await idle_sockets(address, 1, "127.0.0.3")
+            held += extra
+            await wait_for(lambda: closed_by_peer(extra[0]), "refused")
+            assert b.stats["handshakes_refused"] == 1 and b.stats["handshakes_evicted"] == 4
+            assert not any(closed_by_peer(sock) for sock in (crowd[3], other[1], *third, *fourth))
+        finally:
+            for sock in held:
+                sock.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_sooner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "IDLE_HANDSHAKE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(transport_module, "HANDSHAKE_TIMEOUT_S", 1.0)
+    b, _ = node("b")
+    async with stopping(b):
+        address = await b.start(HOST, 0)
+        silent = await raw_connect(address)
+        started = time.monotonic()
+        await silent.expect_closed()
+        silent_s = time.monotonic() - started
+        await silent.close()
+        slow = await raw_connect(address)
+        started = time.monotonic()
+        slow.writer.write(hello("x", "b")[:5])  # some bytes: the whole handshake timeout
+        await slow.expect_closed()
+        slow_s = time.monotonic() - started
+        await slow.close()
+        assert silent_s < 0.9 <= slow_s + 0.05, (silent_s, slow_s)
+        assert b.stats["auth_failures"] == 1  # the silent one was a bare probe
 
 
 # ---- hostile bytes --------------------------------------------------------------------------
@@ -426,7 +627,7 @@ async def test_garbage_bad_lengths_and_corrupt_frames_disconnect_but_the_server_
 
         # Unauthenticated frames are never parsed: frame bytes where the PROOF belongs.
         unauthenticated = await raw_connect(address)
-        unauthenticated.writer.write(hello("x", "b", os.urandom(32)))
+        unauthenticated.writer.write(hello("x", "b"))
         await unauthenticated.read_challenge()
         unauthenticated.writer.write(frame(vote("x", "b", 1)) * 3)
         await unauthenticated.expect_closed()
@@ -441,7 +642,7 @@ async def test_garbage_bad_lengths_and_corrupt_frames_disconnect_but_the_server_
             frame(vote("x", "b", 7)) + struct.pack("<I", 3) + b"\xff\x00\x00",
         ]
         for count, data in enumerate(bad_frames, start=1):
-            raw = await raw_authenticated(address, "x", "b")
+            raw, _, _ = await raw_authenticated(address, "x", "b")
             raw.writer.write(data)
             await raw.expect_closed()
             await raw.close()
@@ -461,7 +662,7 @@ async def test_messages_with_forged_src_or_dst_are_dropped() -> None:
     b, inbox = node("b")
     async with stopping(b):
         address = await b.start(HOST, 0)
-        raw = await raw_authenticated(address, "x", "b")
+        raw, _, _ = await raw_authenticated(address, "x", "b")
         forged = [
             vote("y", "b", 1),  # src is not the authenticated node
             vote("x", "c", 2),  # not for this node
@@ -497,12 +698,13 @@ async def test_outgoing_connection_closes_if_the_server_sends_frames() -> None:
     async def chatty_b(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             head = await reader.readexactly(HEAD.size)
-            body = await reader.readexactly(HEAD.unpack(head)[4])
-            client_nonce = body[8:40]
+            await reader.readexactly(HEAD.unpack(head)[4])  # a's HELLO
             server_nonce = os.urandom(32)
-            server_proof = mac(b"LMQP/1 server", "a", "b", client_nonce, server_nonce)
-            writer.write(handshake_message(CHALLENGE, server_nonce + server_proof))
-            await reader.readexactly(HEAD.size + 32)  # a's proof
+            writer.write(handshake_message(CHALLENGE, server_nonce))
+            proof = await reader.readexactly(HEAD.size + 64)  # a's PROOF
+            client_nonce = proof[HEAD.size : HEAD.size + 32]
+            server_proof = mac(SERVER_LABEL, "a", "b", client_nonce, server_nonce)
+            writer.write(handshake_message(CONFIRM, server_proof))
             writer.write(frame(vote("b", "a", 1)))  # not allowed on a's connection
             await reader.read()
         writer.close()
@@ -645,7 +847,7 @@ async def test_stop_is_clean() -> None:
     # Leave work in flight: a peer in backoff, a half-done handshake, a queue mid-transfer.
     assert a.send("z", f"{HOST}:{free_port()}", [vote("a", "z", 1)])
     half = await raw_connect(address_b)
-    half.writer.write(hello("x", "b", os.urandom(32)))
+    half.writer.write(hello("x", "b"))
     await half.read_challenge()  # b now waits for the proof
     for i in range(8):
         a.send("b", address_b, [append("a", "b", 4 * i, blocks)])

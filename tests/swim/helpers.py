@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from laminar.swim import Addresses, Codec, Member, SwimConfig
-from laminar.swim.codec import encode_update
+from laminar.swim.codec import Stamp, encode_update
 from laminar.swim.core import Swim
 from laminar.swim.messages import Ack, Alive, Datagram, Gossip, Message, Ping, Update
 
@@ -20,8 +20,17 @@ def member(name: str, *, epoch: int = 1, weight: int = 1, draining: bool = False
     return Member(name, addresses, weight, draining, epoch)
 
 
-def codec(config: SwimConfig | None = None) -> Codec:
-    return Codec(CLUSTER, SECRET, (config or SwimConfig()).max_datagram_bytes)
+def codec(config: SwimConfig | None = None, *, sender: str = "peer:7946") -> Codec:
+    """A codec sealing datagrams as sent from gossip address `sender`."""
+    return Codec(CLUSTER, SECRET, (config or SwimConfig()).max_datagram_bytes, sender=sender)
+
+
+_nonces = iter(range(1, 2**63))
+
+
+def stamp(at_ms: int) -> Stamp:
+    """A stamp for a datagram sealed at `at_ms` (a new nonce each call)."""
+    return Stamp(at_ms, next(_nonces))
 
 
 @dataclass
@@ -56,7 +65,11 @@ class Harness:
     def deliver(
         self, message: Message, updates: Iterable[Update] = (), from_addr: str = "peer:7946"
     ) -> None:
-        data = self.codec.encode(message, [encode_update(u) for u in updates])
+        """A datagram sealed by the member at `from_addr`, now, arrives from there."""
+        encoded = [encode_update(u) for u in updates]
+        data = codec(self.config, sender=from_addr).encode(
+            message, encoded, stamp=stamp(self.now_ms)
+        )
         self.core.receive(data, from_addr, self.now_ms)
         self.collect()
 

@@ -16,7 +16,7 @@ from laminar.swim import (
     suspicion_timeout_ms,
     suspicion_timeouts_ms,
 )
-from laminar.swim.codec import encode_update
+from laminar.swim.codec import Codec, Stamp, encode_update
 from laminar.swim.core import Swim
 from laminar.swim.messages import (
     Ack,
@@ -32,7 +32,7 @@ from laminar.swim.messages import (
     Update,
 )
 
-from .helpers import CLUSTER, SECRET, Harness, Sent, codec, member
+from .helpers import CLUSTER, SECRET, Harness, Sent, codec, member, stamp
 
 ALIVE, SUSPECT, DEAD, LEFT = (
     MemberStatus.ALIVE,
@@ -605,14 +605,15 @@ def test_bad_datagrams_are_counted_and_change_nothing() -> None:
     before = h.core.members()
     h.core.events()
     h.take_sent()
-    good = codec().encode(Gossip(), [encode_update(Dead("a", 1, 0, "b"))])
+    accusation = [encode_update(Dead("a", 1, 0, "b"))]
+    good = codec(sender="evil:1").encode(Gossip(), accusation, stamp=stamp(h.now_ms))
     tampered = bytearray(good)
     tampered[20] ^= 0xFF
-    foreign = type(codec())("another-cluster", SECRET, 1400).encode(
-        Gossip(), [encode_update(Dead("a", 1, 0, "b"))]
+    foreign = Codec("another-cluster", SECRET, 1400, sender="evil:1").encode(
+        Gossip(), accusation, stamp=stamp(h.now_ms)
     )
-    forged = type(codec())(CLUSTER, b"not the secret", 1400).encode(
-        Gossip(), [encode_update(Dead("a", 1, 0, "b"))]
+    forged = Codec(CLUSTER, b"not the secret", 1400, sender="evil:1").encode(
+        Gossip(), accusation, stamp=stamp(h.now_ms)
     )
     for data in (b"", b"x" * 100, bytes(tampered), foreign, forged, b"\0" * 2000):
         h.core.receive(data, "evil:1", h.now_ms)
@@ -649,7 +650,9 @@ def test_the_same_seed_and_inputs_give_the_same_datagrams() -> None:
     def run(seed: int) -> list[tuple[str, bytes]]:
         core = Swim(SwimConfig(), member("me"), ["s:7946"], random.Random(seed), CLUSTER, SECRET)
         out: list[tuple[str, bytes]] = []
-        gossip = codec().encode(Gossip(), [encode_update(Alive(member(n), 0)) for n in PEERS])
+        gossip = codec(sender="s:7946").encode(
+            Gossip(), [encode_update(Alive(member(n), 0)) for n in PEERS], stamp=Stamp(0, 1)
+        )
         core.receive(gossip, "s:7946", 0)
         for now_ms in range(0, 20_000, 10):
             core.tick(now_ms)

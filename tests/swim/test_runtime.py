@@ -10,8 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from laminar.swim import EventKind, MemberStatus, SwimConfig
-from laminar.swim.runtime import SwimNode, format_address, parse_address
+from laminar.swim import Codec, EventKind, MemberStatus, SwimConfig
+from laminar.swim.codec import Stamp
+from laminar.swim.messages import Ack, Datagram, Ping, Sync
+from laminar.swim.runtime import SwimNode, format_address, parse_address, wall_ms
 
 from .helpers import CLUSTER, SECRET
 
@@ -118,7 +120,7 @@ async def test_oversized_and_foreign_datagrams_are_dropped_and_counted() -> None
         host, port = parse_address(node.gossip_addr)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
             sender.sendto(b"\x00" * (FAST.max_datagram_bytes + 1), (host, port))
-            sender.sendto(b"LMQG" + b"\x00" * 60, (host, port))
+            sender.sendto(b"LMQG" + b"\x00" * 80, (host, port))
             sender.sendto(b"not swim at all, long enough to have a header" * 2, (host, port))
         await wait_for(
             lambda: sum(node.core.dropped.values()) == 3, JOIN_TIMEOUT_S, "three drops counted"
@@ -146,3 +148,89 @@ def test_addresses_format_and_parse_both_ways(host: str, port: int, text: str) -
 def test_malformed_addresses_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_address(text)
+
+
+class _Inbox(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[tuple[bytes, tuple[str, int]]] = asyncio.Queue()
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.received.put_nowait((data, addr))
+
+
+async def test_genuine_datagrams_replayed_from_another_address_get_no_answer() -> None:
+    """Sniff a genuine ping and a genuine sync (asking for a reply) that node a sends node b
+    on loopback, replay both to b from 127.0.0.2, then send b a fresh genuine ping from the
+    same socket: the first (and only) thing the replayer receives is the answer to that
+    fresh ping, so b answered neither replay (b handles one socket's datagrams in order, and
+    answers at once)."""
+    b = SwimNode("b", cluster_id=CLUSTER, secret=SECRET, config=FAST)
+    await b.start()
+    a = SwimNode("a", cluster_id=CLUSTER, secret=SECRET, seeds=[b.gossip_addr], config=FAST)
+    b_port = parse_address(b.gossip_addr)[1]
+    reader = Codec(CLUSTER, SECRET, FAST.max_datagram_bytes, sender="unused:1")
+    sniffed: dict[str, bytes] = {}
+    send = a._sendto
+
+    def sniff(datagram: bytes, ip: str, port: int) -> None:  # a copy of what a sends to b
+        decoded = reader.decode(datagram)
+        if port == b_port and isinstance(decoded, Datagram):
+            message = decoded.message
+            if isinstance(message, Ping) and message.target == "b":
+                sniffed.setdefault("ping", datagram)
+            elif isinstance(message, Sync) and message.reply_wanted:
+                sniffed.setdefault("sync", datagram)
+        send(datagram, ip, port)
+
+    a._sendto = sniff  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    transport, replayer = await loop.create_datagram_endpoint(_Inbox, local_addr=("127.0.0.2", 0))
+    try:
+        await a.start()
+        await wait_for(lambda: {"ping", "sync"} <= sniffed.keys(), JOIN_TIMEOUT_S, "sniffed")
+        for kind in ("ping", "sync"):
+            transport.sendto(sniffed[kind], ("127.0.0.1", b_port))
+        own = format_address(*transport.get_extra_info("sockname")[:2])
+        fresh = Codec(CLUSTER, SECRET, FAST.max_datagram_bytes, sender=own).encode(
+            Ping(4242, "b", b.epoch, "probe", 1), stamp=Stamp(wall_ms(), 1)
+        )
+        transport.sendto(fresh, ("127.0.0.1", b_port))
+        data, source = await asyncio.wait_for(replayer.received.get(), JOIN_TIMEOUT_S)
+        first = reader.decode(data)
+        assert isinstance(first, Datagram) and first.message == Ack(4242), first
+        assert source == ("127.0.0.1", b_port)
+        assert b.core.dropped.get("wrong_sender") == 2
+    finally:
+        transport.close()
+        await a.stop(leave=False)
+        await b.stop(leave=False)
+
+
+async def test_a_member_advertising_a_host_name_is_checked_by_resolving_it() -> None:
+    """Kubernetes brokers advertise DNS names: a datagram declaring one is accepted once the
+    name resolves to its source address (until then it counts as unverified)."""
+    named = SwimNode(
+        "named", cluster_id=CLUSTER, secret=SECRET, config=FAST, advertise_host="localhost"
+    )
+    await named.start()
+    plain = SwimNode(
+        "plain", cluster_id=CLUSTER, secret=SECRET, seeds=[named.gossip_addr], config=FAST
+    )
+    await plain.start()
+    try:
+        assert named.gossip_addr.startswith("localhost:")
+        await wait_for(
+            lambda: (
+                set(statuses(plain)) == {"named", "plain"} == set(statuses(named))
+                and all(
+                    s is MemberStatus.ALIVE
+                    for s in [*statuses(plain).values(), *statuses(named).values()]
+                )
+            ),
+            JOIN_TIMEOUT_S,
+            "the two see each other alive",
+        )
+        assert plain.core.dropped.get("wrong_sender", 0) == 0
+    finally:
+        await plain.stop(leave=False)
+        await named.stop(leave=False)

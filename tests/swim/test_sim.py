@@ -14,7 +14,7 @@ from laminar.swim import (
     retransmit_limit,
     suspicion_timeouts_ms,
 )
-from laminar.swim.codec import Codec, encode_update
+from laminar.swim.codec import Codec, Stamp, encode_update
 from laminar.swim.messages import Dead, Gossip, Suspect
 from laminar.swim.sim import Observation, SwimSimConfig, SwimSimulation
 
@@ -214,12 +214,17 @@ def test_forged_and_foreign_datagrams_are_counted_and_change_nothing() -> None:
     for epoch_member in ("n01", "n04"):  # aim at the real epochs too
         state = before["n00"][epoch_member]
         accusation.append(encode_update(Dead(epoch_member, state.epoch, 99, "n02")))
-    forged = Codec(config.cluster_id, b"guessed secret", 1400).encode(Gossip(), accusation)
-    foreign = Codec("another-cluster", config.secret, 1400).encode(Gossip(), accusation)
+    stamp = Stamp(sim.now_ms, 1)
+    forged = Codec(config.cluster_id, b"guessed secret", 1400, sender="10.9.9.9:7946").encode(
+        Gossip(), accusation, stamp=stamp
+    )
+    foreign = Codec("another-cluster", config.secret, 1400, sender=sim.address("n02")).encode(
+        Gossip(), accusation, stamp=stamp
+    )
     for target in sim.up():
         sim.inject(target, forged, "10.9.9.9:7946")
         sim.inject(target, foreign, sim.address("n02"))
-        sim.inject(target, b"\x00" * 64, "10.9.9.9:7946")
+        sim.inject(target, b"\x00" * 80, "10.9.9.9:7946")
     sim.run_for(10_000)
     for node in sim.up():
         dropped = sim.core(node).dropped

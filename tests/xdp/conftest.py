@@ -8,19 +8,21 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from laminar.swim.codec import Codec
+from laminar.swim.codec import Codec, Stamp
 from laminar.swim.messages import Ack
 
 from ..netns import Host
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = b"x" * 32
+#: A cluster secret as `laminar secret` makes one (base64 of 32 random bytes).
+SECRET = b"6v3cLq0eRjYb1W9kT2uXhN8pF4sA7mZdG5oIyHwQ1VE="
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +60,8 @@ def bpffs(path: Path) -> Iterator[Path]:
 
 def gossip_datagram(cluster_id: str) -> bytes:
     """A real, sealed SWIM datagram of `cluster_id` (an ack)."""
-    return Codec(cluster_id, SECRET, 1400).encode(Ack(seq=1))
+    codec = Codec(cluster_id, SECRET, 1400, sender="10.0.0.1:7072")
+    return codec.encode(Ack(seq=1), stamp=Stamp(time.time_ns() // 1_000_000, 1))
 
 
 def send_udp(host: Host, address: str, port: int, payload: bytes) -> None:

@@ -52,12 +52,13 @@ from laminar.log.batch import (
     parse_header,
     records_from,
 )
-from laminar.log.errors import BatchError
+from laminar.log.errors import BatchError, MalformedRecordsError
 from laminar.placement import Candidate, partition_key, rank
 from laminar.queue.wire import ACQUIRED_TYPE
 
 from .errors import (
     Conflict,
+    CorruptData,
     LaminarError,
     NotFound,
     Overloaded,
@@ -310,6 +311,14 @@ def _json_object(answer: _Answer) -> Mapping[str, Any]:
             answer.status, "corrupt_response", f"no JSON object in the answer from {answer.url}"
         )
     return data
+
+
+def malformed_records(topic: str, partition: int, error: MalformedRecordsError) -> CorruptData:
+    """A read answer holding a batch whose records are malformed, with nothing before it to
+    return: CorruptData with `next_index`, where reading goes on, as a broker answers it."""
+    message = f"{topic}/{partition}: {error}; read on from {error.next_index}"
+    body = {"error": {"code": "corrupt_data", "message": message, "next_index": error.next_index}}
+    return CorruptData(200, "corrupt_data", message, body)
 
 
 def _corrupt(answer: _Answer, error: Exception) -> LaminarError:
@@ -602,6 +611,9 @@ class AsyncClient:
                 commit_index=raw.commit_index,
                 log_start=raw.log_start,
             )
+        except MalformedRecordsError as e:
+            # (a broker that served records it cannot check: as a broker that checks answers)
+            raise malformed_records(topic, partition, e) from e
         except (BatchError, KeyError, TypeError, ValueError) as e:
             raise LaminarError(
                 200, "corrupt_response", f"undecodable read answer for {topic}/{partition}: {e}"

@@ -52,6 +52,7 @@ from laminar.log.batch import (
     Record,
     encode_batch,
 )
+from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 
 from .errors import LaminarError
 from .models import AppendResult, RecordMetadata
@@ -214,6 +215,9 @@ class Producer:
             raise RuntimeError("the producer is closed")
         key_bytes = _to_bytes(key)
         stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        if not MIN_TIMESTAMP_MS <= stamp <= MAX_TIMESTAMP_MS:
+            # here, not when its batch is encoded: that would fail the records batched with it
+            raise ValueError(f"timestamp_ms {stamp} is outside [0, {MAX_TIMESTAMP_MS}]")
         record = Record(_to_bytes(value), key_bytes, _to_headers(headers), stamp)
         size = record_bytes(record)
         count = await self._partition_count()

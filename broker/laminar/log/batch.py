@@ -22,7 +22,9 @@ Layout (little-endian; `docs/formats.md` is the full specification):
 
 The checksum is chained through the payload hash so that the log can stamp `base_index` and
 `term` into a verified batch by hashing 64 header bytes again, not the whole payload. The
-broker's work per batch is framing checks plus one hash pass: never per-record work.
+broker's work per batch is framing checks, one hash pass and one walk over the records in C
+(`records.py`: a checksum cannot tell a producer's malformed records from good ones): never
+per-record work in Python.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from typing import NamedTuple
 
 import xxhash
 
-from .errors import BatchChecksumError, BatchFramingError, BatchTooLargeError
+from .errors import (
+    BatchChecksumError,
+    BatchFramingError,
+    BatchTooLargeError,
+    MalformedRecordsError,
+)
+from .records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, records_problem
 
 Buffer = bytes | bytearray | memoryview
 
@@ -138,6 +146,12 @@ def encode_batch(
     default_ms = int(time.time() * 1000) if now_ms is None else now_ms
     timestamps = [default_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
     first_ms = timestamps[0]
+    lowest, highest = min(timestamps), max(timestamps)
+    if lowest < MIN_TIMESTAMP_MS or highest > MAX_TIMESTAMP_MS:
+        bad = lowest if lowest < MIN_TIMESTAMP_MS else highest
+        raise BatchFramingError(
+            f"record timestamp {bad} is outside [{MIN_TIMESTAMP_MS}, {MAX_TIMESTAMP_MS}]"
+        )
     parts: list[bytes] = []
     append = parts.append
     pack_record = RECORD_HEADER.pack
@@ -179,7 +193,7 @@ def encode_batch(
         producer_id,
         producer_seq,
         first_ms,
-        max(timestamps),
+        highest,
         0,
     )[:CHECKSUM_OFFSET]
     checksum = header_checksum(prefix, payload_hash(payload))
@@ -211,10 +225,17 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
     return header
 
 
-def verify_batch(data: Buffer, max_batch_bytes: int) -> tuple[BatchHeader, int]:
+def verify_batch(
+    data: Buffer, max_batch_bytes: int, *, check_records: bool = True
+) -> tuple[BatchHeader, int]:
     """Check that `data` is exactly one valid batch; return its header and payload hash.
 
-    Raises BatchTooLargeError, BatchFramingError or BatchChecksumError.
+    Raises BatchTooLargeError, BatchFramingError or BatchChecksumError, and
+    MalformedRecordsError (a BatchFramingError) when the checksum holds but the records do not
+    (`verify_records`). `check_records=False` checks the header and checksum only: for Raft
+    replication, which must store what its leader committed (the leader checked the records
+    when the batch entered the cluster; a batch stored before appends checked them must still
+    reach every replica).
     """
     header = parse_header(data)
     if header.batch_bytes > max_batch_bytes:
@@ -229,7 +250,24 @@ def verify_batch(data: Buffer, max_batch_bytes: int) -> tuple[BatchHeader, int]:
     digest = payload_hash(view[BATCH_HEADER_BYTES:])
     if header_checksum(view[:CHECKSUM_OFFSET], digest) != header.checksum:
         raise BatchChecksumError(f"checksum mismatch in batch at index {header.base_index}")
+    if check_records:
+        verify_records(header, view[BATCH_HEADER_BYTES:])
     return header, digest
+
+
+def verify_records(header: BatchHeader, payload: Buffer) -> None:
+    """Check the records section `payload` of the batch whose header is `header` against the
+    rules of `laminar.log.records` (one walk in C). Raises MalformedRecordsError, which says
+    where the batch's indexes end (`next_index`) so that a reader can go on after it."""
+    problem = records_problem(
+        payload, header.record_count, header.first_timestamp_ms, header.max_timestamp_ms
+    )
+    if problem is not None:
+        raise MalformedRecordsError(
+            f"malformed records in batch {header.base_index}: {problem}",
+            base_index=header.base_index,
+            next_index=header.next_index,
+        )
 
 
 def stamp_header(header_bytes: Buffer, base_index: int, term: int, digest: int) -> bytes:
@@ -258,7 +296,8 @@ RecordTuple = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes
 
 
 def decode_batch(batch: Buffer) -> list[StoredRecord]:
-    """Verify one batch and decode its records (consumer side: per-record work is fine here)."""
+    """Verify one batch and decode its records (consumer side: per-record work is fine here).
+    A batch whose records are malformed raises MalformedRecordsError before any is decoded."""
     return [StoredRecord(*fields) for fields in iter_records(batch)]
 
 
@@ -329,13 +368,24 @@ def records_from(
     """The records of concatenated whole batches (a read's answer) at or after `from_index`,
     control batches skipped, at most `max_records`. Also returns where reading goes on: just
     after the last record kept when `max_records` cut it short (the third value, True), else
-    the end of the last batch (None when `data` is empty)."""
+    the end of the last batch (None when `data` is empty).
+
+    A batch with malformed records (stored before appends checked them) cuts the answer short
+    too (True): reading goes on at its base index; when no record comes before it,
+    MalformedRecordsError says where its indexes end (`next_index`), so that the reader can
+    skip it."""
     records: list[StoredRecord] = []
     end: int | None = None
     for batch in split_batches(data):
         header = parse_header(batch)
         if not header.is_control:
-            for record in decode_batch(batch):
+            try:
+                decoded = decode_batch(batch)
+            except MalformedRecordsError:
+                if records:
+                    return records, header.base_index, True
+                raise
+            for record in decoded:
                 if record.index < from_index:
                     continue
                 if len(records) >= max_records:

@@ -18,6 +18,17 @@ class BatchFramingError(BatchError):
     """The batch's framing is wrong: magic, version, lengths or counts."""
 
 
+class MalformedRecordsError(BatchFramingError):
+    """The batch's header and checksum hold but its records section breaks the framing rules
+    (`laminar.log.records`). Appends refuse it; a reader that meets one already stored (from
+    before appends checked records) goes on at `next_index`, the first index after it."""
+
+    def __init__(self, message: str, *, base_index: int, next_index: int) -> None:
+        super().__init__(message)
+        self.base_index = base_index
+        self.next_index = next_index
+
+
 class BatchChecksumError(BatchError):
     """The batch's xxh3-64 checksum does not match its bytes."""
 

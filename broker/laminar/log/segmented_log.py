@@ -28,6 +28,7 @@ from .batch import (
     parse_header,
     stamp_header,
     verify_batch,
+    verify_records,
 )
 from .config import FsyncPolicy, LogConfig
 from .errors import (
@@ -311,14 +312,20 @@ class SegmentedLog:
 
     # ---- appends ---------------------------------------------------------------------------
 
-    def append(self, batch: Buffer, *, term: int | None = None) -> AppendResult:
+    def append(
+        self, batch: Buffer, *, term: int | None = None, check_records: bool = True
+    ) -> AppendResult:
         """Verify one encoded batch and append it at next_index, stamping `term` if given.
 
-        Raises BatchFramingError, BatchChecksumError or BatchTooLargeError (log unchanged).
-        The bytes are written but durable only after `sync()`.
+        Raises BatchFramingError (MalformedRecordsError for malformed records),
+        BatchChecksumError or BatchTooLargeError (log unchanged). The bytes are written but
+        durable only after `sync()`. `check_records=False`: header and checksum only (Raft
+        replication, see `verify_batch`).
         """
         self._check_writable()
-        header, digest = verify_batch(batch, self.config.batch_limit_bytes)
+        header, digest = verify_batch(
+            batch, self.config.batch_limit_bytes, check_records=check_records
+        )
         self._maybe_roll()
         active = self._active
         base_index = active.next_index
@@ -620,7 +627,9 @@ class StreamAppend:
         self._received_bytes += len(chunk)
 
     def commit(self) -> AppendResult:
-        """Check length and checksum, stamp the header, and make the batch part of the log."""
+        """Check length, checksum and records, stamp the header, and make the batch part of the
+        log. The records are checked on the payload read back from the store (the walker needs
+        it whole, and the stream never held it)."""
         assert not self._done
         header = self._header
         if self._received_bytes != header.payload_bytes:
@@ -633,6 +642,15 @@ class StreamAppend:
             self.abort()
             raise BatchChecksumError("checksum mismatch in streamed batch")
         segment = self._segment
+        try:
+            payload = segment.store.read(self._position + BATCH_HEADER_BYTES, header.payload_bytes)
+            verify_records(header, payload)
+        except StoreError as e:
+            self.abort()
+            raise SegmentError(f"cannot read back the streamed batch: {e}") from e
+        except BatchError:
+            self.abort()
+            raise
         base_index = segment.next_index
         stamped = stamp_header(self._header_bytes, base_index, self._term, digest)
         try:

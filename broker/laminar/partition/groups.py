@@ -7,21 +7,35 @@ proposes them. The leader stamps commands with its clock (`now_ms`), picks the i
 Acquire asks for from its applied state minus those its own uncommitted Acquires ask for
 (the state machine refuses any index that is no longer free when the command applies), and
 bounds what waits for a commit.
+
+Records it cannot hand out, those of a batch whose checksum holds but whose records are
+malformed (stored before appends checked records), are never leased to a consumer: the
+leader settles them for the group unseen, acquiring and accepting them as the consumer
+SKIP_CONSUMER (two ordinary queue commands, so every replica agrees), and reports them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from ..log.batch import BatchHeader, StoredRecord, decode_batch, parse_header
-from ..log.errors import IndexOutOfRangeError
+from ..log.batch import (
+    BATCH_HEADER_BYTES,
+    BatchHeader,
+    StoredRecord,
+    decode_batch,
+    parse_header,
+    verify_records,
+)
+from ..log.errors import IndexOutOfRangeError, MalformedRecordsError
 from ..log.segmented_log import SegmentedLog
 from ..queue import (
+    Accept,
     Acquire,
     Configure,
     Expire,
@@ -32,7 +46,7 @@ from ..queue import (
 )
 from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
-from ..queue.state import DeadLetter, validate
+from ..queue.state import MAX_SCAN, DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
 from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
 from .futures import answer_future
@@ -44,6 +58,13 @@ MAX_QUEUE_WAITERS = 10_000
 BATCH_CACHE_SIZE = 16
 #: An acquire whose every index was taken meanwhile tries again at most this often.
 ACQUIRE_ATTEMPTS = 3
+#: The consumer that settles malformed records for a group without handing them to anyone.
+SKIP_CONSUMER = "laminar.malformed"
+#: Its lease: long enough for the Accept that follows, short enough that records it failed
+#: to accept (leadership lost in between) come back soon to be skipped again.
+SKIP_LEASE_MS = 60_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -54,10 +75,12 @@ class _Waiter:
 
 @dataclass(slots=True)
 class StoredBatch:
-    """A user-data batch of the log as stored, its records decoded on first use."""
+    """A user-data batch of the log as stored, its records decoded on first use. `malformed`:
+    why its records cannot be decoded (checked when it is read from the log), or None."""
 
     header: BatchHeader
     data: bytes
+    malformed: MalformedRecordsError | None = None
     _records: list[StoredRecord] | None = None
 
     @property
@@ -66,6 +89,9 @@ class StoredBatch:
         return self.header.payload_bytes // self.header.record_count
 
     def record(self, index: int) -> StoredRecord:
+        """The record at `index`; raises MalformedRecordsError for a malformed batch."""
+        if self.malformed is not None:
+            raise self.malformed
         if self._records is None:
             self._records = decode_batch(self.data)
         return self._records[index - self.header.base_index]
@@ -99,6 +125,9 @@ class ConsumerGroups:
         self._last_batch: StoredBatch | None = None
         #: called after each proposal (the broker wakes its driver to persist it)
         self.on_propose: Callable[[], None] = _nothing
+        #: called with (path, first, end, reason) for malformed records [first, end) skipped
+        #: (the broker logs and counts them: `Broker.report_malformed`)
+        self.on_malformed: Callable[[str, int, int, str], None] = self._log_malformed
         #: the broker is stopping: nothing proposed now would be persisted
         self.closing = False
         self.closed = False
@@ -201,7 +230,9 @@ class ConsumerGroups:
             if self.raft.role is not Role.LEADER:
                 raise NotLeader(self.raft.lead)
             now = now_ms()
-            records = self._pick(group, consumer, max_messages, max_bytes, now)
+            records, malformed = self._pick(group, consumer, max_messages, max_bytes, now)
+            if malformed and await self._skip_malformed(group, malformed):
+                continue  # settled unseen: pick again
             if records:
                 held = self._tentative.setdefault(group, {})
                 for index in records:
@@ -224,9 +255,10 @@ class ConsumerGroups:
 
     def _pick(
         self, group: str, consumer: str, limit: int, max_bytes: int, now: int
-    ) -> dict[int, StoredBatch]:
+    ) -> tuple[dict[int, StoredBatch], dict[int, StoredBatch]]:
         """The records an Acquire should ask for (index -> its batch), oldest first, within
-        flow control and `max_bytes` (at least one record; sizes are their batch's average)."""
+        flow control and `max_bytes` (at least one record; sizes are their batch's average);
+        and the malformed batches met among them (base index -> batch), to skip."""
         held = self._tentative.get(group, {})
         mine = sum(1 for c in held.values() if c == consumer)
         config = self.state.config
@@ -237,19 +269,64 @@ class ConsumerGroups:
             config.max_acquired_per_group - in_group,
         )
         if limit <= 0:
-            return {}
+            return {}, {}
         indexes = [i for i in self.state.available(group, limit + len(held), now) if i not in held]
         picked: dict[int, StoredBatch] = {}
+        malformed: dict[int, StoredBatch] = {}
         size = 0
         for index in indexes[:limit]:
             batch = self.batch(index)
             if batch is None:
                 continue
+            if batch.malformed is not None:
+                malformed[batch.header.base_index] = batch
+                continue
             size += batch.record_bytes
             if picked and size > max_bytes:
                 break
             picked[index] = batch
-        return picked
+        return picked, malformed
+
+    async def _skip_malformed(self, group: str, batches: dict[int, StoredBatch]) -> int:
+        """Settle the records of malformed `batches` for `group` without handing them to any
+        consumer: SKIP_CONSUMER acquires what is free of them and accepts it (ordinary queue
+        commands: every replica agrees, and the group's cursor moves past them). Reports each
+        range skipped; returns how many records were."""
+        held = self._tentative.setdefault(group, {})
+        skipped = 0
+        for batch in batches.values():
+            header = batch.header
+            room = min(self.state.room(group, SKIP_CONSUMER), MAX_SCAN)
+            wanted = [i for i in range(header.base_index, header.next_index) if i not in held]
+            wanted = wanted[:room]
+            if not wanted:
+                continue
+            for index in wanted:
+                held[index] = SKIP_CONSUMER
+            try:
+                command = Acquire(group, SKIP_CONSUMER, tuple(wanted), SKIP_LEASE_MS, now_ms())
+                granted = tuple(g.index for g in (await self.propose(command)).granted)
+                if not granted:
+                    continue
+                done = (await self.propose(Accept(group, SKIP_CONSUMER, granted, now_ms()))).done
+            finally:
+                for index in wanted:
+                    held.pop(index, None)
+            skipped += len(done)
+            reason = f"consumer group {group}: {batch.malformed}"
+            for first, end in _runs(sorted(done)):
+                self.on_malformed("acquire", first, end, reason)
+        return skipped
+
+    def _log_malformed(self, path: str, first: int, end: int, reason: str) -> None:
+        log.warning(
+            "%s: records %d..%d are malformed and skipped (%s): %s",
+            self.raft.group,
+            first,
+            end - 1,
+            path,
+            reason,
+        )
 
     def record(self, index: int) -> StoredRecord | None:
         if self.closed:
@@ -274,6 +351,10 @@ class ConsumerGroups:
         if header.is_control or not header.base_index <= index < header.next_index:
             return None
         batch = StoredBatch(header, data[: header.batch_bytes])
+        try:  # one C walk: what cannot be decoded is never leased
+            verify_records(header, memoryview(batch.data)[BATCH_HEADER_BYTES:])
+        except MalformedRecordsError as e:
+            batch.malformed = e
         self._batches[header.base_index] = batch
         self._last_batch = batch
         while len(self._batches) > BATCH_CACHE_SIZE:
@@ -323,3 +404,14 @@ class ConsumerGroups:
 
 def _nothing() -> None:
     pass
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Sorted `indexes` as [first, end) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for index in indexes:
+        if runs and runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs

@@ -133,10 +133,13 @@ class Replica:
         queues: bool = True,
         commit_save_indexes: int = COMMIT_SAVE_INDEXES,
         repair_at: int | None = None,
+        joining: bool = False,
     ) -> None:
         """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
         groups (data partitions do; the metadata group does not); `repair_at`: the index of
-        a damaged batch found while the replica ran (its log is cut and repaired there)."""
+        a damaged batch found while the replica ran (its log is cut and repaired there);
+        `joining`: created by a leader's message, not as an initial voter (a new replica
+        neither campaigns nor votes until a leader's entries reached it)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
@@ -147,7 +150,11 @@ class Replica:
         directory = FileDirectory(str(path))
         self.log = SegmentedLog.open(directory, log_config)
         self.storage = LogStorage(
-            directory, self.log, conf=bootstrap, commit_save_indexes=commit_save_indexes
+            directory,
+            self.log,
+            conf=bootstrap,
+            joining=joining,
+            commit_save_indexes=commit_save_indexes,
         )
         damage = None
         if repair_at is not None:

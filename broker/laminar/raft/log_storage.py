@@ -59,12 +59,14 @@ class LogStorage:
         log: SegmentedLog,
         *,
         conf: ConfState,
+        joining: bool = False,
         commit_save_indexes: int = COMMIT_SAVE_INDEXES,
     ) -> None:
         """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group.
         The commit index hint is written once the commit moved `commit_save_indexes` past the
         last one: 1 keeps it exact, for a group whose state a restart replays up to its
-        commit (the cluster metadata)."""
+        commit (the cluster metadata). `joining`: a new group's state starts as a joining
+        member's (see `HardState.joining`)."""
         self.directory = directory
         self.log = log
         self.commit_save_indexes = commit_save_indexes
@@ -76,9 +78,9 @@ class LogStorage:
             if SNAPSHOT_FILE in directory.names():
                 self.snap = replace(self.snap, data=self._read(SNAPSHOT_FILE))
         else:
-            self.hard_state = HardState(conf=conf)
+            self.hard_state = HardState(conf=conf, joining=joining)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
-            if conf.voters or conf.learners:
+            if conf.voters or conf.learners or joining:
                 # durable before the group is used: a member that came back without its
                 # bootstrap would have no voters, and when all did, no leader ever again
                 self._save()
@@ -129,6 +131,7 @@ class LogStorage:
             hs["commit"],
             ConfState(tuple(hs["voters"]), tuple(hs["learners"])),
             (floor[0], floor[1]) if floor is not None else None,
+            bool(hs.get("joining", False)),
         )
         self.commit_term = hs.get("commit_term", hs["term"])
         snapshot = Snapshot(
@@ -152,6 +155,7 @@ class LogStorage:
                 "voters": list(hs.conf.voters),
                 "learners": list(hs.conf.learners),
                 "repair_floor": list(hs.repair_floor) if hs.repair_floor else None,
+                "joining": hs.joining,
             },
             "snapshot": {
                 "index": snap.index,
@@ -254,7 +258,10 @@ class LogStorage:
         if first <= self.last_index():
             self.log.truncate(first)
         for entry in entries:
-            result = self.log.append(entry.data, term=entry.term)
+            # header and checksum only: a follower stores what its leader holds (the records
+            # were checked where the batch entered the cluster, and one stored before appends
+            # checked them must still replicate, or no replica could be added)
+            result = self.log.append(entry.data, term=entry.term, check_records=False)
             if result.base_index != entry.index:
                 raise StorageError(f"entry {entry.index} landed at {result.base_index}")
 
@@ -267,8 +274,9 @@ class LogStorage:
         and into the state at the next durable save or `close`."""
         old = self.hard_state
         self.hard_state = hard_state
-        durable = (hard_state.term, hard_state.vote, hard_state.conf, hard_state.repair_floor)
-        if durable != (old.term, old.vote, old.conf, old.repair_floor):
+        durable = (hard_state.term, hard_state.vote, hard_state.conf, hard_state.repair_floor,
+                   hard_state.joining)  # fmt: skip
+        if durable != (old.term, old.vote, old.conf, old.repair_floor, old.joining):
             self._save()
         elif hard_state.commit - self._saved_commit >= self.commit_save_indexes:
             self._write_commit_hint()

@@ -79,6 +79,13 @@ class HardState:
     #: repaired the log, the node does not campaign, and it votes as if its log still ended
     #: there, so no candidate missing what it acknowledged can win with its vote.
     repair_floor: tuple[int, int] | None = None
+    #: A member created on this node by a leader's message (added to a running group, not
+    #: one of its initial voters) until its log holds an entry some leader wrote: it neither
+    #: campaigns nor votes. Its configuration is only a guess until then (the group's
+    #: initial voters), and a stale message may have created it after its removal: an empty
+    #: member that voted could elect a removed node, or another such member, next to the
+    #: group's real leader.
+    joining: bool = False
 
 
 @dataclass(frozen=True, slots=True)

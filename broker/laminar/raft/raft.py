@@ -8,7 +8,10 @@ from the `random.Random` the caller passes in, so a seeded simulation replays ex
 
 A group is bootstrapped by giving every initial member's storage the same initial voters;
 a node added later starts with the group's current configuration as its bootstrap (the
-initial configuration is not in the log) and then follows the leader's log.
+initial configuration is not in the log) and then follows the leader's log. Such a node
+starts `joining` (`HardState.joining`): until its log holds an entry a leader wrote it
+neither campaigns nor votes, so a member created by a stale message after its removal can
+never help elect anyone.
 
 Safety-relevant choices: a leader counts its own log towards a commit only once persisted
 (`advance`); configuration changes take effect when committed, one at a time, and only after
@@ -129,6 +132,7 @@ class Raft:
         self.conf = hard_state.conf
         self.pending_confs: dict[int, ConfChange] = dict(pending_confs or {})
         self.repair_floor = hard_state.repair_floor
+        self.joining = hard_state.joining
         self.repair_elapsed = 0
         #: whom a repairing node asks when it knows no leader: every member it knew (one
         #: removed since may be the only other holder of what it lost)
@@ -284,7 +288,8 @@ class Raft:
     def _promotable(self) -> bool:
         # a repairing node may not lead, unless it is the only voter (nobody to repair from)
         repaired = self.repair_floor is None or self.conf.voters == (self.id,)
-        return self.is_voter and self.log.unstable_snapshot is None and repaired
+        joined = not self.joining
+        return self.is_voter and self.log.unstable_snapshot is None and repaired and joined
 
     def _hup(self, *, transfer: bool) -> None:
         if self.role is Role.LEADER:
@@ -377,7 +382,7 @@ class Raft:
             or (m.type is MT.PRE_VOTE and m.term > self.term)
         )
         response = MT.VOTE_RESP if m.type is MT.VOTE else MT.PRE_VOTE_RESP
-        if can_vote and self._up_to_date(m.index, m.log_term):
+        if can_vote and not self.joining and self._up_to_date(m.index, m.log_term):
             # Granted responses carry the request's term (for pre-votes, the future term).
             self._send(self._msg(response, m.src, term=m.term))
             if m.type is MT.VOTE:
@@ -398,7 +403,11 @@ class Raft:
         return last_term > floor_term or (last_term == floor_term and last_index >= floor_index)
 
     def _maybe_repaired(self) -> None:
-        """Leave the repair once the log is at least as up to date as the floor again."""
+        """Leave the repair once the log is at least as up to date as the floor again, and
+        stop joining once it holds an entry some leader wrote (every leader's first entry is
+        a no-op of its term, >= 1)."""
+        if self.joining and self.log.last_term() > 0:
+            self.joining = False
         floor = self.repair_floor
         if floor is None:
             return
@@ -825,7 +834,9 @@ class Raft:
     # ---- output ----------------------------------------------------------------------------
 
     def hard_state(self) -> HardState:
-        return HardState(self.term, self.vote, self.log.committed, self.conf, self.repair_floor)
+        return HardState(
+            self.term, self.vote, self.log.committed, self.conf, self.repair_floor, self.joining
+        )
 
     def has_ready(self) -> bool:
         prev = self._prev_hard
@@ -840,6 +851,7 @@ class Raft:
             or self.log.committed != prev.commit
             or self.conf != prev.conf
             or self.repair_floor != prev.repair_floor
+            or self.joining != prev.joining
         )
 
     def ready(self) -> Ready:

@@ -12,24 +12,34 @@ import base64
 import binascii
 import contextlib
 import hmac
-import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-import orjson
 from aiohttp import ClientSession, ClientTimeout, web
 
 from ..log.batch import (
+    BATCH_HEADER_BYTES,
+    MAX_HEADERS_PER_RECORD,
     Record,
     encode_batch,
     parse_header,
     records_from,
     split_batches,
     verify_batch,
+    verify_records,
 )
-from ..log.errors import BatchError, BatchTooLargeError, CorruptBatchError, IndexOutOfRangeError
+from ..log.errors import (
+    BatchError,
+    BatchTooLargeError,
+    CorruptBatchError,
+    IndexOutOfRangeError,
+    MalformedRecordsError,
+)
+from ..log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 from ..metadata import (
     AlterTopic,
     CreateTopic,
@@ -49,7 +59,18 @@ from ..partition.errors import (
 )
 from ..partition.replica import Replica
 from .groups_api import GroupsApi
-from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
+from .http import (
+    ApiError,
+    accepts,
+    damaged,
+    json_response,
+    malformed,
+    outcome_unknown,
+    parse_json,
+    read_body,
+    record_json,
+    unavailable,
+)
 from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
@@ -59,6 +80,21 @@ MAX_INDEX = 2**63 - 1
 MAX_RECORDS = 100_000
 MAX_READ_BYTES = 16 << 20
 MAX_WAIT_MS = 60_000
+#: Records in one JSON append (a binary batch is bounded by the batch size limit only): the
+#: broker's per-record work on JSON is Python, and bounded per request.
+MAX_APPEND_RECORDS = 10_000
+#: A record header name is at most this many bytes of UTF-8 (the batch format's u16).
+MAX_HEADER_NAME_BYTES = 2**16 - 1
+#: JSON request bodies are decoded (parsed, checked, encoded as a batch) in worker threads,
+#: at most this many at a time, so that a big one never holds the event loop for long. A body
+#: this small is decoded on the loop, where it takes well under a millisecond: a JSON body
+#: (parsing only), a JSON append (one record costs about a microsecond or two).
+DECODE_THREADS = 2
+INLINE_JSON_BYTES = 16 << 10
+INLINE_APPEND_BYTES = 1 << 10
+#: Digits are ASCII digits only (str.isdigit also takes "²" or "٣").
+DIGITS = re.compile(r"[0-9]+")
+INTEGER = re.compile(r"-?[0-9]+")
 VIEW_TTL_S = 1.0
 COLLECT_INTERVAL_S = 3.0
 #: How long a handoff waits for the leaderships to move.
@@ -79,6 +115,14 @@ STATUS_CODES = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+#: aiohttp's own HTTP errors raised under a handler, as API error codes (others: bad_request)
+HTTP_ERROR_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
 
 
 class Api:
@@ -87,6 +131,8 @@ class Api:
         self.metrics = metrics
         self.token = broker.config.token
         self.timeout_s = broker.config.request_timeout_ms / 1000
+        self.body_timeout_s = broker.config.body_timeout_ms / 1000
+        self._decoding = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="laminar-decode")
         self._session: ClientSession | None = None
         self._view: tuple[float, View] | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -131,6 +177,7 @@ class Api:
                 await self._collector
         if self._session is not None:
             await self._session.close()
+        self._decoding.shutdown(wait=False, cancel_futures=True)
 
     async def _collect_removed(self) -> None:
         """Every few seconds: drop replicas the partition's leader no longer counts."""
@@ -149,6 +196,8 @@ class Api:
         try:
             if request.path.startswith("/v1/") and self.token is not None:
                 self._authorize(request)
+            if request.body_exists:
+                self._check_body_headers(request)
             return await handler(request)
         except ApiError as e:
             error = e
@@ -167,9 +216,50 @@ class Api:
                 f"{request.method} not allowed on {request.path}",
                 headers={"Allow": ",".join(sorted(e.allowed_methods))},
             )
+        except web.HTTPException as e:  # aiohttp's other HTTP errors, as API errors
+            if e.status < 400:
+                raise
+            code = HTTP_ERROR_CODES.get(e.status, "bad_request")
+            error = ApiError(e.status, code, e.text or e.reason)
+        except ConnectionError:
+            raise  # the client is gone: no answer can reach it
+        except Exception:
+            # a bug: never a plain-text 500, and the traceback in the log
+            log.exception("%s %s failed unexpectedly", request.method, request.path)
+            error = ApiError(500, "internal", "internal error (the broker logged it)")
         if error.status != 307:
             self.metrics.request_errors.labels(str(error.status), error.code).inc()
         return error.response()
+
+    def _check_body_headers(self, request: web.Request) -> None:
+        """Refuse before reading it a body the broker never takes: one declared longer than
+        the request limit (413, before any 429: retrying cannot help), or one compressed or
+        otherwise encoded (415)."""
+        declared = request.content_length
+        limit = self.broker.config.max_request_bytes
+        if declared is not None and declared > limit:
+            raise ApiError(
+                413,
+                "payload_too_large",
+                f"the request body of {declared} bytes exceeds the limit of {limit} bytes "
+                "(--max-request-bytes)",
+                close=True,
+            )
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"Content-Encoding {encoding[:40]!r} is not supported: send the body as it is",
+                close=True,
+            )
+
+    async def _decode(self, decode: Callable[[bytes], T], body: bytes, inline_bytes: int) -> T:
+        """`decode(body)`: on the event loop when the body is at most `inline_bytes`, else in
+        a worker thread (whose Python work gives the loop its turn every switch interval)."""
+        if len(body) <= inline_bytes:
+            return decode(body)
+        return await asyncio.get_running_loop().run_in_executor(self._decoding, decode, body)
 
     def _authorize(self, request: web.Request) -> None:
         header = request.headers.get("Authorization", "")
@@ -205,11 +295,8 @@ class Api:
     async def _json(self, request: web.Request) -> Any:
         if request.content_type != "application/json":
             raise ApiError(415, "unsupported_media_type", "send application/json")
-        data = await request.read()
-        try:
-            return orjson.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
+        body = await read_body(request, self.body_timeout_s)
+        return await self._decode(parse_json, body, INLINE_JSON_BYTES)
 
     def _redirect(self, request: web.Request, node: str | None, what: str) -> ApiError:
         address = self.broker.api_address_of(node)
@@ -256,7 +343,7 @@ class Api:
     async def _partition(self, request: web.Request) -> tuple[str, int]:
         name = self._topic_name(request)
         text = request.match_info["partition"]
-        if not text.isdigit() or len(text) > 6:
+        if not DIGITS.fullmatch(text) or len(text) > 6:
             raise ApiError(400, "bad_request", f"partition {text[:20]!r} is not a number")
         await self._topic(name, int(text))
         return name, int(text)
@@ -495,6 +582,9 @@ class Api:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
             raise self._redirect(request, replica.raft.lead, replica.group)
+        if request.content_type not in (BATCH_TYPE, "application/json"):
+            raise ApiError(415, "unsupported_media_type", f"send application/json or {BATCH_TYPE}")
+        # a body declared over --max-request-bytes was answered 413 already (the middleware)
         declared = request.content_length or 0
         if replica.pending_bytes + declared > replica.max_pending_bytes:
             # refuse before reading the body: memory stays bounded under overload
@@ -504,7 +594,7 @@ class Api:
                 f"{replica.group}: {replica.pending_bytes} bytes already await their commit",
                 headers={"Retry-After": "1"},
             )
-        body = await request.read()
+        body = await read_body(request, self.body_timeout_s)
         limit = replica.log.config.batch_limit_bytes
         if request.content_type == BATCH_TYPE:
             try:
@@ -516,13 +606,11 @@ class Api:
             if header.is_control:
                 raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
             batch = body
-        elif request.content_type == "application/json":
-            batch = self._json_batch(body)
+        else:
+            batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
             if len(batch) > limit:
                 raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
             header = parse_header(batch)
-        else:
-            raise ApiError(415, "unsupported_media_type", f"send application/json or {BATCH_TYPE}")
         try:
             future, duplicate = replica.propose(batch, header)
         except NotLeader as e:
@@ -549,21 +637,30 @@ class Api:
         )
 
     def _json_batch(self, body: bytes) -> bytes:
-        try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
+        """A JSON append's body as one batch (ApiError when it is not a valid one). Runs in a
+        worker thread for all but small bodies (`_decode`): it touches no shared state."""
+        document = parse_json(body)
         if not isinstance(document, dict) or not isinstance(document.get("records"), list):
             raise ApiError(400, "bad_request", 'the body must be {"records": [...]}')
         items = document["records"]
         if not items:
             raise ApiError(400, "bad_request", "records must not be empty")
+        if len(items) > MAX_APPEND_RECORDS:
+            raise ApiError(
+                413,
+                "payload_too_large",
+                f"a JSON append carries at most {MAX_APPEND_RECORDS} records, not {len(items)}: "
+                "split it (or send a binary batch)",
+            )
         producer_id = _optional_int(document, "producer_id", 1)
         sequence = _optional_int(document, "sequence", 0)
         if (producer_id is None) != (sequence is None):
             raise ApiError(400, "bad_request", "give producer_id and sequence together")
         records = [_json_record(n, item) for n, item in enumerate(items)]
-        return encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+        try:
+            return encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+        except BatchError as e:  # timestamps too far apart for one batch (2^31-1 ms)
+            raise ApiError(400, "bad_request", f"the records do not fit one batch: {e}") from e
 
     async def read(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -592,9 +689,15 @@ class Api:
         except CorruptBatchError as e:
             raise damaged(replica, e) from e
         self.metrics.read_latency.observe(time.perf_counter() - started)
-        if BATCH_TYPE in request.headers.get("Accept", ""):
-            return self._binary_read(replica, result.data, from_index, max_records)
-        return self._json_read(replica, result.data, from_index, max_records)
+        try:
+            if accepts(request, BATCH_TYPE):
+                return self._binary_read(replica, result.data, from_index, max_records)
+            return self._json_read(replica, result.data, from_index, max_records)
+        except MalformedRecordsError as e:
+            # stored before appends checked records: the answer stops before such a batch,
+            # and a read that starts at one is told where to go on (never a 500)
+            self.broker.report_malformed(replica.group, "read", e.base_index, e.next_index, str(e))
+            raise malformed(replica, e) from e
 
     def _position_headers(self, replica: Replica, next_index: int) -> dict[str, str]:
         return {
@@ -611,6 +714,15 @@ class Api:
         next_index = from_index
         for batch in split_batches(data):
             header = parse_header(batch)
+            if not header.is_control:
+                # one C walk per batch: a binary reader must not be handed records it cannot
+                # decode (stored before appends checked them)
+                try:
+                    verify_records(header, batch[BATCH_HEADER_BYTES:])
+                except MalformedRecordsError:
+                    if count:
+                        break  # the batches before it; reading on from it meets it first
+                    raise
             end += len(batch)
             next_index = header.next_index
             count += header.next_index - max(from_index, header.base_index)
@@ -645,7 +757,7 @@ def _query_int(query: Any, name: str, default: int, low: int, high: int) -> int:
     text = query.get(name)
     if text is None or text == "":
         return default
-    if not text.lstrip("-").isdigit() or len(text) > 25:
+    if not INTEGER.fullmatch(text) or len(text) > 25:
         raise ApiError(400, "bad_request", f"{name}={text[:30]!r} is not an integer")
     value = int(text)
     if not low <= value <= high:
@@ -668,7 +780,10 @@ def _decode_field(value: Any, binary: bool, what: str) -> bytes | None:
     if not isinstance(value, str):
         raise ApiError(400, "bad_request", f"{what} must be a string or null")
     if not binary:
-        return value.encode()
+        try:
+            return value.encode()
+        except UnicodeEncodeError as e:  # a lone surrogate (the JSON parser refuses them too)
+            raise ApiError(400, "bad_request", f"{what} is not valid Unicode") from e
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as e:
@@ -685,16 +800,36 @@ def _json_record(n: int, item: Any) -> Record:
     if encoding not in ("utf-8", "base64"):
         raise ApiError(400, "bad_request", f'records[{n}].encoding must be "utf-8" or "base64"')
     binary = encoding == "base64"
-    headers = item.get("headers") or {}
+    headers = item.get("headers")
+    if headers is None:
+        headers = {}
     if not isinstance(headers, dict):
         raise ApiError(400, "bad_request", f"records[{n}].headers must be an object")
+    if len(headers) > MAX_HEADERS_PER_RECORD:
+        raise ApiError(
+            400, "bad_request", f"records[{n}] has more than {MAX_HEADERS_PER_RECORD} headers"
+        )
     header_items = []
     for name, value in headers.items():
-        data = _decode_field(value, binary, f"records[{n}].headers[{name!r}]")
+        what = f"records[{n}].headers[{name[:40]!r}]"
+        if len(_decode_field(name, False, f"{what} name") or b"") > MAX_HEADER_NAME_BYTES:
+            raise ApiError(
+                400, "bad_request", f"{what}: a name is at most {MAX_HEADER_NAME_BYTES} bytes"
+            )
+        data = _decode_field(value, binary, what)
         header_items.append((name, data or b""))
     timestamp = item.get("timestamp_ms")
-    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)):
-        raise ApiError(400, "bad_request", f"records[{n}].timestamp_ms must be an integer")
+    if timestamp is not None and (
+        not isinstance(timestamp, int)
+        or isinstance(timestamp, bool)
+        or not MIN_TIMESTAMP_MS <= timestamp <= MAX_TIMESTAMP_MS
+    ):
+        raise ApiError(
+            400,
+            "bad_request",
+            f"records[{n}].timestamp_ms must be an integer in [{MIN_TIMESTAMP_MS}, "
+            f"{MAX_TIMESTAMP_MS}] (ms since the epoch, up to the end of the year 9999)",
+        )
     return Record(
         value=_decode_field(item.get("value"), binary, f"records[{n}].value"),
         key=_decode_field(item.get("key"), binary, f"records[{n}].key"),

@@ -18,6 +18,7 @@ from ..kube import KubeError
 from ..swim.runtime import format_address
 from .api import Api
 from .config import BrokerConfig
+from .http import ApiRunner, ConnectionLimits
 from .kube_status import KubeStatusReporter
 from .metrics import BrokerMetrics
 from .node import Broker, BrokerError
@@ -28,7 +29,12 @@ log = logging.getLogger(__name__)
 async def serve(config: BrokerConfig) -> None:
     broker = Broker(config)
     api = Api(broker, BrokerMetrics(broker))
-    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+    limits = ConnectionLimits(
+        header_timeout_s=config.header_timeout_ms / 1000,
+        idle_timeout_s=config.idle_timeout_ms / 1000,
+        max_connections_per_client=config.max_connections_per_client,
+    )
+    runner = ApiRunner(api.app(), limits)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.api_port, reuse_address=True, backlog=1024)
     try:

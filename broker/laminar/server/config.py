@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..log.config import FsyncPolicy
@@ -15,8 +16,18 @@ DEFAULT_PEER_PORT = 7071
 DEFAULT_GOSSIP_PORT = 7072
 DEFAULT_XDP_PIN_DIR = Path("/sys/fs/bpf/laminar")
 MIB = 1 << 20
-#: for a laptop cluster only: real clusters pass --secret-file
-DEFAULT_SECRET = b"laminar-insecure-default-secret"
+#: The cluster secret (docs/security.md, "Peer traffic"): at least this many bytes ...
+MIN_SECRET_BYTES = 32
+#: ... with at least this many distinct byte values (8, not 16: a hex secret has only 16
+#: symbols, and a random 64-character one lacks at least one of them about 1 time in 4) ...
+MIN_SECRET_DISTINCT_BYTES = 8
+#: ... and not a shorter sequence repeated (a period of at most half its length).
+#: Random bytes in a generated secret (`laminar secret` writes them base64-encoded).
+GENERATED_SECRET_BYTES = 32
+HOW_TO_MAKE_A_SECRET = (
+    "make one with `laminar secret FILE` (or `head -c 32 /dev/urandom | base64 > FILE`), give "
+    "every broker of the cluster the same file"
+)
 
 
 class ConfigError(ValueError):
@@ -38,14 +49,25 @@ class BrokerConfig:
     #: are chosen among them); give every node the same list
     initial_nodes: tuple[str, ...] = ()
     cluster_id: str = "laminar"
-    secret: bytes = DEFAULT_SECRET
-    token: str | None = None
+    #: the cluster secret: brokers authenticate each other with it (peer handshake, SWIM
+    #: MACs); required, see `secret_problem`
+    secret: bytes = field(default=b"", repr=False)
+    token: str | None = field(default=None, repr=False)
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     fsync_interval_ms: int = 100
     tick_ms: int = 100
     election_ticks: int = 10
     max_request_bytes: int = 8 * MIB
     request_timeout_ms: int = 10_000
+    #: HTTP API connections (docs/api.md, "Limits"): a request's line and headers must arrive
+    #: within header_timeout_ms, its body within body_timeout_ms once the broker reads it (else
+    #: 408 and the connection is closed); a keep-alive connection idle for idle_timeout_ms is
+    #: closed; one client address holds at most max_connections_per_client connections (more
+    #: are answered 429 and closed)
+    header_timeout_ms: int = 10_000
+    body_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 60_000
+    max_connections_per_client: int = 256
     max_pending_bytes_per_partition: int = 64 * MIB
     #: a member SWIM reports dead or left still counts for placement this long (restarts
     #: should not move partitions)
@@ -71,18 +93,89 @@ class BrokerConfig:
                 raise ConfigError(f"{name}={port} is not a port")
         if self.max_pending_bytes_per_partition < 1:
             raise ConfigError("max_pending_bytes must be positive")
+        for name in (
+            "header_timeout_ms",
+            "body_timeout_ms",
+            "idle_timeout_ms",
+            "max_connections_per_client",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive")
         if self.fsync_interval_ms < 1:
             raise ConfigError("fsync_interval_ms must be positive")
         if self.tick_ms < 5 or self.election_ticks < 3:
             raise ConfigError("tick_ms must be >= 5 and election_ticks >= 3")
         if (self.kube_namespace is None) != (self.kube_cluster is None):
             raise ConfigError("--kube-namespace and --kube-cluster go together")
-        if len(self.secret) < 16:
-            raise ConfigError("the cluster secret must be at least 16 bytes")
+        if not self.secret:
+            raise ConfigError(f"no cluster secret: {HOW_TO_MAKE_A_SECRET}")
+        problem = secret_problem(self.secret)
+        if problem is not None:
+            raise ConfigError(f"the cluster secret {problem}; {HOW_TO_MAKE_A_SECRET}")
 
     @property
     def public_host(self) -> str:
         return self.advertise_host or self.host
+
+
+def secret_problem(secret: bytes) -> str | None:
+    """Why `secret` is too weak to be a cluster secret, or None. The rules catch accidents (a
+    short word, a placeholder, one character repeated), not every weak choice: generate
+    secrets randomly (`new_secret`)."""
+    if len(secret) < MIN_SECRET_BYTES:
+        return f"is {len(secret)} bytes long; at least {MIN_SECRET_BYTES} are required"
+    distinct = len(set(secret))
+    if distinct < MIN_SECRET_DISTINCT_BYTES:
+        return (
+            f"uses only {distinct} distinct byte values; at least "
+            f"{MIN_SECRET_DISTINCT_BYTES} are required"
+        )
+    period = _period(secret)
+    if period <= len(secret) // 2:
+        return f"is a {period}-byte sequence repeated"
+    return None
+
+
+def _period(data: bytes) -> int:
+    """The smallest p such that data[i] == data[i - p] for every i >= p (Knuth-Morris-Pratt
+    failure function: p = n - the longest proper border)."""
+    border = [0] * len(data)
+    k = 0
+    for i in range(1, len(data)):
+        while k and data[i] != data[k]:
+            k = border[k - 1]
+        if data[i] == data[k]:
+            k += 1
+        border[i] = k
+    return len(data) - (border[-1] if data else 0)
+
+
+def new_secret() -> bytes:
+    """A fresh random cluster secret as one line of text: base64 of 32 random bytes (44
+    characters; 256 bits)."""
+    return base64.b64encode(os.urandom(GENERATED_SECRET_BYTES)) + b"\n"
+
+
+def read_secret_file(path: str) -> bytes:
+    """The cluster secret in `path`. A text file (valid UTF-8, such as `laminar secret`
+    writes) gives its content without surrounding whitespace (the trailing newline); any
+    other file (raw random bytes, such as the operator's Secret) gives its bytes exactly."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read the secret file {path}: {e.strerror}") from e
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        data = data.strip()
+    if not data:
+        raise ConfigError(f"the secret file {path} is empty; {HOW_TO_MAKE_A_SECRET}")
+    problem = secret_problem(data)
+    if problem is not None:
+        raise ConfigError(f"the cluster secret in {path} {problem}; {HOW_TO_MAKE_A_SECRET}")
+    return data
 
 
 ENV = "LAMINAR_"
@@ -109,13 +202,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated node ids forming the cluster at first start (same on every node)",
     )
     add("--cluster-id", default=env("cluster-id", "laminar"))
-    add("--secret-file", default=env("secret-file"), help="file with the cluster HMAC secret")
+    add(
+        "--secret-file",
+        default=env("secret-file"),
+        help="file with the cluster secret, the same on every broker (required; make one with "
+        "`laminar secret FILE`)",
+    )
     add("--token-file", default=env("token-file"), help="file with the client API bearer token")
     add("--fsync", default=env("fsync", "always"), choices=[p.value for p in FsyncPolicy])
     add("--fsync-interval-ms", type=int, default=int(env("fsync-interval-ms", "100") or 100))
     add("--tick-ms", type=int, default=int(env("tick-ms", "100") or 100))
     add("--max-request-bytes", type=int, default=int(env("max-request-bytes", str(8 * MIB)) or 0))
     add("--request-timeout-ms", type=int, default=int(env("request-timeout-ms", "10000") or 0))
+    add(
+        "--header-timeout-ms",
+        type=int,
+        default=int(env("header-timeout-ms", "10000") or 0),
+        help="a request's line and headers must arrive within this long (else 408)",
+    )
+    add(
+        "--body-timeout-ms",
+        type=int,
+        default=int(env("body-timeout-ms", "30000") or 0),
+        help="a request's body must arrive within this long once read (else 408)",
+    )
+    add(
+        "--idle-timeout-ms",
+        type=int,
+        default=int(env("idle-timeout-ms", "60000") or 0),
+        help="an idle keep-alive API connection is closed after this long",
+    )
+    add(
+        "--max-connections-per-client",
+        type=int,
+        default=int(env("max-connections-per-client", "256") or 0),
+        help="API connections one client address may hold at once (more: 429, closed)",
+    )
     add(
         "--max-pending-bytes",
         type=int,
@@ -153,9 +275,12 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         raise ConfigError("--node-id (or LAMINAR_NODE_ID) is required")
     if not args.data_dir:
         raise ConfigError("--data-dir (or LAMINAR_DATA_DIR) is required")
-    secret = DEFAULT_SECRET
-    if args.secret_file:
-        secret = _read_secret(args.secret_file, "secret")
+    if not args.secret_file:
+        raise ConfigError(
+            f"--secret-file (or LAMINAR_SECRET_FILE) is required: the cluster secret "
+            f"authenticates the brokers to each other; {HOW_TO_MAKE_A_SECRET}"
+        )
+    secret = read_secret_file(args.secret_file)
     token = _read_secret(args.token_file, "token").decode() if args.token_file else None
     return BrokerConfig(
         node_id=args.node_id,
@@ -175,6 +300,10 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         tick_ms=args.tick_ms,
         max_request_bytes=args.max_request_bytes,
         request_timeout_ms=args.request_timeout_ms,
+        header_timeout_ms=args.header_timeout_ms,
+        body_timeout_ms=args.body_timeout_ms,
+        idle_timeout_ms=args.idle_timeout_ms,
+        max_connections_per_client=args.max_connections_per_client,
         dead_grace_ms=args.dead_grace_ms,
         max_pending_bytes_per_partition=args.max_pending_bytes,
         segment_bytes=args.segment_bytes,

@@ -8,6 +8,10 @@ letter's own (assigned by the group's state machine, in order). Only after the a
 committed does the leader propose `DeadLettered`, which makes the group forget the message.
 A new leader (or a retry) appends the same sequence again and is answered as a duplicate; a
 `Conflict` means the sequence fell out of the producer window, i.e. it was appended before.
+
+A dead letter whose record is malformed (a valid checksum, broken framing: stored before
+appends checked records) is moved without it, as one whose record retention removed: the
+dead-letter headers alone, plus `laminar.dlq.malformed` saying why, reported once.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import xxhash
 
 from ..client import AsyncClient, Conflict, LaminarError, NotFound, Record
 from ..client.errors import BadRequest
+from ..log.errors import MalformedRecordsError
 from ..metadata.state import Topic
 from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
 from ..partition.replica import Replica
@@ -104,7 +109,17 @@ class DeadLetterMover:
 
     async def _append(self, item: Pending) -> None:
         replica = self.replica
-        original = self.groups.record(item.index)
+        problem: str | None = None
+        try:
+            original = self.groups.record(item.index)
+        except MalformedRecordsError as e:
+            original, problem = None, str(e)
+            self.groups.on_malformed(
+                "dead_letter",
+                item.index,
+                item.index + 1,
+                f"consumer group {item.group}: dead-lettered without its record: {e}",
+            )
         headers = list(original.headers) if original is not None else []
         headers += [
             ("laminar.dlq.topic", replica.topic.encode()),
@@ -114,6 +129,8 @@ class DeadLetterMover:
             ("laminar.dlq.reason", item.letter.reason.encode()),
             ("laminar.dlq.deliveries", str(item.letter.deliveries).encode()),
         ]
+        if problem is not None:
+            headers.append(("laminar.dlq.malformed", problem.encode()))
         record = Record(
             value=original.value if original is not None else None,
             key=original.key if original is not None else None,

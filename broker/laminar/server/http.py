@@ -1,14 +1,22 @@
-"""HTTP pieces shared by the API's handlers: JSON errors and the JSON rendering of records."""
+"""HTTP pieces shared by the API's handlers: JSON errors and the JSON rendering of records,
+bounded JSON parsing and body reads, content negotiation, and the HTTP server's connection
+rules (`ApiRunner`: JSON errors even for requests aiohttp cannot parse, head and idle
+timeouts, a cap on connections per client address)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import ipaddress
+import re
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from ..log.errors import CorruptBatchError
+from ..log.errors import CorruptBatchError, MalformedRecordsError
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -35,6 +43,7 @@ class ApiError(Exception):
         message: str,
         *,
         headers: dict[str, str] | None = None,
+        close: bool = False,
         **extra: Any,
     ) -> None:
         super().__init__(message)
@@ -42,11 +51,16 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+        #: end the connection after the answer (the request's body may be left half read)
+        self.close = close
         self.extra = extra
 
     def response(self) -> web.Response:
         body = {"error": {"code": self.code, "message": self.message, **self.extra}}
-        return json_response(body, status=self.status, headers=self.headers)
+        response = json_response(body, status=self.status, headers=self.headers)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def unavailable(message: str) -> ApiError:
@@ -69,6 +83,19 @@ def damaged(replica: Replica, error: CorruptBatchError) -> ApiError:
         f"{replica.group}: the records {error.index}..{end - 1} are damaged on disk and the "
         f"partition has no other replica to fetch them from; read on from {end}",
         next_index=end,
+    )
+
+
+def malformed(replica: Replica, error: MalformedRecordsError) -> ApiError:
+    """A read met a batch whose checksum holds but whose records are malformed (stored before
+    appends checked records). Every replica holds the same bytes, so no repair can help: 422,
+    as for damage nothing can repair, with where to read on (never a 500)."""
+    return ApiError(
+        422,
+        "corrupt_data",
+        f"{replica.group}: the records {error.base_index}..{error.next_index - 1} are "
+        f"malformed and cannot be served ({error}); read on from {error.next_index}",
+        next_index=error.next_index,
     )
 
 
@@ -102,3 +129,335 @@ def record_json(record: Any) -> dict[str, Any]:
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
+
+
+# ---- request bodies ------------------------------------------------------------------------
+
+#: JSON request bodies (docs/api.md, "Limits"), checked before they are parsed: how deep arrays
+#: and objects may nest, and how many values a body may hold (strings, numbers, literals,
+#: arrays and objects; object keys count). Parsing and checking a body within them takes
+#: bounded time and memory; a body beyond them is refused before any object is made.
+MAX_JSON_DEPTH = 32
+MAX_JSON_VALUES = 200_000
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b",:[]{}")
+_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
+#: The check reads a body this many bytes at a time: each step is a short call into C, so a
+#: thread that checks a big body lets the event loop's thread run in between.
+_SLICE_BYTES = 64 << 10
+
+
+def check_json_bounds(body: bytes) -> None:
+    """Refuse `body` (400 `bad_request`, 413 `payload_too_large`) unless its JSON nests at most
+    MAX_JSON_DEPTH deep and holds at most MAX_JSON_VALUES values, without parsing it: a few
+    passes of bytes operations in C.
+
+    With escaped backslashes and quotes dropped, every `"` left delimits a string, so the
+    text between strings is the document's structure: there, values are at most
+    1 + commas + colons + brackets that open (a value is the root, an item after a comma, a
+    member's value after a colon, or a container's first item), and repeatedly removing the
+    innermost bracket pairs (`{}` written as `[]`: one pass removes one level) empties them in
+    exactly as many rounds as they nest deep. For a body that is not valid JSON the counts are
+    only what the parser will meet before it fails, or more."""
+    text = body
+    if b"\\" in text:
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    values = 1
+    in_string = False
+    structure: list[bytes] = []
+    for start in range(0, len(text), _SLICE_BYTES):
+        parts = text[start : start + _SLICE_BYTES].split(b'"')
+        marks = b"".join(parts[in_string::2]).translate(None, _NOT_STRUCTURE)
+        if len(parts) % 2 == 0:  # an odd number of quotes: the next slice starts on the other side
+            in_string = not in_string
+        values += marks.count(b",") + marks.count(b":") + marks.count(b"[") + marks.count(b"{")
+        if values > MAX_JSON_VALUES:
+            raise _too_many_values()
+        structure.append(marks)
+    if in_string:
+        raise ApiError(400, "bad_request", "malformed JSON: a string is not terminated")
+    marks = b"".join(structure)
+    if marks.count(b"[") + marks.count(b"{") <= MAX_JSON_DEPTH:
+        return  # cannot nest deeper; the parser judges whether the brackets pair up
+    brackets = marks.translate(_BRACKETS_ONLY, b",:")
+    for _ in range(MAX_JSON_DEPTH):
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            break
+        brackets = inner
+    if brackets:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"malformed JSON: arrays and objects nest deeper than {MAX_JSON_DEPTH} levels, or "
+            "their brackets do not pair up",
+        )
+
+
+def _too_many_values() -> ApiError:
+    return ApiError(
+        413,
+        "payload_too_large",
+        f"the JSON body holds more than {MAX_JSON_VALUES} values (strings, numbers, literals, "
+        "arrays and objects, keys included): split it",
+    )
+
+
+def parse_json(body: bytes) -> Any:
+    """`body` parsed as JSON within MAX_JSON_DEPTH and MAX_JSON_VALUES (ApiError otherwise).
+    Strict JSON: UTF-8 only, no lone surrogates, no NaN or Infinity."""
+    check_json_bounds(body)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, "bad_request", f"malformed JSON: {e}") from e
+
+
+async def read_body(request: web.BaseRequest, timeout_s: float) -> bytes:
+    """The request's body (up to the application's `client_max_size`: else 413), which must
+    have arrived `timeout_s` after this starts reading it: else 408 `request_timeout`, and the
+    connection is closed rather than waited on."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError as e:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the request body did not arrive within {timeout_s:g} s",
+            close=True,
+        ) from e
+    except web.RequestPayloadError as e:  # a broken chunked encoding, a short body at EOF
+        raise ApiError(400, "bad_request", f"unreadable request body: {e}", close=True) from e
+
+
+# ---- content negotiation -------------------------------------------------------------------
+
+_QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+
+
+def accepts(request: web.BaseRequest, media_type: str) -> bool:
+    """Whether the request's `Accept` header asks for `media_type` (RFC 9110 §12.5.1): named
+    itself, with a weight `q` above 0 (a missing q is 1; a malformed one counts as 0).
+    Wildcards (`*/*`, `application/*`) do not ask for it: they leave the API's default."""
+    wanted = media_type.lower()
+    for header in request.headers.getall("Accept", ()):
+        for media_range in header.split(","):
+            kind, *params = media_range.split(";")
+            if kind.strip().lower() != wanted:
+                continue
+            weight = 1.0
+            for param in params:
+                name, _, value = param.partition("=")
+                if name.strip().lower() == "q":
+                    value = value.strip()
+                    weight = float(value) if _QVALUE.fullmatch(value) else 0.0
+            if weight > 0:
+                return True
+    return False
+
+
+# ---- the HTTP server -----------------------------------------------------------------------
+
+#: After an answer sent before its request's body was read (a 307, a 413, a 408, ...), the
+#: server reads and drops the rest of the body for at most this long (aiohttp's default),
+#: so that the client gets the answer rather than a reset, then closes the connection.
+LINGERING_TIME_S = 10.0
+#: An error message built from what the client sent is cut to this many characters.
+MAX_ECHO_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The HTTP server's rules for connections (`laminar serve` flags, docs/api.md "Limits")."""
+
+    #: a request's line and headers must have arrived this long after its first byte, or
+    #: after the connection opened (the first request): else 408 and the connection is closed
+    header_timeout_s: float = 10.0
+    #: a keep-alive connection with no request is closed after this long
+    idle_timeout_s: float = 60.0
+    #: connections one client address may hold at once; another is answered 429 and closed
+    max_connections_per_client: int = 256
+
+
+class ApiRunner(web.AppRunner):
+    """`web.AppRunner` whose connections follow `ConnectionLimits` and answer every error,
+    those of requests aiohttp cannot parse included, as the API's JSON error."""
+
+    def __init__(self, app: web.Application, limits: ConnectionLimits) -> None:
+        super().__init__(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=limits.idle_timeout_s,
+            lingering_time=LINGERING_TIME_S,
+            # no Content-Encoding is accepted (415): a small compressed body must not
+            # inflate into unbounded work
+            auto_decompress=False,
+        )
+        self.limits = limits
+
+    async def _make_server(self) -> web.Server:
+        return _ApiServer(await super()._make_server(), self.limits)
+
+
+class _ApiServer(web.Server):
+    """aiohttp's server (the protocol factory) making `_ApiConnection`s, with the count of
+    connections per client address."""
+
+    def __init__(self, base: web.Server, limits: ConnectionLimits) -> None:
+        super().__init__(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **base._kwargs,  # the RequestHandler arguments the application gave it
+        )
+        self.limits = limits
+        self.clients: dict[str, int] = {}
+
+    def __call__(self) -> web.RequestHandler:
+        return _ApiConnection(self, loop=self._loop, **self._kwargs)
+
+
+class _ApiConnection(web.RequestHandler):
+    """One HTTP connection. On top of aiohttp's handler: a connection over its client's
+    cap is answered 429 and closed at once; a request head (line and headers) that has not
+    arrived within the header timeout is answered 408 and the connection closed (the idle
+    time between requests is aiohttp's keep-alive timeout); and errors aiohttp answers
+    itself (a request it cannot parse: 400) are the API's JSON error."""
+
+    def __init__(self, server: _ApiServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._api_server = server
+        self._peer: str | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        #: the body of the last request parsed (until it ends, bytes received are body bytes)
+        self._last_body: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self._peer = client_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
+        clients = self._api_server.clients
+        clients[self._peer] = held = clients.get(self._peer, 0) + 1
+        limit = self._api_server.limits.max_connections_per_client
+        if held > limit:
+            self._answer_and_close(
+                429,
+                "overloaded",
+                f"{self._peer} has {limit} connections open to this broker already, as many "
+                "as one client address may (--max-connections-per-client); retry later",
+                retry_after=True,
+            )
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_head_timer()
+        if self._peer is not None:
+            clients = self._api_server.clients
+            held = clients.get(self._peer, 1) - 1
+            if held > 0:
+                clients[self._peer] = held
+            else:
+                clients.pop(self._peer, None)
+            self._peer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._force_close or self._close:
+            return  # closing: aiohttp drops what arrives now
+        if self._last_body is None or self._last_body.is_eof():
+            self._arm_head_timer()  # bytes of a request head: it has to be complete in time
+        parsed = len(self._messages)
+        super().data_received(data)
+        if len(self._messages) > parsed:  # a head arrived (or the parser gave up on it)
+            self._cancel_head_timer()
+            self._last_body = self._messages[-1][1]
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self._loop.call_later(
+                self._api_server.limits.header_timeout_s, self._head_timed_out
+            )
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        timeout_s = self._api_server.limits.header_timeout_s
+        if self._request_in_progress:  # pipelined behind a request: no answer can go in between
+            self.force_close()
+            return
+        self._answer_and_close(
+            408,
+            "request_timeout",
+            f"the request line and headers did not arrive within {timeout_s:g} s",
+        )
+
+    def _answer_and_close(
+        self, status: int, code: str, message: str, *, retry_after: bool = False
+    ) -> None:
+        """Answer without a request (none was read, or ever will be) and close."""
+        if self.transport is not None:
+            self.transport.write(_raw_error(status, code, message, retry_after=retry_after))
+        self.force_close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's own error answers (a request it cannot parse: 400; an exception past the
+        API's middleware, which should never happen: 500) as the API's JSON error."""
+        if status >= 500 and not isinstance(exc, ConnectionError):
+            self.logger.error("error handling a request from %s", request.remote, exc_info=exc)
+        else:
+            self.logger.debug("bad request from %s: %s", request.remote, message or exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was being sent already; it cannot become an error")
+        if status >= 500:
+            code, text = "internal", "internal error (the broker logged it)"
+        else:
+            words = str(message or HTTPStatus(status).phrase).split()
+            code = "bad_request"
+            text = "malformed HTTP request: " + " ".join(w for w in words if w != "^")
+        body = {"error": {"code": code, "message": text[:MAX_ECHO_CHARS]}}
+        response = json_response(body, status=status)
+        response.force_close()
+        return response
+
+
+def client_key(host: str) -> str:
+    """What connections are capped per: an IPv4 address, or the /64 of an IPv6 one (one
+    machine commonly has a whole /64); an IPv4-mapped IPv6 address counts as IPv4 (the peer
+    transport bounds its handshakes per source the same way)."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def _raw_error(status: int, code: str, message: str, *, retry_after: bool = False) -> bytes:
+    """A whole HTTP/1.1 error answer with the API's JSON body, for writing to a connection
+    directly (outside aiohttp's request handling)."""
+    body = orjson.dumps({"error": {"code": code, "message": message}})
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if retry_after:
+        lines.append("Retry-After: 1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

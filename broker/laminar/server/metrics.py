@@ -93,6 +93,16 @@ class _BrokerCollector(Collector):
             counter = CounterMetricFamily(f"laminar_{prefix}_{name}", help_text)
             counter.add_metric([], broker.counters[name])
             yield counter
+        malformed = CounterMetricFamily(
+            "laminar_malformed_records",
+            "records of malformed batches (a valid checksum, broken framing; stored before "
+            "appends checked records) skipped, by what met them: read (answered 422), acquire "
+            "(settled unseen for a group), dead_letter (moved without the record); each once",
+            labels=["path"],
+        )
+        for path, count in broker.malformed_records.items():
+            malformed.add_metric([path], count)
+        yield malformed
         for name, value in broker.timers.items():
             counter = CounterMetricFamily(f"laminar_raft_{name}", f"time in Ready {name}")
             counter.add_metric([], value)

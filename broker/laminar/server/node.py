@@ -70,11 +70,17 @@ from .dead_letters import DeadLetterMover
 from .transport import PeerTransport
 
 log = logging.getLogger(__name__)
+#: what can meet malformed records (`Broker.report_malformed`)
+MALFORMED_PATHS = ("read", "acquire", "dead_letter")
+#: batches whose report is remembered (beyond it, reports start over)
+MALFORMED_SEEN_LIMIT = 10_000
 
 MT = MessageType
 #: A leader's messages may leave before its own fsync (it counts itself only once durable);
 #: everything else (acknowledgements, votes) only after persisting.
 EARLY_TYPES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.HEARTBEATS, MT.SNAPSHOT, MT.TIMEOUT_NOW})
+#: The messages that may create a replica here (a leader reaching a member it added).
+LEADER_MESSAGES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT})
 CONTROL_INTERVAL_S = 0.25
 #: A learner within this many indexes of the leader's log may be promoted.
 CATCH_UP_LAG_INDEXES = 256
@@ -167,6 +173,10 @@ class Broker:
             "data_loss_repairs": 0,
             "quarantined_replicas": 0,
         }
+        #: records of malformed batches skipped, by what met them (read, acquire,
+        #: dead_letter), each counted once (laminar_malformed_records_total)
+        self.malformed_records: dict[str, int] = dict.fromkeys(MALFORMED_PATHS, 0)
+        self._malformed_seen: set[tuple[str, str, int, str]] = set()
         #: seconds spent in Ready rounds and in their fsyncs (metrics)
         self.timers: dict[str, float] = {"round_seconds": 0.0, "fsync_seconds": 0.0}
 
@@ -344,7 +354,13 @@ class Broker:
         return state.applied_index >= created_index and replaced
 
     def _host(
-        self, topic: str, partition: int, bootstrap: ConfState, *, repair_at: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        bootstrap: ConfState,
+        *,
+        repair_at: int | None = None,
+        joining: bool = False,
     ) -> Replica:
         replica = Replica(
             topic,
@@ -356,11 +372,13 @@ class Broker:
             bootstrap,
             max_pending_bytes=self.config.max_pending_bytes_per_partition,
             repair_at=repair_at,
+            joining=joining,
         )
         self._opened(replica)
         self.replicas[replica.group] = replica
         if replica.groups is not None:
             replica.groups.on_propose = self.wake
+            replica.groups.on_malformed = partial(self.report_malformed, replica.group)
         self._hosted_at_ms[replica.group] = _now_ms()
         self.multi.add(replica.raft)
         if (topic_state := self.state.topics.get(topic)) is not None:
@@ -401,6 +419,29 @@ class Broker:
                     damage.first_index,
                     damage.floor,
                 )
+
+    def report_malformed(self, group: str, path: str, first: int, end: int, reason: str) -> None:
+        """Records [first, end) of `group` are malformed (a valid checksum, broken framing:
+        stored before appends checked records) and `path` went past them: a read answered 422,
+        an acquire skipped them, the dead-letter mover moved a letter without its record. Log
+        and count each once (a reader that retries is not news; `reason` names the consumer
+        group that skipped them)."""
+        key = (group, path, first, reason)
+        if key in self._malformed_seen:
+            return
+        if len(self._malformed_seen) >= MALFORMED_SEEN_LIMIT:
+            self._malformed_seen.clear()
+        self._malformed_seen.add(key)
+        self.malformed_records[path] = self.malformed_records.get(path, 0) + end - first
+        log.warning(
+            "%s: %s: records %d..%d are malformed and skipped (%s): %s",
+            self.id,
+            group,
+            first,
+            end - 1,
+            path,
+            reason,
+        )
 
     def _on_damage(self, replica: Replica, index: int) -> None:
         """A read met a damaged batch of `replica`: reopen it repaired (next round), unless
@@ -480,17 +521,22 @@ class Broker:
         partition = int(number)
         return topic_name, partition, ConfState(tuple(sorted(topic.assignment[partition])))
 
-    def _maybe_host_for(self, group: str) -> bool:
-        """A message for a group we do not host: a leader added us to it."""
+    def _maybe_host_for(self, group: str, kind: MT) -> bool:
+        """A message for a group we do not host: a leader added us to it, if a leader sent
+        it. The replica starts joining (it neither campaigns nor votes until it holds an
+        entry a leader wrote): the message may be a stale one, reaching us after our removal
+        from the group (and after we dropped our replica), and the configuration it starts
+        with is only the group's initial one. Nothing else creates a replica: a removed
+        member still campaigning must find no voter here."""
         if group == METADATA_GROUP:
             if self.meta is None:
                 self._host_metadata(ConfState(()))
             return True
         found = self._assignment_conf(group)
-        if found is None or self._stopping:
+        if found is None or self._stopping or kind not in LEADER_MESSAGES:
             return False
         topic, partition, conf = found
-        self._host(topic, partition, conf)
+        self._host(topic, partition, conf, joining=True)
         return True
 
     def _all_replicas(self) -> list[Replica]:
@@ -616,7 +662,9 @@ class Broker:
         for message in inbox:
             folded = message.type in (MT.HEARTBEATS, MT.HEARTBEATS_RESP)
             for part in message.batch if folded else (message,):
-                if part.group not in self.multi.groups and not self._maybe_host_for(part.group):
+                if part.group not in self.multi.groups and not self._maybe_host_for(
+                    part.group, part.type
+                ):
                     self.counters["dropped_messages"] += 1
             self.multi.step(message)
 
@@ -771,9 +819,14 @@ class Broker:
                 self._adopt(replica, topic)
         if self._replaying:
             return
-        # host the new partitions this node is an initial voter of (replicas placed later
-        # are created when their leader first reaches this node)
-        for partition, voters in enumerate(topic.assignment):
+        # host the partitions this command made that this node is an initial voter of
+        # (replicas placed later are created when their leader first reaches this node).
+        # Only those: a partition this node left since has a group without it, and a
+        # replica made again from its initial voters would be a voter with an empty log,
+        # which could elect another such member beside the group's real leader.
+        made = len(command.assignment) if isinstance(command, AlterTopic) else topic.partitions
+        for partition in range(topic.partitions - made, topic.partitions):
+            voters = topic.assignment[partition]
             group = f"{topic.name}/{partition}"
             if self.id in voters and group not in self.replicas and not self._stopping:
                 self._host(topic.name, partition, ConfState(tuple(sorted(voters))))

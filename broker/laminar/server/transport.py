@@ -5,9 +5,15 @@ connection to B, B's replies on B's own connection to A, so each connection carr
 one way only. Connections are opened lazily on the first send and reopened with capped
 exponential backoff (50 ms to 2 s) while messages are queued.
 
-A connection starts with a challenge-response handshake: both sides prove knowledge of the
-cluster secret with HMAC-SHA256 over fresh nonces from both sides, bound to the cluster id
-and both node ids. After it, the client sends frames: a u32 little-endian length and one
+A connection starts with a challenge-response handshake (version 2, docs/formats.md §7):
+both sides prove knowledge of the cluster secret with HMAC-SHA256 over fresh nonces from both
+sides, bound to the cluster id and both node ids. The server sends nothing derived from the
+secret before the client has proven it knows the secret, so an outsider gets nothing to
+guess the secret against offline. Pending (unauthenticated) incoming connections are bounded
+per source address and in all, and one that sends nothing is closed after a second
+(docs/security.md, "Peer traffic").
+
+After the handshake, the client sends frames: a u32 little-endian length and one
 `laminar.raft.codec` message body. The writer task of a peer takes what is queued (whole
 frames, up to WRITE_BATCH_BYTES) and hands it to the socket in one `writelines` call, never
 waiting for replies, and waits for asyncio flow control before writing again. The reader
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import os
 import random
@@ -42,22 +49,35 @@ from ..swim.runtime import format_address, parse_address
 log = logging.getLogger(__name__)
 
 MAGIC = b"LMQP"
-VERSION = 1
+#: 2: the server proves itself only after the client has (1 had the server prove first).
+VERSION = 2
 #: Handshake message kinds.
-HELLO = 1
-CHALLENGE = 2
-PROOF = 3
+HELLO = 1  # client: cluster hash, client id, server id
+CHALLENGE = 2  # server: server nonce
+PROOF = 3  # client: client nonce, client proof
+CONFIRM = 4  # server: server proof
 NONCE_BYTES = 32
 MAC_BYTES = 32  # HMAC-SHA256
 MAX_ID_BYTES = 255  # node ids are str8, as in the Raft codec
 #: Labels that make a server's proof useless as a client's proof and the other way round.
-SERVER_LABEL = b"LMQP/1 server"
-CLIENT_LABEL = b"LMQP/1 client"
+SERVER_LABEL = b"LMQP/2 server"
+CLIENT_LABEL = b"LMQP/2 client"
+#: A handshake must be complete this long after the connection was accepted (or opened).
 HANDSHAKE_TIMEOUT_S = 5.0
-#: Largest handshake body accepted (a HELLO with two 255-byte ids is 554 bytes).
+#: An accepted connection that has sent no byte this long is closed (a client sends its
+#: HELLO as soon as it is connected).
+IDLE_HANDSHAKE_TIMEOUT_S = 1.0
+#: Largest handshake body accepted (a HELLO with two 255-byte ids is 520 bytes).
 MAX_HANDSHAKE_BODY = 1024
-#: Unauthenticated incoming connections allowed at once; more are closed at once.
+#: Unauthenticated incoming connections allowed at once, in all ...
 MAX_PENDING_HANDSHAKES = 128
+#: ... and from one source (an IPv4 address, or an IPv6 /64). Beyond either bound the new
+#: connection is closed at once, unless the bound in all is what is reached and another
+#: source has more pending than the new one's: then that source's oldest pending connection
+#: is closed instead, so that no source can crowd out another.
+MAX_PENDING_PER_SOURCE = 8
+#: Connections the listening socket queues before they are accepted.
+LISTEN_BACKLOG = 1024
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 #: Per-connection receive buffer; larger frames get a buffer of their own.
@@ -82,7 +102,7 @@ KEEPALIVE_COUNT = 3
 USER_TIMEOUT_MS = 30_000
 
 HANDSHAKE_HEAD = struct.Struct("<4sHBBH")  # magic, version, kind, flags, body length
-_HELLO_FIXED = struct.Struct(f"<Q{NONCE_BYTES}s")  # cluster hash, client nonce
+_HELLO_FIXED = struct.Struct("<Q")  # cluster hash
 _LENGTH = struct.Struct("<I")
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -99,6 +119,8 @@ STAT_NAMES = (
     "connects",
     "reconnects",
     "accepts",
+    "handshakes_refused",  # closed at once: too many pending handshakes (from its source)
+    "handshakes_evicted",  # closed to make room for another source's connection
 )
 
 
@@ -117,14 +139,14 @@ def handshake_message(kind: int, body: bytes) -> bytes:
     return HANDSHAKE_HEAD.pack(MAGIC, VERSION, kind, 0, len(body)) + body
 
 
-def hello_body(cluster_id: str, nonce: bytes, client: str, server: str) -> bytes:
-    return _HELLO_FIXED.pack(cluster_hash(cluster_id), nonce) + _str8(client) + _str8(server)
+def hello_body(cluster_id: str, client: str, server: str) -> bytes:
+    return _HELLO_FIXED.pack(cluster_hash(cluster_id)) + _str8(client) + _str8(server)
 
 
-def parse_hello(body: bytes) -> tuple[int, bytes, str, str]:
-    """(cluster hash, client nonce, client id, server id); HandshakeError if malformed."""
+def parse_hello(body: bytes) -> tuple[int, str, str]:
+    """(cluster hash, client id, server id); HandshakeError if malformed."""
     try:
-        hashed, nonce = _HELLO_FIXED.unpack_from(body)
+        (hashed,) = _HELLO_FIXED.unpack_from(body)
         position = _HELLO_FIXED.size
         ids = []
         for _ in range(2):
@@ -138,7 +160,7 @@ def parse_hello(body: bytes) -> tuple[int, bytes, str, str]:
         raise HandshakeError("malformed hello") from e
     if position != len(body):
         raise HandshakeError("malformed hello")
-    return int(hashed), bytes(nonce), ids[0], ids[1]
+    return int(hashed), ids[0], ids[1]
 
 
 def proof(
@@ -164,6 +186,20 @@ def proof(
         )
     )
     return hmac.digest(secret, transcript, "sha256")
+
+
+def source_key(host: str) -> str:
+    """What pending handshakes are bounded per: the IPv4 address, or the /64 of an IPv6 one
+    (one machine commonly has a whole /64); an IPv4-mapped IPv6 address counts as IPv4."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 def _tune_socket(sock: Any) -> None:
@@ -202,6 +238,9 @@ class _Connection(asyncio.BufferedProtocol):
         #: Outgoing: the node we dial. Incoming: the node id proven in the handshake.
         self.peer = peer
         self.remote = "?"
+        #: What pending handshakes are bounded per (`source_key` of the remote host).
+        self.source = "?"
+        self.pending_since = 0.0  # loop time it became a pending handshake (incoming)
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.lost = False
@@ -228,6 +267,7 @@ class _Connection(asyncio.BufferedProtocol):
         peername = transport.get_extra_info("peername")
         if isinstance(peername, tuple) and len(peername) >= 2:
             self.remote = format_address(str(peername[0]), int(peername[1]))
+            self.source = source_key(str(peername[0]))
         _tune_socket(transport.get_extra_info("socket"))
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self._owner._connection_made(self)
@@ -324,7 +364,11 @@ class _Connection(asyncio.BufferedProtocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def _read_exactly(self, count: int) -> bytes:
+    async def wait_for_bytes(self) -> None:
+        """Return once some bytes were received; HandshakeError if it closes first."""
+        await self._wait_until_buffered(1)
+
+    async def _wait_until_buffered(self, count: int) -> None:
         while self._end - self._start < count:
             if self.lost or self._eof:
                 raise HandshakeError("connection closed during the handshake")
@@ -334,6 +378,9 @@ class _Connection(asyncio.BufferedProtocol):
                 await waiter
             finally:
                 self._waiter = None
+
+    async def _read_exactly(self, count: int) -> bytes:
+        await self._wait_until_buffered(count)
         data = bytes(self._view[self._start : self._start + count])
         self._start += count
         return data
@@ -346,7 +393,10 @@ class _Connection(asyncio.BufferedProtocol):
         if magic != MAGIC:
             raise HandshakeError("bad magic")
         if version != VERSION:
-            raise HandshakeError(f"unsupported version {version}")
+            raise HandshakeError(
+                f"handshake version {version}, this broker speaks {VERSION} "
+                "(brokers of different Laminar versions?)"
+            )
         if got_kind != kind or flags != 0:
             raise HandshakeError(f"unexpected handshake message {got_kind} (flags {flags})")
         if length > MAX_HANDSHAKE_BODY or (body_bytes is not None and length != body_bytes):
@@ -538,6 +588,9 @@ class PeerTransport:
         self._retired: set[asyncio.Task[None]] = set()  # tasks of removed peers
         self._connections: set[_Connection] = set()
         self._handshakes: set[asyncio.Task[None]] = set()
+        #: Incoming connections not authenticated yet, by source, oldest first.
+        self._pending: dict[str, dict[_Connection, None]] = {}
+        self._pending_count = 0
         self._incoming: dict[str, _Connection] = {}  # peer node -> its current connection
         self._warned: dict[str, float] = {}
 
@@ -549,7 +602,11 @@ class PeerTransport:
             raise RuntimeError("PeerTransport.start called twice or after stop")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self, incoming=True), host, port, reuse_address=True
+            lambda: _Connection(self, incoming=True),
+            host,
+            port,
+            reuse_address=True,
+            backlog=LISTEN_BACKLOG,
         )
         bound_port = int(self._server.sockets[0].getsockname()[1])
         self.address = format_address(host, bound_port)
@@ -745,17 +802,16 @@ class PeerTransport:
         return connection
 
     async def _client_handshake(self, connection: _Connection, server: str) -> None:
+        connection.write_handshake(HELLO, hello_body(self._cluster_id, self.node_id, server))
+        server_nonce = await connection.read_handshake(CHALLENGE, NONCE_BYTES)
         client_nonce = os.urandom(NONCE_BYTES)
-        hello = hello_body(self._cluster_id, client_nonce, self.node_id, server)
-        connection.write_handshake(HELLO, hello)
-        body = await connection.read_handshake(CHALLENGE, NONCE_BYTES + MAC_BYTES)
-        server_nonce, server_proof = body[:NONCE_BYTES], body[NONCE_BYTES:]
         args = (self._cluster_id, self.node_id, server, client_nonce, server_nonce)
-        expected = proof(self._secret, SERVER_LABEL, *args)
-        if not hmac.compare_digest(expected, server_proof):
+        client_proof = proof(self._secret, CLIENT_LABEL, *args)
+        connection.write_handshake(PROOF, client_nonce + client_proof)
+        server_proof = await connection.read_handshake(CONFIRM, MAC_BYTES)
+        if not hmac.compare_digest(proof(self._secret, SERVER_LABEL, *args), server_proof):
             raise HandshakeError("the server's proof does not match (wrong secret or cluster?)")
-        connection.write_handshake(PROOF, proof(self._secret, CLIENT_LABEL, *args))
-        connection.authenticate(server)
+        connection.authenticate(server)  # frames only to a server that proved itself
 
     async def _pump(self, peer: _Peer, connection: _Connection) -> None:
         """Write whatever is queued, in one call, until the connection goes away."""
@@ -783,8 +839,8 @@ class PeerTransport:
         self._connections.add(connection)
         if not connection.incoming:
             return
-        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:
-            self._warn("handshakes", "too many pending handshakes; closing %s", connection.remote)
+        if not self._admit(connection):
+            self.stats["handshakes_refused"] += 1
             connection.abort()
             return
         task = asyncio.get_running_loop().create_task(
@@ -794,9 +850,66 @@ class PeerTransport:
         task.add_done_callback(self._handshakes.discard)
         task.add_done_callback(self._task_done)
 
+    def _admit(self, connection: _Connection) -> bool:
+        """Count `connection` as a pending handshake if the bounds allow (making room by
+        closing another source's oldest if need be); False if it must be closed."""
+        source = connection.source
+        mine = self._pending.get(source, {})
+        if len(mine) >= MAX_PENDING_PER_SOURCE:
+            self._warn(
+                f"handshakes:{source}",
+                "%d handshakes pending from %s; closing %s",
+                len(mine),
+                source,
+                connection.remote,
+            )
+            return False
+        if self._pending_count >= MAX_PENDING_HANDSHAKES:
+            # The source with the most pending (the oldest such connection among ties) gives
+            # way, if it has more than the newcomer's source.
+            crowded = max(
+                self._pending.values(),
+                key=lambda pending: (len(pending), -next(iter(pending)).pending_since),
+            )
+            if len(crowded) <= len(mine):
+                self._warn("handshakes", "too many handshakes pending; closing %s", source)
+                return False
+            victim = next(iter(crowded))  # that source's oldest
+            self._unpend(victim)
+            self.stats["handshakes_evicted"] += 1
+            self._warn(
+                "handshakes",
+                "too many handshakes pending; closing %s for %s",
+                victim.remote,
+                connection.remote,
+            )
+            victim.abort()
+        connection.pending_since = asyncio.get_running_loop().time()
+        self._pending.setdefault(source, {})[connection] = None
+        self._pending_count += 1
+        return True
+
+    def _unpend(self, connection: _Connection) -> None:
+        pending = self._pending.get(connection.source)
+        if pending is None or connection not in pending:
+            return
+        del pending[connection]
+        self._pending_count -= 1
+        if not pending:
+            del self._pending[connection.source]
+
     async def _accept_connection(self, connection: _Connection) -> None:
         try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            await self._accept_handshake(connection)
+        finally:
+            self._unpend(connection)
+
+    async def _accept_handshake(self, connection: _Connection) -> None:
+        started = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(IDLE_HANDSHAKE_TIMEOUT_S) as deadline:
+                await connection.wait_for_bytes()
+                deadline.reschedule(started + HANDSHAKE_TIMEOUT_S)
                 client = await self._server_handshake(connection)
         except (HandshakeError, TimeoutError) as e:
             if connection.received_any:  # not a bare TCP probe
@@ -819,19 +932,21 @@ class PeerTransport:
         connection.authenticate(client)
 
     async def _server_handshake(self, connection: _Connection) -> str:
-        hashed, client_nonce, client, server = parse_hello(await connection.read_handshake(HELLO))
+        hashed, client, server = parse_hello(await connection.read_handshake(HELLO))
         if hashed != self._cluster_hash:
             raise HandshakeError(f"{client} belongs to another cluster")
         if server != self.node_id:
             raise HandshakeError(f"{client} wants node {server!r}, this is {self.node_id!r}")
+        if client == self.node_id:
+            raise HandshakeError(f"a client claims to be this node ({client!r})")
         server_nonce = os.urandom(NONCE_BYTES)
+        connection.write_handshake(CHALLENGE, server_nonce)  # nothing derived from the secret
+        body = await connection.read_handshake(PROOF, NONCE_BYTES + MAC_BYTES)
+        client_nonce, client_proof = body[:NONCE_BYTES], body[NONCE_BYTES:]
         args = (self._cluster_id, client, server, client_nonce, server_nonce)
-        connection.write_handshake(
-            CHALLENGE, server_nonce + proof(self._secret, SERVER_LABEL, *args)
-        )
-        client_proof = await connection.read_handshake(PROOF, MAC_BYTES)
         if not hmac.compare_digest(proof(self._secret, CLIENT_LABEL, *args), client_proof):
             raise HandshakeError(f"{client}'s proof does not match (wrong secret?)")
+        connection.write_handshake(CONFIRM, proof(self._secret, SERVER_LABEL, *args))
         return client
 
     # ---- plumbing ------------------------------------------------------------------------

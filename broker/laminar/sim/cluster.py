@@ -143,17 +143,24 @@ class Simulation:
             self._host(node, group, conf)
 
     def _host(
-        self, node: SimNode, group: str, conf: ConfState, *, repair_at: int | None = None
+        self,
+        node: SimNode,
+        group: str,
+        conf: ConfState,
+        *,
+        repair_at: int | None = None,
+        joining: bool = False,
     ) -> None:
-        """Run `group` on a live node, bootstrapped with `conf` if its storage is new,
-        repaired (as the broker's replicas are) where its log is damaged."""
+        """Run `group` on a live node, bootstrapped with `conf` if its storage is new (as a
+        joining member: `HardState.joining`), repaired (as the broker's replicas are) where
+        its log is damaged."""
         assert node.multi is not None
         node.bootstrap.setdefault(group, conf)
         if group not in node.directories:
             node.directories[group] = MemoryDirectory()
         directory = node.directories[group]
         log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
-        storage = LogStorage(directory, log, conf=conf)
+        storage = LogStorage(directory, log, conf=conf, joining=joining)
         node.storages[group] = storage
         damage = None
         if repair_at is not None:

@@ -43,6 +43,9 @@ PARTITIONS = 50
 REPLICATION_FACTOR = 3
 CATCH_UP_LAG_INDEXES = 64
 RETRY_ADMIN_TICKS = 50
+LEADER_MESSAGES = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})
+#: how long a replica its leader no longer counts runs on before it is dropped
+DROP_AFTER_TICKS = 40
 
 SCENARIO = SimConfig(
     nodes=5,
@@ -85,6 +88,8 @@ class PlacementSimulation(Simulation):
         self.admin: list[Command] = []
         self.admin_sent: tuple[int, int, int] | None = None  # (index, term, tick) in flight
         self.ticks = 0
+        #: (node, group) -> the tick its leader was first seen not counting it
+        self.excluded_since: dict[tuple[str, str], int] = {}
         super().__init__(seed, config)
         self.group_names = []  # partition groups, added when the topic exists
 
@@ -130,7 +135,6 @@ class PlacementSimulation(Simulation):
         if group == METADATA:
             self._restore_metadata(node)
             self.stats["metadata_snapshots"] = self.stats.get("metadata_snapshots", 0) + 1
-            self._host_assigned(node)
 
     def _compact_metadata(self) -> None:
         """Every node compacts its metadata log, snapshotting the state machine: nodes that
@@ -148,12 +152,17 @@ class PlacementSimulation(Simulation):
 
     def _apply_metadata(self, node: SimNode, committed: tuple[int, int]) -> None:
         state = self.states[node.id]
+        created = False
         for entry in stored_entries(node.storages[METADATA], *committed):
             if entry.index > state.applied_index and entry.kind is EntryKind.NORMAL:
                 (record,) = decode_batch(entry.data)
                 assert record.value is not None
-                state.apply(entry.index, decode_command(record.value))
-        self._host_assigned(node)
+                command = decode_command(record.value)
+                created |= state.apply(entry.index, command) is None and isinstance(
+                    command, CreateTopic
+                )
+        if created:  # as the broker: only the command that made the partitions hosts them
+            self._host_assigned(node)
 
     def _host_assigned(self, node: SimNode) -> None:
         """Host the partitions whose initial voters include this node."""
@@ -168,7 +177,8 @@ class PlacementSimulation(Simulation):
                 self._host(node, group, ConfState(tuple(sorted(voters))))
 
     def _before_deliver(self, node: SimNode, message: Message) -> None:
-        """A node added to a group learns of it from the leader's first message."""
+        """A node added to a group learns of it from the leader's first message (as the
+        broker does: only a leader's message creates a replica, and it starts joining)."""
         assert node.multi is not None
         folded = (MessageType.HEARTBEATS, MessageType.HEARTBEATS_RESP)
         parts = message.batch if message.type in folded else (message,)
@@ -178,15 +188,20 @@ class PlacementSimulation(Simulation):
                 continue
             if part.group == METADATA:
                 self._host(node, METADATA, self.initial_metadata)
-            elif topic is not None and part.group.startswith(TOPIC + "/"):
+            elif (
+                topic is not None
+                and part.group.startswith(TOPIC + "/")
+                and part.type in LEADER_MESSAGES
+            ):
                 partition = int(part.group.rsplit("/", 1)[1])
                 voters = topic.assignment[partition]
-                self._host(node, part.group, ConfState(tuple(sorted(voters))))
+                self._host(node, part.group, ConfState(tuple(sorted(voters))), joining=True)
 
     # ---- control: admin commands and reconciliation ----------------------------------------
 
     def _control(self, node: SimNode) -> None:
         assert node.multi is not None
+        self._drop_removed(node)
         state = self.states[node.id]
         for group, raft in sorted(node.multi.groups.items()):
             if raft.role is not Role.LEADER:
@@ -200,6 +215,35 @@ class PlacementSimulation(Simulation):
                     continue
                 target = place(group, self._candidates(state), topic.replication_factor)
             self._reconcile(node, raft, target, followers=group == METADATA)
+
+    def _drop_removed(self, node: SimNode) -> None:
+        """As the broker collects them: a replica that its group's leader (of a term at least
+        its own) no longer counts is dropped with its data. A message still in flight may
+        reach the node afterwards (`_before_deliver`). Like the broker's, the collection
+        lags: a removed replica runs on for a while (and campaigns, unheard by its leader)."""
+        assert node.multi is not None
+        for group, raft in sorted(node.multi.groups.items()):
+            if group == METADATA or raft.role is Role.LEADER:
+                continue
+            found = self._leader_of(group)
+            excluded = found is not None and (
+                node.id not in found[1].conf.members() and found[1].term >= raft.term
+            )
+            if not excluded:
+                self.excluded_since.pop((node.id, group), None)
+                continue
+            since = self.excluded_since.setdefault((node.id, group), self.ticks)
+            if self.ticks - since < DROP_AFTER_TICKS:
+                continue
+            del self.excluded_since[(node.id, group)]
+            assert found is not None
+            leader = found[1]
+            self._log(f"{node.id} {group}: dropped (not in {leader.conf})")
+            self.stats["dropped"] = self.stats.get("dropped", 0) + 1
+            node.multi.remove(group)
+            node.directories.pop(group, None)
+            node.storages.pop(group, None)
+            node.bootstrap.pop(group, None)
 
     def _reconcile(self, node: SimNode, raft: Raft, target: list[str], *, followers: bool) -> None:
         alive = {n for n in self.joined if self.nodes[n].multi is not None}

@@ -402,9 +402,15 @@ class QueueSimulation(Simulation):
     # ---- replicas: one applier per hosted partition ----------------------------------------
 
     def _host(
-        self, node: SimNode, group: str, conf: ConfState, *, repair_at: int | None = None
+        self,
+        node: SimNode,
+        group: str,
+        conf: ConfState,
+        *,
+        repair_at: int | None = None,
+        joining: bool = False,
     ) -> None:
-        super()._host(node, group, conf, repair_at=repair_at)
+        super()._host(node, group, conf, repair_at=repair_at, joining=joining)
         if group not in self.oracles:
             self.oracles[group] = Oracle(group, self.stats)
 

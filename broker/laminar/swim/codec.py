@@ -1,13 +1,16 @@
 """The SWIM wire format: versioned, bounded, authenticated datagrams (docs/formats.md §5).
 
     magic "LMQG" | u16 version | u8 kind | u8 flags | u64 xxh64(cluster id)   (16 bytes)
+    str8 sender gossip address | u64 timestamp ms | u64 nonce                  (envelope)
     message body | u8 update count | updates                                    (variable)
     HMAC-SHA256(secret, every byte before it)                                   (32 bytes)
 
 Magic and the cluster-id hash sit at fixed offsets so the XDP router can drop foreign
-datagrams without parsing. Decoding never raises: anything oversized, truncated, foreign,
-unauthenticated or malformed comes back as a `Rejection`, and the body is parsed only once
-the MAC has matched.
+datagrams without parsing. The envelope binds a datagram to its sender's address and to a
+moment, so the core can refuse one replayed from elsewhere, late, or twice (the checks are
+the core's: they need the source address and the time). Decoding never raises: anything
+oversized, truncated, foreign, unauthenticated or malformed comes back as a `Rejection`, and
+nothing after the header is parsed before the MAC has matched.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 import xxhash
@@ -46,7 +50,8 @@ from .messages import (
 )
 
 MAGIC = b"LMQG"
-VERSION = 1
+#: 2: the envelope (sender address, timestamp, nonce) after the header.
+VERSION = 2
 HEADER = struct.Struct("<4sHBBQ")  # magic, version, kind, flags, cluster hash
 HEADER_BYTES = HEADER.size  # 16
 #: Offsets the XDP router reads: magic at 0 (4 bytes), cluster hash at 8 (u64 LE).
@@ -64,14 +69,21 @@ _U64 = struct.Struct("<Q")
 _EPOCH_INCARNATION = struct.Struct("<QI")
 _WEIGHT_FLAGS = struct.Struct("<IB")
 _SYNC_PREFIX_AFTER_SENDER = struct.Struct("<BH")  # flags, entry count
+_STAMP = struct.Struct("<QQ")  # timestamp ms, nonce
+#: Largest envelope: the longest sender address, the timestamp and the nonce.
+MAX_ENVELOPE_BYTES = 1 + MAX_ADDRESS_BYTES + _STAMP.size
+MAX_U64 = 2**64 - 1
 
 #: Largest encoded member record: id, epoch, incarnation, three addresses, weight, flags.
 MAX_MEMBER_RECORD_BYTES = (
     1 + MAX_ID_BYTES + _EPOCH_INCARNATION.size + 3 * (1 + MAX_ADDRESS_BYTES) + _WEIGHT_FLAGS.size
 )
+#: Shortest datagram: header, a 1-byte sender, timestamp, nonce, an empty gossip, the MAC.
+MIN_ENCODED_BYTES = HEADER_BYTES + 2 + _STAMP.size + UPDATE_COUNT_BYTES + MAC_BYTES
 #: Smallest max_datagram_bytes that still carries any single update or sync entry.
 MIN_DATAGRAM_BYTES = (
     HEADER_BYTES
+    + MAX_ENVELOPE_BYTES
     + 1
     + MAX_ID_BYTES
     + _SYNC_PREFIX_AFTER_SENDER.size
@@ -92,6 +104,16 @@ class Rejection(StrEnum):
     WRONG_CLUSTER = "wrong_cluster"
     BAD_MAC = "bad_mac"
     MALFORMED = "malformed"
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a sender puts in every datagram's envelope besides its address: the time it
+    sealed it (ms since the Unix epoch, its wall clock) and a nonce unique among its
+    datagrams of that millisecond."""
+
+    timestamp_ms: int
+    nonce: int
 
 
 def cluster_hash(cluster_id: str) -> int:
@@ -173,30 +195,46 @@ def _sync_body(sender: str, reply_wanted: bool, entries: Sequence[bytes]) -> byt
 
 
 class Codec:
-    """Seals and opens datagrams of one cluster: its id hash, its secret, its size bound."""
+    """Seals and opens datagrams of one cluster (its id hash, its secret, its size bound),
+    sealing them as sent by `sender`, a member's gossip address."""
 
-    def __init__(self, cluster_id: str, secret: bytes, max_datagram_bytes: int) -> None:
+    def __init__(
+        self, cluster_id: str, secret: bytes, max_datagram_bytes: int, *, sender: str
+    ) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         if max_datagram_bytes < MIN_DATAGRAM_BYTES:
             raise ValueError(f"max_datagram_bytes must be at least {MIN_DATAGRAM_BYTES}")
+        if not 1 <= len(sender.encode()) <= MAX_ADDRESS_BYTES:
+            raise ValueError(f"the sender address must be 1..{MAX_ADDRESS_BYTES} UTF-8 bytes")
         self.cluster_hash = cluster_hash(cluster_id)
         self.max_datagram_bytes = max_datagram_bytes
+        self.sender = sender
+        self._sender = _str8(sender)
         self._secret = secret
+        #: Bytes every datagram spends besides its body and updates.
+        self._overhead = (
+            HEADER_BYTES + len(self._sender) + _STAMP.size + UPDATE_COUNT_BYTES + MAC_BYTES
+        )
 
     def piggyback_budget(self, message: Message) -> tuple[MessageKind, bytes, int]:
         """The encoded body of `message` and the bytes left for piggybacked updates."""
         kind, body = _body(message)
-        used = HEADER_BYTES + len(body) + UPDATE_COUNT_BYTES + MAC_BYTES
-        return kind, body, self.max_datagram_bytes - used
+        return kind, body, self.max_datagram_bytes - self._overhead - len(body)
 
-    def seal(self, kind: MessageKind, body: bytes, updates: Sequence[bytes] = ()) -> bytes:
+    def seal(
+        self, kind: MessageKind, body: bytes, updates: Sequence[bytes] = (), *, stamp: Stamp
+    ) -> bytes:
         """Frame and authenticate an encoded body with pre-encoded updates."""
         if len(updates) > MAX_UPDATES_PER_DATAGRAM:
             raise ValueError("too many piggybacked updates")
+        if not (0 <= stamp.timestamp_ms <= MAX_U64 and 0 <= stamp.nonce <= MAX_U64):
+            raise ValueError("timestamp and nonce are u64")
         unsigned = b"".join(
             (
                 HEADER.pack(MAGIC, VERSION, kind, 0, self.cluster_hash),
+                self._sender,
+                _STAMP.pack(stamp.timestamp_ms, stamp.nonce),
                 body,
                 _U8.pack(len(updates)),
                 *updates,
@@ -206,9 +244,9 @@ class Codec:
             raise ValueError("datagram exceeds max_datagram_bytes")
         return unsigned + hmac.digest(self._secret, unsigned, "sha256")
 
-    def encode(self, message: Message, updates: Sequence[bytes] = ()) -> bytes:
+    def encode(self, message: Message, updates: Sequence[bytes] = (), *, stamp: Stamp) -> bytes:
         kind, body = _body(message)
-        return self.seal(kind, body, updates)
+        return self.seal(kind, body, updates, stamp=stamp)
 
     def sync_bodies(
         self, sender: str, reply_wanted: bool, entries: Sequence[bytes]
@@ -216,13 +254,7 @@ class Codec:
         """A member table as the bodies of as many sync datagrams as it takes, each with the
         bytes left in its datagram for piggybacked updates. Only the first asks for a reply;
         an empty table still gives one body."""
-        fixed = (
-            HEADER_BYTES
-            + len(_str8(sender))
-            + _SYNC_PREFIX_AFTER_SENDER.size
-            + UPDATE_COUNT_BYTES
-            + MAC_BYTES
-        )
+        fixed = self._overhead + len(_str8(sender)) + _SYNC_PREFIX_AFTER_SENDER.size
         room = self.max_datagram_bytes - fixed
         chunks: list[list[bytes]] = [[]]
         used = 0
@@ -240,18 +272,25 @@ class Codec:
             bodies.append((body, room - sum(len(entry) for entry in chunk)))
         return bodies
 
-    def encode_sync(self, sender: str, reply_wanted: bool, entries: Sequence[bytes]) -> list[bytes]:
-        """`sync_bodies`, sealed without piggybacked updates."""
+    def encode_sync(
+        self, sender: str, reply_wanted: bool, entries: Sequence[bytes], *, stamp: Stamp
+    ) -> list[bytes]:
+        """`sync_bodies`, sealed without piggybacked updates (nonces counting up from the
+        stamp's, as u64s)."""
         return [
-            self.seal(MessageKind.SYNC, body)
-            for body, _ in self.sync_bodies(sender, reply_wanted, entries)
+            self.seal(
+                MessageKind.SYNC,
+                body,
+                stamp=Stamp(stamp.timestamp_ms, (stamp.nonce + i) & MAX_U64),
+            )
+            for i, (body, _) in enumerate(self.sync_bodies(sender, reply_wanted, entries))
         ]
 
     def decode(self, data: bytes) -> Datagram | Rejection:
         """Open a datagram; never raises."""
         if len(data) > self.max_datagram_bytes:
             return Rejection.OVERSIZED
-        if len(data) < HEADER_BYTES + UPDATE_COUNT_BYTES + MAC_BYTES:
+        if len(data) < MIN_ENCODED_BYTES:
             return Rejection.TRUNCATED
         magic, version, kind, flags, cluster = HEADER.unpack_from(data)
         if magic != MAGIC:
@@ -268,13 +307,15 @@ class Codec:
             return Rejection.MALFORMED
         try:
             reader = _Reader(bytes(unsigned), HEADER_BYTES)
+            sender = reader.str8(MAX_ADDRESS_BYTES)
+            timestamp_ms, nonce = reader.unpack(_STAMP)
             message = reader.message(kind)
             count = reader.u8()
             updates = tuple(reader.update() for _ in range(count))
             reader.end()
         except (_Malformed, struct.error, UnicodeDecodeError, ValueError):
             return Rejection.MALFORMED
-        return Datagram(message, updates)
+        return Datagram(message, updates, sender, timestamp_ms, nonce)
 
 
 # ---- decoding ---------------------------------------------------------------------------------

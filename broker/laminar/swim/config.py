@@ -65,6 +65,14 @@ class SwimConfig:
     #: Membership events kept for the caller to drain; beyond it the oldest are dropped
     #: (and counted).
     max_pending_events: int = 4096
+    #: A datagram whose timestamp is further than this from our wall clock is dropped
+    #: (`stale`); the members' clocks must agree within it. NTP does far better; it is this
+    #: wide so that a broker whose wall clock is off by a minute (the fault suite's clock
+    #: jump) still gossips, and costs little: replays within it are refused by the cache.
+    max_clock_skew_ms: int = 120_000
+    #: Datagrams remembered per sender to refuse replays within the clock-skew window; beyond
+    #: it the oldest is forgotten and older timestamps of that sender are refused.
+    replay_cache_per_sender: int = 1024
 
     def __post_init__(self) -> None:
         positive = {
@@ -81,6 +89,8 @@ class SwimConfig:
             "join_retry_interval_ms": self.join_retry_interval_ms,
             "max_members": self.max_members,
             "max_pending_events": self.max_pending_events,
+            "max_clock_skew_ms": self.max_clock_skew_ms,
+            "replay_cache_per_sender": self.replay_cache_per_sender,
         }
         for name, value in positive.items():
             if value < 1:

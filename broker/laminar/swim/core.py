@@ -3,7 +3,17 @@
 Inputs are datagrams (`receive`) and the passage of time (`tick`); outputs are datagrams to
 send (`outbox`) and membership events (`events`). The core never touches a socket or a clock,
 takes all randomness from the `random.Random` it is given, and iterates in sorted order, so
-a simulation replays exactly.
+a simulation replays exactly. Time comes in twice: `now_ms`, a monotonic clock for the
+timers, and `wall_ms`, the wall clock (ms since the Unix epoch) that datagrams are stamped
+with and checked against; a simulation passes its one virtual clock as both.
+
+Every datagram carries, under its MAC, the sender's gossip address, a timestamp and a nonce.
+One is dropped if its declared sender is not where it came from (`wrong_sender`; a declared
+host name is checked through the driver's `check_host`, `unverified_sender` until it knows),
+if its timestamp is more than `max_clock_skew_ms` away from our wall clock (`stale`), or if
+the same sender's same timestamp and nonce were accepted before (`replay`): so a datagram
+recorded on the network and sent again, from elsewhere or from the same place, is never
+answered (docs/security.md, "Peer traffic").
 
 Protocol (SWIM with memberlist's and Lifeguard's refinements):
 
@@ -33,17 +43,20 @@ the member itself issues) ends a DEAD or LEFT state.
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from .address import HostCheck, sender_matches
 from .awareness import Awareness
 from .broadcast import BroadcastQueue
 from .codec import (
     MAX_UPDATES_PER_DATAGRAM,
     Codec,
     Rejection,
+    Stamp,
     encode_sync_entry,
     encode_update,
 )
@@ -66,6 +79,7 @@ from .member import (
 from .messages import (
     Ack,
     Alive,
+    Datagram,
     Dead,
     Gossip,
     Left,
@@ -101,6 +115,10 @@ DROP_RELAY_FULL = "relay_full"  # max_pending_relays ping-reqs already in flight
 DROP_MEMBERS_FULL = "members_full"  # a newcomer while the table holds max_members live ones
 DROP_SUPERSEDED = "superseded"  # an update about a newer epoch of ourselves
 DROP_EVENT_OVERFLOW = "event_overflow"  # an event pushed out unread by max_pending_events
+DROP_WRONG_SENDER = "wrong_sender"  # the declared sender is not the source address
+DROP_UNVERIFIED_SENDER = "unverified_sender"  # a declared host name not resolved yet
+DROP_STALE = "stale"  # timestamp further than max_clock_skew_ms from our wall clock
+DROP_REPLAY = "replay"  # this sender's timestamp and nonce were accepted before
 
 
 @dataclass(slots=True)
@@ -134,6 +152,63 @@ class _Relay:
     nack_at_ms: int
 
 
+@dataclass(slots=True)
+class _Seen:
+    """One sender's (timestamp, nonce) pairs accepted within the window, and a floor: every
+    timestamp at or below it may have been accepted and forgotten, so it is refused."""
+
+    floor_ms: int
+    heap: list[tuple[int, int]] = field(default_factory=list)
+    pairs: set[tuple[int, int]] = field(default_factory=set)
+
+    def forget(self) -> None:
+        pair = heapq.heappop(self.heap)
+        self.pairs.discard(pair)
+        self.floor_ms = max(self.floor_ms, pair[0])
+
+
+class ReplayCache:
+    """The datagrams accepted within the clock-skew window, per sender address, bounded:
+    `per_sender` pairs per sender (beyond it the oldest is forgotten and the floor rises to
+    it) and `max_senders` senders (the least recently heard is forgotten, and the floor of
+    every sender first heard after that rises to its highest timestamp). Forgetting never
+    lets a replay through; it can only refuse a genuine datagram that arrives after newer
+    ones of its sender filled the cache."""
+
+    def __init__(self, window_ms: int, per_sender: int, max_senders: int) -> None:
+        self._window_ms = window_ms
+        self._per_sender = per_sender
+        self._max_senders = max_senders
+        self._senders: OrderedDict[str, _Seen] = OrderedDict()
+        self._floor_ms = -1  # for senders not tracked
+
+    def accept(self, sender: str, timestamp_ms: int, nonce: int, wall_ms: int) -> bool:
+        """Record the pair and return True, or False if it may have been accepted before."""
+        seen = self._senders.get(sender)
+        if seen is None:
+            seen = _Seen(self._floor_ms)
+            self._senders[sender] = seen
+            while len(self._senders) > self._max_senders:
+                _, gone = self._senders.popitem(last=False)
+                highest = max((pair[0] for pair in gone.heap), default=gone.floor_ms)
+                self._floor_ms = max(self._floor_ms, gone.floor_ms, highest)
+        else:
+            self._senders.move_to_end(sender)
+        while seen.heap and seen.heap[0][0] < wall_ms - self._window_ms:
+            seen.forget()
+        pair = (timestamp_ms, nonce)
+        if timestamp_ms <= seen.floor_ms or pair in seen.pairs:
+            return False
+        heapq.heappush(seen.heap, pair)
+        seen.pairs.add(pair)
+        if len(seen.heap) > self._per_sender:
+            seen.forget()
+        return True
+
+    def __len__(self) -> int:
+        return sum(len(seen.heap) for seen in self._senders.values())
+
+
 class Swim:
     """One node's SWIM state machine."""
 
@@ -145,7 +220,13 @@ class Swim:
         rng: random.Random,
         cluster_id: str,
         secret: bytes,
+        *,
+        check_host: HostCheck | None = None,
     ) -> None:
+        """`check_host(name, ip)`: whether host name `name` resolves to `ip`, for senders
+        that declare a host name rather than an IP address (None: such senders are refused);
+        it must answer at once (None: not known yet), and the driver resolves names
+        meanwhile."""
         problem = member_problem(me)
         if problem is not None:
             raise ValueError(problem)
@@ -154,7 +235,16 @@ class Swim:
         self._epoch = me.epoch
         #: Drops by reason: the codec's `Rejection` names and the DROP_* names above.
         self.dropped: dict[str, int] = {}
-        self._codec = Codec(cluster_id, secret, config.max_datagram_bytes)
+        self._codec = Codec(
+            cluster_id, secret, config.max_datagram_bytes, sender=me.addresses.gossip
+        )
+        self._check_host = check_host
+        self._replays = ReplayCache(
+            config.max_clock_skew_ms, config.replay_cache_per_sender, config.max_members
+        )
+        #: Nonces: the low 32 bits of the epoch (a new run starts elsewhere), then a count.
+        self._nonce = (me.epoch & 0xFFFF_FFFF) << 32
+        self._wall_ms = 0
         self._rng = rng
         self._seeds = sorted({seed for seed in seeds if seed != me.addresses.gossip})
         self._nodes: dict[str, _Node] = {me.id: _Node(me, ALIVE, 0, 0)}
@@ -180,9 +270,10 @@ class Swim:
 
     # ---- inputs ----------------------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> None:
-        """Let time pass: fire whatever timers are due at `now_ms`."""
-        self._advance(now_ms)
+    def tick(self, now_ms: int, wall_ms: int | None = None) -> None:
+        """Let time pass: fire whatever timers are due at `now_ms`. `wall_ms`: the wall
+        clock, ms since the Unix epoch (default: `now_ms`, for a simulation's one clock)."""
+        self._advance(now_ms, wall_ms)
         self._expire_relays()
         self._expire_suspicions()
         if not self._left:
@@ -192,12 +283,16 @@ class Swim:
             self._tick_reconnect()
         self._tick_gossip()
 
-    def receive(self, data: bytes, from_addr: str, now_ms: int) -> None:
-        """Handle one datagram that arrived from `from_addr` ("host:port")."""
-        self._advance(now_ms)
+    def receive(self, data: bytes, from_addr: str, now_ms: int, wall_ms: int | None = None) -> None:
+        """Handle one datagram that arrived from `from_addr` (the source "ip:port")."""
+        self._advance(now_ms, wall_ms)
         datagram = self._codec.decode(data)
         if isinstance(datagram, Rejection):
             self._drop(datagram.value)
+            return
+        problem = self._envelope_problem(datagram, from_addr)
+        if problem is not None:
+            self._drop(problem)
             return
         # Updates first: a buddy-system suspicion of us is refuted before we answer the ping,
         # so the ack carries the refutation.
@@ -205,10 +300,10 @@ class Swim:
             self._apply(update)
         self._handle(datagram.message, from_addr)
 
-    def leave(self, now_ms: int) -> None:
+    def leave(self, now_ms: int, wall_ms: int | None = None) -> None:
         """Leave gracefully: tell every live member at once and keep gossiping it; stop
         probing. The caller keeps ticking a little while before closing the socket."""
-        self._advance(now_ms)
+        self._advance(now_ms, wall_ms)
         if self._left:
             return
         self._left = True
@@ -297,7 +392,8 @@ class Swim:
 
     # ---- time ------------------------------------------------------------------------------
 
-    def _advance(self, now_ms: int) -> None:
+    def _advance(self, now_ms: int, wall_ms: int | None) -> None:
+        self._wall_ms = now_ms if wall_ms is None else wall_ms
         if not self._started:
             self._started = True
             self._now_ms = now_ms
@@ -385,9 +481,7 @@ class Swim:
             )
             if not updates:
                 break
-            self._outbox.append(
-                (node.member.addresses.gossip, self._codec.seal(kind, body, updates))
-            )
+            self._outbox.append((node.member.addresses.gossip, self._seal(kind, body, updates)))
 
     # ---- probing ---------------------------------------------------------------------------
 
@@ -585,7 +679,30 @@ class Swim:
             retransmit_limit(self.config, self._live_count),
             exclude,
         )
-        self._outbox.append((addr, self._codec.seal(kind, body, updates)))
+        self._outbox.append((addr, self._seal(kind, body, updates)))
+
+    def _seal(self, kind: MessageKind, body: bytes, updates: Sequence[bytes]) -> bytes:
+        self._nonce = (self._nonce + 1) & 0xFFFF_FFFF_FFFF_FFFF
+        stamp = Stamp(max(0, self._wall_ms), self._nonce)
+        return self._codec.seal(kind, body, updates, stamp=stamp)
+
+    def _envelope_problem(self, datagram: Datagram, from_addr: str) -> str | None:
+        """Why an authenticated datagram must still be dropped (a DROP_* name), or None.
+        Checked in this order, and recorded as seen only when it passes them all."""
+        if abs(datagram.timestamp_ms - self._wall_ms) > self.config.max_clock_skew_ms:
+            return DROP_STALE
+        if datagram.sender == self._codec.sender:
+            return DROP_WRONG_SENDER  # we never send to ourselves: a reflection
+        matches = sender_matches(datagram.sender, from_addr, self._check_host)
+        if matches is None:
+            return DROP_UNVERIFIED_SENDER
+        if not matches:
+            return DROP_WRONG_SENDER
+        if not self._replays.accept(
+            datagram.sender, datagram.timestamp_ms, datagram.nonce, self._wall_ms
+        ):
+            return DROP_REPLAY
+        return None
 
     # ---- membership updates ----------------------------------------------------------------
 

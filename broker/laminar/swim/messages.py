@@ -118,7 +118,11 @@ Update = Alive | Suspect | Dead | Left
 
 @dataclass(frozen=True, slots=True)
 class Datagram:
-    """A decoded, authenticated datagram."""
+    """A decoded, authenticated datagram, with its envelope: the gossip address its sender
+    declares, when it sealed it (ms since the Unix epoch, by its clock) and its nonce."""
 
     message: Message
     updates: tuple[Update, ...]
+    sender: str
+    timestamp_ms: int
+    nonce: int

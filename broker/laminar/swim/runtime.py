@@ -1,32 +1,42 @@
 """The asyncio UDP shell around the SWIM core: one socket, one timer, an event queue.
 
 `SwimNode` binds a UDP socket, feeds every datagram to `Swim.receive`, ticks the core on a
-short timer with `time.monotonic()` milliseconds, sends whatever the core puts in its outbox
-and hands membership events to an `asyncio.Queue` (and an optional callback). All protocol
-decisions stay in the core.
+short timer with `time.monotonic()` milliseconds (and the wall clock, which datagrams are
+stamped with), sends whatever the core puts in its outbox and hands membership events to an
+`asyncio.Queue` (and an optional callback). It resolves the host names members advertise,
+both to send to them and so that the core can check that a datagram declaring a name came
+from one of its addresses. All protocol decisions stay in the core.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import random
 import socket
 import time
 from collections.abc import Callable, Sequence
 
+from .address import format_address, ip_of, parse_address
 from .config import SwimConfig
 from .core import DROP_EVENT_OVERFLOW, Swim
 from .member import Addresses, Member, MembershipEvent, MemberState
+
+__all__ = ["SwimNode", "format_address", "monotonic_ms", "parse_address", "wall_ms"]
 
 log = logging.getLogger(__name__)
 
 #: The core is ticked at least this often (sooner when its next timer is due sooner).
 TICK_INTERVAL_MS = 50
-#: Resolved host names are reused this long.
+#: Resolved host names are reused this long (to check senders: then refreshed in the
+#: background while the old answer still counts).
 DNS_CACHE_MS = 30_000
+#: A declared sender's name whose answer did not include the source address (or did not
+#: resolve) is looked up again at most this often: a restarted member may have a new address.
+NAME_RECHECK_MS = 1_000
+#: Host names of senders remembered; beyond it the oldest is forgotten.
+MAX_SENDER_NAMES = 4096
 #: Datagrams waiting for one host name to resolve; more are dropped.
 MAX_PENDING_PER_HOST = 32
 #: Bind addresses that are not addresses peers can send to.
@@ -37,32 +47,17 @@ DROP_UNRESOLVED = "unresolved"
 DROP_SEND_ERROR = "send_error"
 
 
-def format_address(host: str, port: int) -> str:
-    """ "host:port", with IPv6 literals in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """The inverse of `format_address`; raises ValueError on anything else."""
-    if address.startswith("["):
-        host, sep, port = address[1:].partition("]:")
-    else:
-        host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-        raise ValueError(f"not a host:port address: {address!r}")
-    return host, int(port)
-
-
 def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    return ip_of(host) is not None
 
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    """The wall clock in ms since the Unix epoch (what datagrams are stamped with)."""
+    return time.time_ns() // 1_000_000
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -132,6 +127,9 @@ class SwimNode:
         self._resolved: dict[str, tuple[str, int]] = {}  # host -> (ip, expires_ms)
         self._pending: dict[str, list[tuple[int, bytes]]] = {}  # host -> [(port, datagram)]
         self._resolving: set[asyncio.Task[None]] = set()
+        #: Senders' host names -> (their addresses, None if unresolvable; when looked up).
+        self._names: dict[str, tuple[frozenset[str] | None, int]] = {}
+        self._names_resolving: set[str] = set()
         self.gossip_addr = ""
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -154,13 +152,19 @@ class SwimNode:
         me = Member(self.node_id, addresses, self._weight, self._draining, self.epoch)
         try:
             self._core = Swim(
-                self.config, me, self._seeds, self._rng, self._cluster_id, self._secret
+                self.config,
+                me,
+                self._seeds,
+                self._rng,
+                self._cluster_id,
+                self._secret,
+                check_host=self._check_host,
             )
         except ValueError:
             self.abort()
             raise
         log.info("swim %s listening on %s:%s (epoch %d)", self.node_id, host, port, self.epoch)
-        self._core.tick(monotonic_ms())
+        self._core.tick(monotonic_ms(), wall_ms())
         self._flush()
         self._timer = asyncio.create_task(self._run_timer(), name=f"swim-{self.node_id}")
         self._timer.add_done_callback(self._timer_done)
@@ -170,7 +174,7 @@ class SwimNode:
         spreads, then close the socket. Safe to call more than once."""
         core = self._core
         if leave and core is not None and self._transport is not None and not core.has_left:
-            core.leave(monotonic_ms())
+            core.leave(monotonic_ms(), wall_ms())
             self._flush()
             await asyncio.sleep(self._leave_linger_ms / 1000)
         self.abort()
@@ -215,7 +219,7 @@ class SwimNode:
         while self._transport is not None:
             core = self.core
             now_ms = monotonic_ms()
-            core.tick(now_ms)
+            core.tick(now_ms, wall_ms())
             self._flush()
             delay_ms = min(TICK_INTERVAL_MS, max(0, core.next_tick_ms() - now_ms))
             await asyncio.sleep(delay_ms / 1000)
@@ -232,8 +236,51 @@ class SwimNode:
             core.dropped[DROP_OVERSIZED] = core.dropped.get(DROP_OVERSIZED, 0) + 1
             return
         host, port = str(addr[0]), int(addr[1])
-        core.receive(data, format_address(host, port), monotonic_ms())
+        core.receive(data, format_address(host, port), monotonic_ms(), wall_ms())
         self._flush()
+
+    def _check_host(self, name: str, ip: str) -> bool | None:
+        """For the core: does sender host name `name` resolve to `ip`? Answers from the
+        cache at once (None: not known yet) and looks the name up again in the background
+        when the answer is old, or did not include `ip` a while ago."""
+        now_ms = monotonic_ms()
+        known = self._names.get(name)
+        if known is None:
+            self._resolve_name(name)
+            return None
+        addresses, looked_up_ms = known
+        age_ms = now_ms - looked_up_ms
+        if addresses is not None and ip in addresses:
+            if age_ms > DNS_CACHE_MS:
+                self._resolve_name(name)
+            return True
+        if age_ms > NAME_RECHECK_MS:
+            self._resolve_name(name)
+        return None if addresses is None else False
+
+    def _resolve_name(self, name: str) -> None:
+        if name in self._names_resolving or self._transport is None:
+            return
+        self._names_resolving.add(name)
+        task = asyncio.get_running_loop().create_task(self._look_up_name(name))
+        self._resolving.add(task)
+        task.add_done_callback(self._resolving.discard)
+
+    async def _look_up_name(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+        except OSError as e:
+            log.debug("swim cannot resolve sender %s: %s", name, e)
+            infos = []
+        finally:
+            self._names_resolving.discard(name)
+        addresses = {ip_of(str(info[4][0])) for info in infos}
+        found = frozenset(str(address) for address in addresses if address is not None)
+        self._names.pop(name, None)
+        while len(self._names) >= MAX_SENDER_NAMES:
+            del self._names[next(iter(self._names))]
+        self._names[name] = (found or None, monotonic_ms())
 
     def _flush(self) -> None:
         core = self.core
