@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
 
+from laminar.partition.reconcile import Step, StepKind, leader_step
 from laminar.raft import (
     ConfChange,
     ConfChangeKind,
@@ -1159,6 +1160,31 @@ def test_promote_learner_only_after_catch_up() -> None:
     (index,) = net.propose("a", 1)
     assert net["d"].log.last_index() == index
     assert leader.log.committed == index - 1
+
+
+def test_a_learner_that_never_answered_is_not_caught_up_however_short_the_log() -> None:
+    """Regression (the kind e2e, a scale from 3 to 5): a leader promoted two learners that had
+    not yet even made the replica (within the lag of a short log, counted from a match of
+    -1), then removed two old voters: the group's majority was members without a replica,
+    and it never had a leader again."""
+    config = RaftConfig(election_ticks=ET, heartbeat_ticks=1, promote_lag_indexes=256)
+    net = Network.build(others=("d",), config=config)
+    leader = net.elect("a")
+    net.isolate("d")
+    add_learner(net, "a", "d")
+    promote = change(ConfChangeKind.PROMOTE, "d")
+    assert not leader.caught_up("d", 256)
+    with pytest.raises(ProposalDropped, match="has not caught up"):
+        leader.propose_conf_change(promote)
+    assert next_step_of(leader, ["a", "b", "d"]) is None  # nor would the reconciler try
+    net.heal()
+    net.heartbeat("a")
+    assert leader.caught_up("d", 256)
+    assert next_step_of(leader, ["a", "b", "d"]) == Step(StepKind.PROMOTE, "d")
+
+
+def next_step_of(leader: Raft, target: list[str]) -> Step | None:
+    return leader_step(leader, target, alive=set(leader.conf.members()), lag_indexes=256)
 
 
 @pytest.mark.parametrize("node", ["b", "e"])

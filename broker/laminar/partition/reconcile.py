@@ -101,8 +101,7 @@ def leader_step(
     within `lag_indexes` of the leader's log count as caught up."""
     if raft.pending_conf_index > raft.log.committed or not target:
         return None
-    last = raft.log.last_index()
-    caught_up = {n for n, p in raft.progress.items() if p.match >= last - lag_indexes}
+    caught_up = {n for n in raft.progress if raft.caught_up(n, lag_indexes)}
     return next_step(
         raft.conf, target, leader=raft.id, caught_up=caught_up, alive=alive, followers=followers
     )

@@ -146,6 +146,8 @@ class Raft:
         self.randomized_election_ticks = config.election_ticks
         self.transferee: str | None = None
         self.transfer_elapsed = 0
+        #: the index of the no-op this node appended when it last became leader
+        self.term_start_index = 0
         self.pending_conf_index = -1
         self.pending_reads: list[tuple[bytes, int, set[str], str]] = []  # ctx, index, acks, from
         self.read_states: list[tuple[bytes, int]] = []
@@ -222,7 +224,9 @@ class Raft:
         # Uncommitted configuration changes in our log count as pending.
         self.pending_conf_index = max(self.pending_confs, default=-1)
         # A no-op of our term lets entries of earlier terms commit (§5.4.2).
-        self._append_entries([(encode_control(EntryKind.NOOP), 1, EntryKind.NOOP)])
+        self.term_start_index = self._append_entries(
+            [(encode_control(EntryKind.NOOP), 1, EntryKind.NOOP)]
+        )
 
     # ---- inputs ----------------------------------------------------------------------------
 
@@ -652,6 +656,20 @@ class Raft:
         self._broadcast_append()
         return index
 
+    def caught_up(self, node: str, lag_indexes: int) -> bool:
+        """Leader only: has `node` acknowledged this leader's own entries (at least its term's
+        no-op), and is it within `lag_indexes` of our log? A member that never answered has
+        not, however short the log: promoting it (or counting it in sync) would count a
+        member that may not even host the group yet, and a group whose majority is such
+        members has no leader again."""
+        if node == self.id:
+            return True
+        progress = self.progress.get(node)
+        if progress is None:
+            return False
+        floor = max(self.term_start_index, self.log.last_index() - lag_indexes)
+        return progress.match >= floor
+
     def propose_conf_change(self, change: ConfChange) -> int:
         if self.role is not Role.LEADER:
             raise ProposalDropped(f"not the leader (leader: {self.lead})")
@@ -665,7 +683,7 @@ class Raft:
             progress = self.progress.get(change.node)
             if change.node not in self.conf.learners or progress is None:
                 raise ProposalDropped(f"{change.node} is not a learner")
-            if progress.match < self.log.last_index() - self.config.promote_lag_indexes:
+            if not self.caught_up(change.node, self.config.promote_lag_indexes):
                 raise ProposalDropped(f"learner {change.node} has not caught up")
         if change.kind is ConfChangeKind.REMOVE and change.node not in self.conf.members():
             raise ProposalDropped(f"{change.node} is not a member")
