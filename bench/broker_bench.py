@@ -8,10 +8,13 @@ at a fixed `--rate` and report latency percentiles. Then NATS JetStream runs the
 workload with its Go reference client (`nats_peer.py`, R1 and R3 — note NATS 2.9 acknowledges
 before any fsync), and the ratios are printed. Also measured in the same run, as the
 machine's limits: small fdatasync'd writes per second and sequential fdatasync'd MB/s on the
-data disk, and loopback TCP MB/s.
+data disk, and loopback TCP MB/s. With `--tls both` (the default) each Laminar configuration
+runs twice, plain HTTP and then HTTPS with mutual TLS between the brokers (certificates
+made by `laminar local-cluster`'s CA), so that TLS's cost is measured in the same sitting.
 
     python3 bench/broker_bench.py                       # the full run (about 5 minutes)
     python3 bench/broker_bench.py --count 200000 --skip-nats --latency-seconds 3   # quick
+    python3 bench/broker_bench.py --count 200000 --skip-nats --configs 3:3 --tls both
 
 The last line is one JSON object with every figure.
 """
@@ -98,9 +101,14 @@ def loopback_mb_s(total_bytes: int = 512 << 20) -> float:
 # ---- Laminar ---------------------------------------------------------------------------------
 
 
-def laminar_bench(urls: list[str], *arguments: str) -> dict[str, Any]:
+def laminar_bench(cluster: LocalCluster, *arguments: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "laminar", "bench", *arguments, "--json", "--no-progress"]
-    command += ["--brokers", ",".join(urls)]
+    command += ["--brokers", ",".join(cluster.urls)]
+    if cluster.ca_file is not None:
+        command += ["--ca-file", str(cluster.ca_file)]
+    token_file = getattr(cluster, "token_file", None)  # the local cluster's admin token
+    if token_file is not None:
+        command += ["--token-file", str(token_file)]
     output = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     if output.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{output.stdout}\n{output.stderr}")
@@ -108,24 +116,30 @@ def laminar_bench(urls: list[str], *arguments: str) -> dict[str, Any]:
     return result
 
 
-def run_laminar(args: argparse.Namespace, brokers: int, rf: int, root: Path) -> dict[str, Any]:
+def run_laminar(
+    args: argparse.Namespace, brokers: int, rf: int, root: Path, tls: bool = False
+) -> dict[str, Any]:
     cluster = LocalCluster(
-        root / f"laminar-{brokers}-{rf}", brokers, prefix=PREFIX, fsync=args.fsync
+        root / f"laminar-{brokers}-{rf}{'-tls' if tls else ''}",
+        brokers,
+        prefix=PREFIX,
+        fsync=args.fsync,
+        tls=tls,
     )
-    log(f"laminar: {brokers} broker(s), RF {rf}, fsync {args.fsync}")
+    log(f"laminar: {brokers} broker(s), RF {rf}, fsync {args.fsync}, {'TLS' if tls else 'plain'}")
     cluster.start()
     try:
         common = ["--size", str(args.size), "--partitions", str(args.partitions)]
         common += ["--replication-factor", str(rf)]
         produce = laminar_bench(
-            cluster.urls, "produce", "--topic", "tput", "--count", str(args.count), *common,
+            cluster, "produce", "--topic", "tput", "--count", str(args.count), *common,
             "--batch", str(args.batch), "--in-flight", str(args.in_flight),
         )  # fmt: skip
         log(f"  publish {produce['msgs_per_s']:,.0f} msg/s {produce['mb_per_s']} MB/s")
-        consume = laminar_bench(cluster.urls, "consume", "--topic", "tput")
+        consume = laminar_bench(cluster, "consume", "--topic", "tput")
         log(f"  consume {consume['msgs_per_s']:,.0f} msg/s")
         latency = laminar_bench(
-            cluster.urls, "produce", "--topic", "latency", "--rate", str(args.rate),
+            cluster, "produce", "--topic", "latency", "--rate", str(args.rate),
             "--seconds", str(args.latency_seconds), "--linger-ms", str(args.linger_ms), *common,
         )  # fmt: skip
         log(
@@ -137,6 +151,7 @@ def run_laminar(args: argparse.Namespace, brokers: int, rf: int, root: Path) -> 
     return {
         "brokers": brokers,
         "replication_factor": rf,
+        "tls": tls,
         "publish_msgs_per_s": produce["msgs_per_s"],
         "publish_mb_per_s": produce["mb_per_s"],
         "publish_records": produce["records"],
@@ -169,7 +184,19 @@ def main() -> None:
     parser.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     parser.add_argument("--skip-nats", action="store_true")
     parser.add_argument("--peers-dir", default=str(HERE.parent / ".peers"))
+    parser.add_argument(
+        "--tls",
+        default="both",
+        choices=["off", "on", "both"],
+        help="Laminar plain, with TLS (HTTPS, mutual TLS between brokers), or both in turn",
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(f"{b}:{rf}" for b, rf in CONFIGS),
+        help="the Laminar configurations, BROKERS:RF,... (default: %(default)s)",
+    )
     args = parser.parse_args()
+    configs = [tuple(int(n) for n in c.split(":")) for c in args.configs.split(",") if c]
 
     root = Path(tempfile.mkdtemp(prefix="laminar-bench-"))
     results: dict[str, Any] = {
@@ -180,8 +207,11 @@ def main() -> None:
     }
     results["machine"] = {**disk_limits(root), "loopback_tcp_mb_s": loopback_mb_s()}
     log(f"machine: {results['machine']}")
-    for brokers, rf in CONFIGS:
-        results[f"laminar_{brokers}b_rf{rf}"] = run_laminar(args, brokers, rf, root)
+    for brokers, rf in configs:
+        if args.tls in ("off", "both"):
+            results[f"laminar_{brokers}b_rf{rf}"] = run_laminar(args, brokers, rf, root)
+        if args.tls in ("on", "both"):
+            results[f"laminar_{brokers}b_rf{rf}_tls"] = run_laminar(args, brokers, rf, root, True)
     if not args.skip_nats:
         import nats_peer
 
@@ -191,15 +221,28 @@ def main() -> None:
         )
         results["nats_r1"], results["nats_r3"] = nats["nats_r1"], nats["nats_r3"]
         results["nats_versions"] = nats.get("versions")
-    r1, r3 = results["laminar_1b_rf1"], results["laminar_3b_rf3"]
+    r1 = results.get("laminar_1b_rf1") or results.get("laminar_1b_rf1_tls") or {}
+    r3 = results.get("laminar_3b_rf3") or results.get("laminar_3b_rf3_tls") or {}
     machine = results["machine"]
     results["ratios"] = {
         "rf1_publish_mb_s_vs_disk_sequential": ratio(
-            r1["publish_mb_per_s"], machine["sequential_fdatasync_mb_s"]
+            r1.get("publish_mb_per_s"), machine["sequential_fdatasync_mb_s"]
         ),
-        "rf3_publish_mb_s_vs_loopback": ratio(r3["publish_mb_per_s"], machine["loopback_tcp_mb_s"]),
+        "rf3_publish_mb_s_vs_loopback": ratio(
+            r3.get("publish_mb_per_s"), machine["loopback_tcp_mb_s"]
+        ),
     }
-    if "nats_r1" in results:
+    for brokers, rf in configs:
+        plain = results.get(f"laminar_{brokers}b_rf{rf}")
+        tls = results.get(f"laminar_{brokers}b_rf{rf}_tls")
+        if plain and tls:
+            results["ratios"][f"{brokers}b_rf{rf}_tls_publish_vs_plain"] = ratio(
+                tls["publish_msgs_per_s"], plain["publish_msgs_per_s"]
+            )
+            results["ratios"][f"{brokers}b_rf{rf}_tls_p99_vs_plain"] = ratio(
+                tls["latency_p99_ms"], plain["latency_p99_ms"]
+            )
+    if "nats_r1" in results and r1 and r3:
         n1, n3 = results["nats_r1"], results["nats_r3"]
         results["ratios"].update(
             {
@@ -218,7 +261,8 @@ def main() -> None:
             }
         )
     rows = [("", "publish msg/s", "MB/s", "consume msg/s", "p50 ms", "p99 ms", "p99.9 ms")]
-    for name in ("laminar_1b_rf1", "laminar_3b_rf1", "laminar_3b_rf3", "nats_r1", "nats_r3"):
+    names = [f"laminar_{b}b_rf{rf}{tls}" for b, rf in configs for tls in ("", "_tls")]
+    for name in (*names, "nats_r1", "nats_r3"):
         if name in results:
             row = results[name]
             rows.append(

@@ -560,6 +560,8 @@ def run_laminar(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     try:
         cluster.start()
         urls = cluster.urls
+        # the cluster's admin token, for every client here and in the worker processes
+        os.environ["LAMINAR_TOKEN_FILE"] = str(cluster.token_file)
         pids = {n.id: n.pid for n in cluster.nodes.values() if n.pid}
         out["broker_pids"] = pids
         asyncio.run(_ensure_topic(urls, "queue", a.partitions, a.replication_factor))

@@ -55,7 +55,7 @@ def fill(cluster: LocalCluster, topic: str, records: int) -> float:
     started = time.perf_counter()
 
     def partition(p: int) -> None:
-        with Client(cluster.urls) as client:
+        with Client(cluster.urls, token=cluster.token) as client:
             done = 0
             while done < per_partition:
                 count = min(RECORDS_PER_BATCH, per_partition - done)
@@ -208,7 +208,7 @@ def main() -> int:
         cluster = LocalCluster(Path(tmp), 3, prefix="127.0.44", fsync="interval")
         cluster.start()
         try:
-            with Client(cluster.urls) as client:
+            with Client(cluster.urls, token=cluster.token) as client:
                 client.create_topic("bench-in", partitions=PARTITIONS, replication_factor=3)
                 client.create_topic("bench-out", partitions=PARTITIONS, replication_factor=3)
                 client.run(client.async_client.wait_for_leaders("bench-in"))
@@ -217,8 +217,9 @@ def main() -> int:
             brokers = ",".join(cluster.urls)
             pids = [n.pid for n in cluster.nodes.values() if n.pid is not None]
 
-            options = Options.parse({"brokers": brokers, "topic": "bench-in"}, stream=False)
-            with Client(cluster.urls) as client:
+            raw = {"brokers": brokers, "topic": "bench-in", "token": cluster.token}
+            options = Options.parse(raw, stream=False)
+            with Client(cluster.urls, token=cluster.token) as client:
                 states = client.describe_topic("bench-in").partition_states
             ranges = [
                 Range("bench-in", s.partition, s.log_start, s.commit_index + 1) for s in states
@@ -243,6 +244,7 @@ def main() -> int:
             register(spark)
             spark.dataSource.register(CeilingSource)
             source = spark.read.format("laminar").option("brokers", brokers)
+            source = source.option("token", cluster.token)
             read = source.option("topic", "bench-in").load()
             ranged = spark.range(records).selectExpr(
                 f"cast(repeat('x', {RECORD_BYTES}) as binary) value"
@@ -262,6 +264,7 @@ def main() -> int:
                 ranged.repartition(PARTITIONS)
                 .write.format("laminar")
                 .option("brokers", brokers)
+                .option("token", cluster.token)
                 .option("topic", "bench-out")
                 .mode("append")
             )

@@ -61,10 +61,11 @@ class Kube:
         names = self.kubectl("get", what, "-o", "name", "--ignore-not-found", *args)
         return bool(names.strip())
 
-    def metrics(self, pod: str, port: int = 7070) -> str:
-        """A pod's /metrics, through the API server's proxy."""
-        return self.kubectl("get", "--raw", f"/api/v1/namespaces/default/pods/{pod}:{port}/proxy"
-                            "/metrics")  # fmt: skip
+    def metrics(self, pod: str, port: int = 7070, scheme: str = "https") -> str:
+        """A pod's /metrics, through the API server's proxy (the brokers serve HTTPS: their
+        cluster's spec.tls.enabled is true by default; the proxy does not verify pods)."""
+        return self.kubectl("get", "--raw", f"/api/v1/namespaces/default/pods/{scheme}:{pod}:"
+                            f"{port}/proxy/metrics")  # fmt: skip
 
     def workload(self, pod: str, *args: str, timeout_s: float = 600.0) -> list[dict[str, Any]]:
         """Run e2e/workload.py in `pod`; the JSON lines it printed."""

@@ -29,7 +29,13 @@ pytestmark = pytest.mark.e2e
 BROKER_IMAGE = f"localhost/laminar-broker:{IMAGE_TAG}"
 OPERATOR_IMAGE = f"localhost/laminar-operator:{IMAGE_TAG}"
 RELEASE, OPERATOR_NAMESPACE = "laminar-operator", "laminar-system"
-BROKERS = "http://demo:7070"  # the client Service
+BROKERS = "https://demo:7070"  # the client Service (TLS: the cluster's default)
+#: Where the client pod has the cluster's CA (the Secret demo-ca, its certificate only); the
+#: pod's LAMINAR_CA_FILE names it for the CLI and e2e/workload.py.
+CA_DIR = "/etc/laminar/ca"
+#: Where the client pod has the cluster's client token (the Secret demo-credentials, its key
+#: client-token only: producer and consumer of every topic); LAMINAR_TOKEN_FILE names it.
+TOKEN_DIR = "/etc/laminar/token"
 CLIENT = "laminar-client"  # a pod of the broker image: it carries the CLI and the client
 TOPIC, PARTITIONS = "orders", 6
 PRODUCE_MAX_S = 300.0
@@ -245,9 +251,38 @@ def test_2_a_cluster_of_three_brokers(kube: Kube) -> None:
         assert gauge(kube.metrics(pod), "laminar_swim_members", state="alive") == 3, pod
 
     # the label the cluster's NetworkPolicy admits to the brokers' API port
-    kube.kubectl("run", CLIENT, f"--image={BROKER_IMAGE}", "--image-pull-policy=Never",
-                 "--labels=laminarmq.io/client=true",
-                 "--restart=Never", "--command", "--", "sleep", "7200")  # fmt: skip
+    # TLS: the operator made the cluster's CA and the brokers' certificate; the CA's Secret
+    # holds its certificate only (its key stays in the operator's namespace)
+    assert set(kube.get("secret/demo-ca")["data"]) == {"ca.crt"}
+    assert kube.get("secret/demo-tls")["type"] == "kubernetes.io/tls"
+    uid = kube.get("laminarcluster/demo")["metadata"]["uid"]
+    assert kube.exists(f"secret/laminar-ca-{uid}", "-n", OPERATOR_NAMESPACE)
+    # client credentials: the brokers' file and two tokens made once; the operator's own token
+    # kept in its namespace (docs/kubernetes.md, "Client credentials")
+    assert set(kube.get("secret/demo-credentials")["data"]) == {
+        "credentials.yaml", "admin-token", "client-token"}  # fmt: skip
+    assert kube.exists(f"secret/laminar-token-{uid}", "-n", OPERATOR_NAMESPACE)
+    client = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": CLIENT, "labels": {"laminarmq.io/client": "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "client", "image": BROKER_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sleep", "7200"],
+                "env": [{"name": "LAMINAR_CA_FILE", "value": f"{CA_DIR}/ca.crt"},
+                        {"name": "LAMINAR_TOKEN_FILE", "value": f"{TOKEN_DIR}/client-token"}],
+                "volumeMounts": [{"name": "ca", "mountPath": CA_DIR, "readOnly": True},
+                                 {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True}],
+            }],
+            "volumes": [
+                {"name": "ca", "secret": {"secretName": "demo-ca"}},
+                {"name": "token", "secret": {"secretName": "demo-credentials",
+                 "items": [{"key": "client-token", "path": "client-token"}]}},
+            ],
+        },
+    }  # fmt: skip
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(client))
     kube.kubectl("wait", "--for=condition=Ready", f"pod/{CLIENT}", "--timeout=180s")
 
 
@@ -293,6 +328,15 @@ def test_4_records_through_the_client_service(kube: Kube) -> None:
                         "--json", TOPIC)  # fmt: skip
     values = sorted(json.loads(line)["value"] for line in read.splitlines() if line.strip())
     assert values == sorted(f"cli-{i}" for i in range(50))
+    # without the token: 401; with the client's token, no topic administration: 403
+    refused = kube.kubectl("exec", CLIENT, "--", "sh", "-c",
+                           f"env -u LAMINAR_TOKEN_FILE laminar topic list --brokers={BROKERS} "
+                           "2>&1; echo exit=$?")  # fmt: skip
+    assert "401 unauthorized" in refused and "exit=1" in refused, refused
+    refused = kube.kubectl("exec", CLIENT, "--", "sh", "-c",
+                           f"laminar topic create not-mine --brokers={BROKERS} 2>&1; "
+                           "echo exit=$?")  # fmt: skip
+    assert "403 forbidden" in refused and "exit=1" in refused, refused
 
     # and with the Python client
     done = kube.workload(CLIENT, "produce", BROKERS, TOPIC, "py", "300", "120", "/tmp/no-stop")
@@ -438,7 +482,8 @@ def test_9_deleting_removes_what_it_owns(kube: Kube) -> None:
     owned = ("statefulset/demo", "service/demo", "service/demo-peers", "configmap/demo-config",
              "secret/demo-secret", "poddisruptionbudget/demo", "networkpolicy/demo",
              "serviceaccount/demo-broker",
-             "role/demo-broker", "rolebinding/demo-broker")  # fmt: skip
+             "role/demo-broker", "rolebinding/demo-broker", "secret/demo-ca",
+             "secret/demo-tls", "secret/demo-credentials")  # fmt: skip
     for what in owned:
         assert kube.exists(what), what
     kube.kubectl("delete", "laminarcluster/demo", "--timeout=180s")

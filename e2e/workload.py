@@ -1,6 +1,7 @@
 """What the end-to-end tests run inside the cluster, in a client pod of the broker image (it
 carries the Python client): ``kubectl exec -i <pod> -- python3 - <command> ...`` with this file
-on stdin. Every line it prints is one JSON object.
+on stdin. Every line it prints is one JSON object. https:// brokers are verified with the CA
+file $LAMINAR_CA_FILE names.
 
     produce BROKERS TOPIC PREFIX MAX_RECORDS MAX_S STOP_FILE
         Sends PREFIX-0, PREFIX-1, ... with the idempotent Producer, paced, until STOP_FILE
@@ -22,6 +23,8 @@ from concurrent.futures import Future
 from laminar.client import Client, RecordMetadata
 
 PACE_S = 0.01  # between sends: a few thousand records span a fault
+#: The cluster's CA for https:// brokers (the client pod mounts the Secret <cluster>-ca)
+CA_FILE = os.environ.get("LAMINAR_CA_FILE") or None
 READ_BATCH = 1000
 
 
@@ -34,7 +37,10 @@ def produce(
 ) -> None:
     deadline = time.monotonic() + max_s
     sent: list[tuple[str, Future[RecordMetadata]]] = []
-    with Client(brokers.split(",")) as client, client.producer(topic, linger_ms=2) as producer:
+    with (
+        Client(brokers.split(","), ca_file=CA_FILE) as client,
+        client.producer(topic, linger_ms=2) as producer,
+    ):
         while len(sent) < max_records and time.monotonic() < deadline:
             if os.path.exists(stop_file):
                 break
@@ -56,7 +62,7 @@ def produce(
 
 
 def read(brokers: str, topic: str) -> None:
-    with Client(brokers.split(",")) as client:
+    with Client(brokers.split(","), ca_file=CA_FILE) as client:
         for partition in range(client.partition_count(topic)):
             start = client.read(topic, partition, max_records=1)
             at, end = start.log_start, start.commit_index

@@ -2,6 +2,7 @@
 and write the counts to another topic, as JSON values.
 
     laminar local-cluster up --detach          # or any cluster
+    export LAMINAR_TOKEN_FILE=laminar-data/token   # `up` prints it (or: --token-file)
     python examples/spark_pipeline.py --brokers http://127.0.2.11:7070 \\
         --source events --sink event-counts --checkpoint /tmp/pipeline
 
@@ -52,12 +53,16 @@ def start(
     checkpoint: str,
     *,
     available_now: bool = False,
+    token_file: str | None = None,
 ) -> object:
-    """Start the query; returns Spark's StreamingQuery."""
+    """Start the query; returns Spark's StreamingQuery. The API token: `token_file`'s, else
+    $LAMINAR_TOKEN, $LAMINAR_TOKEN_FILE or the current context's (read on the driver)."""
     register(spark)
+    credentials = {"tokenFile": token_file} if token_file else {}
     events = (
         spark.readStream.format("laminar")
         .option("brokers", brokers)
+        .options(**credentials)
         .option("topic", source)
         .option("startingOffsets", "earliest")
         .load()
@@ -66,6 +71,7 @@ def start(
         counts(events)
         .writeStream.format("laminar")
         .option("brokers", brokers)
+        .options(**credentials)
         .option("topic", sink)
         .option("checkpointLocation", checkpoint)
         .outputMode("append")
@@ -81,11 +87,12 @@ def main() -> None:
     parser.add_argument("--sink", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--token-file", help="the API token (default: $LAMINAR_TOKEN_FILE, ...)")
     args = parser.parse_args()
     spark = SparkSession.builder.appName("laminar-pipeline").getOrCreate()
     query = start(
         spark, args.brokers, args.source, args.sink, args.checkpoint,
-        available_now=args.available_now,
+        available_now=args.available_now, token_file=args.token_file,
     )  # fmt: skip
     query.awaitTermination()  # type: ignore[attr-defined]
 

@@ -15,6 +15,12 @@ import pytest
 from laminar.log import Directory, FileDirectory, MemoryDirectory
 
 ASYNC_TEST_TIMEOUT_S = 120
+# Hermetic client credentials: no token or context of the shell running the tests, and no
+# client configuration file of the user's (laminar.client.config) reaches the clients under
+# test, nor the commands they run; tests that want them set them.
+for _name in ("LAMINAR_TOKEN", "LAMINAR_TOKEN_FILE", "LAMINAR_CONTEXT", "LAMINAR_BROKERS"):
+    os.environ.pop(_name, None)
+os.environ["LAMINAR_CONFIG"] = os.devnull + ".laminar-tests-have-no-client-config.yaml"
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -126,8 +126,12 @@ async def serving(
     asyncio.get_running_loop().set_exception_handler(
         lambda _, context: reported.append(context["message"])
     )
-    config = BrokerConfig(
-        "n1", tmp_path / "broker", secret=new_secret(), request_timeout_ms=request_timeout_ms
+    config = BrokerConfig(  # (the API open: authorization is tests/integration/test_auth.py's)
+        "n1",
+        tmp_path / "broker",
+        secret=new_secret(),
+        request_timeout_ms=request_timeout_ms,
+        allow_anonymous=True,
     )
     broker = Broker(config)
     broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))

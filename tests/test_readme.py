@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -51,7 +52,8 @@ def test_log_demo_command_runs(tmp_path: Path) -> None:
 
 def run_example(tmp_path: Path, marker: str, before: Any, after: Any = None) -> None:
     """Run the README's Python block containing `marker` against a one-broker cluster (the
-    block's URL swapped for the cluster's), with `before(client)` / `after(client)` around it."""
+    block's URL swapped for the cluster's), with `before(client)` / `after(client)` around it;
+    the block finds the token where the README says, in $LAMINAR_TOKEN_FILE."""
     from laminar.client import AsyncClient
     from tests.integration.conftest import make_cluster
 
@@ -64,14 +66,18 @@ def run_example(tmp_path: Path, marker: str, before: Any, after: Any = None) -> 
         exec(source, namespace)
 
         async def run() -> None:
-            async with AsyncClient(cluster.urls) as client:
+            async with AsyncClient(cluster.urls, token=cluster.token) as client:
                 await before(client)
             await asyncio.wait_for(namespace["example"](), 60)
             if after is not None:
-                async with AsyncClient(cluster.urls) as client:
+                async with AsyncClient(cluster.urls, token=cluster.token) as client:
                     await after(client)
 
-        asyncio.run(run())
+        os.environ["LAMINAR_TOKEN_FILE"] = str(cluster.token_file)
+        try:
+            asyncio.run(run())
+        finally:
+            del os.environ["LAMINAR_TOKEN_FILE"]
     finally:
         cluster.stop()
 

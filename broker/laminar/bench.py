@@ -34,6 +34,7 @@ import aiohttp
 
 from .client import AsyncClient, LaminarError, NotFound
 from .log.batch import Record, decode_batches, encode_batch, parse_header, split_batches
+from .tls import client_context
 
 BATCH_TYPE = "application/vnd.laminar.batch"
 DISTINCT_BATCHES = 8
@@ -203,6 +204,7 @@ async def consume(
     decode: bool,
     progress: bool,
     token: str | None,
+    ca_file: str | None = None,
 ) -> dict[str, Any]:
     described = await client.describe_topic(topic)
     expected = sum(max(0, p.commit_index + 1 - p.log_start) for p in described.partition_states)
@@ -250,7 +252,8 @@ async def consume(
         counts.append(records)
 
     started = time.perf_counter()
-    async with aiohttp.ClientSession() as session:
+    tls = client_context(ca_file) if ca_file else True
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as session:
         await asyncio.gather(
             *(read_partition(session, n) for n in range(len(described.partition_states)))
         )
@@ -302,7 +305,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -> dict[str, Any]:
     progress = not args.no_progress and sys.stderr.isatty()
-    async with AsyncClient(brokers, token=token, timeout_s=60) as client:
+    ca_file = getattr(args, "ca_file", None)
+    async with AsyncClient(brokers, token=token, timeout_s=60, ca_file=ca_file) as client:
         if args.mode == "consume":
             result = await consume(
                 client,
@@ -311,6 +315,7 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
                 decode=args.decode,
                 progress=progress,
                 token=token,
+                ca_file=ca_file,
             )
         else:
             options = ProduceOptions(

@@ -131,7 +131,9 @@ def _local_cluster(args: argparse.Namespace) -> int:
                     f"laminar: {', '.join(running)} already running in {data_dir}", file=sys.stderr
                 )
                 return 1
-        cluster = LocalCluster(data_dir, args.nodes, fsync=args.fsync, prefix=args.prefix)
+        cluster = LocalCluster(
+            data_dir, args.nodes, fsync=args.fsync, prefix=args.prefix, tls=args.tls
+        )
         try:
             cluster.start()
         except BaseException:
@@ -140,6 +142,10 @@ def _local_cluster(args: argparse.Namespace) -> int:
         for node in cluster.nodes.values():
             print(f"{node.id}  {node.api_url}  pid {node.pid}")
         print(f"export LAMINAR_BROKERS={','.join(cluster.urls)}")
+        # the admin token (the brokers require one): client commands and AsyncClient read it
+        print(f"export LAMINAR_TOKEN_FILE={cluster.token_file}")
+        if cluster.ca_file is not None:  # what clients verify the brokers' certificates with
+            print(f"export LAMINAR_CA_FILE={cluster.ca_file}")
         if args.detach:
             return 0
         print("running; Ctrl-C stops the cluster", flush=True)
@@ -159,7 +165,7 @@ def _local_cluster(args: argparse.Namespace) -> int:
     from .local_cluster import probe
 
     for node in cluster.nodes.values():
-        ready = probe(node.api_url + "/readyz") if node.alive() else None
+        ready = probe(node.api_url + "/readyz", ca_file=cluster.ca_file) if node.alive() else None
         state = "down" if not node.alive() else ("ready" if ready == 200 else "not ready")
         print(f"{node.id}  {node.api_url}  pid {node.pid}  {state}")
     return 0
@@ -183,6 +189,90 @@ def _secret(path: str | None) -> int:
         file.write(secret)
     print(f"wrote a new cluster secret to {path}; give every broker the same file", file=sys.stderr)
     return 0
+
+
+def _credentials(args: argparse.Namespace) -> int:
+    """`laminar credentials add|retire|token|hash`: the brokers' credentials file and tokens
+    (docs/security.md, "Clients: authentication and authorization")."""
+    from . import credentials
+
+    try:
+        if args.action == "token":
+            token = credentials.new_token()
+            if args.file is None:
+                print(token)
+                return 0
+            credentials.write_new_file(args.file, token + "\n")
+            print(f"wrote a new token to {args.file}", file=sys.stderr)
+            return 0
+        if args.action == "hash":
+            token = sys.stdin.readline().strip()
+            if not token:
+                print("laminar credentials hash: give the token on stdin", file=sys.stderr)
+                return 1
+            print(credentials.token_hash(token))
+            return 0
+        if args.action == "retire":
+            removed = credentials.retire_tokens(args.file, args.name, args.keep)
+            print(f"removed {removed} of {args.name}'s tokens from {args.file}", file=sys.stderr)
+            return 0
+        token = credentials.add_principal(args.file, args.name, args.role or (), args.topic or ())
+    except (credentials.CredentialsError, OSError) as e:
+        print(f"laminar credentials: {e}", file=sys.stderr)
+        return 1
+    if args.token_file:
+        try:
+            credentials.write_new_file(args.token_file, token + "\n")
+        except OSError as e:
+            print(f"laminar credentials: cannot create {args.token_file}: {e}", file=sys.stderr)
+            print(token)  # the hash is in the file already: the token must not be lost
+            return 1
+        print(f"the token is in {args.token_file} (mode 600)", file=sys.stderr)
+    else:
+        print(token)
+    print(
+        f"added a token for {args.name} to {args.file}; running brokers re-read it within "
+        "seconds (or at once on SIGHUP)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _add_credentials_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "credentials", help="client tokens and the brokers' credentials file (--credentials-file)"
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    add = actions.add_parser(
+        "add",
+        help="a new token for a principal (made if new), printed once; only its hash is kept",
+    )
+    add.add_argument("file", help="the credentials file (made, mode 600, when missing)")
+    add.add_argument("--name", required=True, help="the principal")
+    add.add_argument(
+        "--role",
+        action="append",
+        choices=["admin", "producer", "consumer"],
+        help="its role (repeat for producer and consumer); a new principal needs one",
+    )
+    add.add_argument(
+        "--topic",
+        action="append",
+        metavar="PATTERN",
+        help="a topic it may use: a name, a prefix ending in *, or * (repeat)",
+    )
+    add.add_argument("--token-file", help="write the token to this new file (mode 600)")
+    retire = actions.add_parser(
+        "retire", help="remove a principal's older tokens (the end of a rotation)"
+    )
+    retire.add_argument("file")
+    retire.add_argument("--name", required=True)
+    retire.add_argument("--keep", type=int, default=1, help="newest tokens kept (default 1)")
+    token = actions.add_parser(
+        "token", help="a new random token, printed or written to a new file (mode 600)"
+    )
+    token.add_argument("file", nargs="?")
+    actions.add_parser("hash", help="the sha256: hash of the token on stdin")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "secret", help="print a new random cluster secret, or write it to a new file (mode 600)"
     )
     secret.add_argument("file", nargs="?", help="create this file (never overwritten)")
+    _add_credentials_parser(commands)
     local = commands.add_parser("local-cluster", help="brokers on loopback, no Kubernetes")
     local.add_argument("action", choices=["up", "down", "status"])
     local.add_argument("--nodes", type=int, default=3)
@@ -218,12 +309,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     local.add_argument(
         "--prefix", default="127.0.0", help="loopback /24 to use: broker i is <prefix>.<10+i>"
     )
+    local.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="HTTPS and mutual TLS between brokers, with a CA made in DATA_DIR/tls (default: "
+        "on; the CA file is printed as LAMINAR_CA_FILE)",
+    )
     bench = commands.add_parser("bench", help="measure a running cluster (produce / consume)")
     from .bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     bench.add_argument("--brokers", default=os.environ.get("LAMINAR_BROKERS", DEFAULT_BROKERS))
-    bench.add_argument("--token-file", default=os.environ.get("LAMINAR_TOKEN_FILE"))
+    bench.add_argument(
+        "--token-file",
+        help="the API token's file (default: $LAMINAR_TOKEN, $LAMINAR_TOKEN_FILE, the context's)",
+    )
+    bench.add_argument(
+        "--ca-file",
+        default=os.environ.get("LAMINAR_CA_FILE"),
+        help="CA bundle for https:// brokers (default: $LAMINAR_CA_FILE)",
+    )
     bench.add_argument("--json", action="store_true", help="the figures as JSON, last line")
     from .client import commands as client_commands
 
@@ -250,7 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             problem = bench_module.check(args)
             if problem:
                 parser.error(problem)
-            token = Path(args.token_file).read_text().strip() if args.token_file else None
+            from .client.config import ClientConfigError, resolve_token
+
+            try:
+                token = resolve_token(token_file=args.token_file)
+            except ClientConfigError as e:
+                parser.error(str(e))
             brokers = [b for b in args.brokers.split(",") if b]
             figures = asyncio.run(bench_module.run(args, brokers, token))
             bench_module.print_result(figures, args.json)
@@ -266,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _local_cluster(args)
         if args.command == "secret":
             return _secret(args.file)
+        if args.command == "credentials":
+            return _credentials(args)
         if args.command == "log-demo":
             if args.records < 1:
                 parser.error("--records must be at least 1")

@@ -22,7 +22,7 @@ def status_table(rows: list[list[str]]) -> str:
 
 
 async def _run(cluster: LocalCluster, messages: int) -> None:
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, ca_file=cluster.ca_file, token=cluster.token) as client:
         await client.create_topic(TOPIC, partitions=3, replication_factor=3)
         await client.wait_for_leaders(TOPIC, timeout_s=30)
         print(f"created topic {TOPIC!r}: 3 partitions, each on 3 brokers (Raft)")
@@ -70,12 +70,16 @@ async def _run(cluster: LocalCluster, messages: int) -> None:
 
 def run_demo(messages: int = 12, data_dir: str | None = None) -> None:
     path = Path(data_dir or tempfile.mkdtemp(prefix="laminar-demo-"))
-    cluster = LocalCluster(path, 3, prefix=DEMO_PREFIX)
-    print(f"starting 3 brokers on {DEMO_PREFIX}.11-13 (data in {path})")
+    cluster = LocalCluster(path, 3, prefix=DEMO_PREFIX, tls=True)
+    print(f"starting 3 brokers on {DEMO_PREFIX}.11-13 (data in {path}), HTTPS and mutual TLS")
     try:
         cluster.start()
         for node in cluster.nodes.values():
             print(f"  {node.id}  {node.api_url}")
+        print(
+            f"the API requires a token: an admin's is in {cluster.token_file} (clients: "
+            f"export LAMINAR_TOKEN_FILE={cluster.token_file})"
+        )
         asyncio.run(_run(cluster, messages))
     finally:
         cluster.stop()

@@ -5,13 +5,27 @@ Broker i (1-based) is node `n<i>` on `<prefix>.<10 + i>` with the default ports,
 directory records the nodes and their process ids so `down` and `status` find them later.
 The cluster secret is `<data_dir>/secret` (mode 600): a random one made for each new data
 directory and passed to every broker with --secret-file; a later `up` reuses it.
+
+Client credentials are made the same way: `<data_dir>/token` (mode 600) holds an admin token
+(or the `token` given), and `<data_dir>/credentials.yaml` (mode 600), the brokers'
+--credentials-file, lists its hash as principal `admin`. Clients use the token file
+(`export LAMINAR_TOKEN_FILE=<data_dir>/token`); more principals go into the credentials file
+(`laminar credentials add <data_dir>/credentials.yaml ...`), which the brokers re-read.
+
+With `tls` (`laminar local-cluster up` has it on unless --no-tls), the brokers serve HTTPS and
+speak mutual TLS to each other: `<data_dir>/tls/` holds a CA made for the data directory
+(`ca.crt`, the file clients are given; `ca.key`, mode 600) and each broker's key and
+certificate (`n<i>.key`, `n<i>.crt`, valid for its address and `localhost`), made when missing
+and reused by a later `up`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +34,17 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import credentials
+from .certs import KeyPair, issue, make_ca, names_of, renewal_due
+from .credentials import (
+    CredentialsError,
+    Role,
+    new_token,
+    read_token_file,
+    replace_file,
+    token_hash,
+    write_new_file,
+)
 from .server.config import (
     DEFAULT_API_PORT,
     DEFAULT_GOSSIP_PORT,
@@ -28,9 +53,13 @@ from .server.config import (
     new_secret,
     read_secret_file,
 )
+from .tls import client_context
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
+TOKEN_FILE = "token"
+CREDENTIALS_FILE = "credentials.yaml"
+TLS_DIR = "tls"
 CLUSTER_ID = "local"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -47,10 +76,11 @@ class LocalNode:
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
     pid: int | None = None
+    tls: bool = False
 
     @property
     def api_url(self) -> str:
-        return f"http://{self.host}:{DEFAULT_API_PORT}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{DEFAULT_API_PORT}"
 
     @property
     def gossip_addr(self) -> str:
@@ -72,13 +102,15 @@ class LocalCluster:
         fsync: str = "always",
         token: str | None = None,
         extra_args: tuple[str, ...] = (),
+        tls: bool = False,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise ClusterError("--nodes must be in 1..200")
         self.data_dir = data_dir.resolve()
         self.prefix = prefix
         self.fsync = fsync
-        self.token = token
+        self.tls = tls
+        self._wanted_token = token
         self.extra_args = extra_args
         self.initial = [f"n{i}" for i in range(1, nodes + 1)]
         self.nodes: dict[str, LocalNode] = {}
@@ -87,7 +119,9 @@ class LocalCluster:
 
     def _add(self, node_id: str) -> LocalNode:
         number = int(node_id[1:])
-        node = LocalNode(node_id, f"{self.prefix}.{10 + number}", self.data_dir / node_id)
+        node = LocalNode(
+            node_id, f"{self.prefix}.{10 + number}", self.data_dir / node_id, tls=self.tls
+        )
         self.nodes[node_id] = node
         return node
 
@@ -115,12 +149,92 @@ class LocalCluster:
             raise ClusterError(str(e)) from None
         return path
 
-    def _token_path(self) -> Path | None:
-        if self.token is None:
-            return None
-        path = self.data_dir / "token"
-        path.write_text(self.token)
-        path.chmod(0o600)
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA bundle clients verify the brokers with (None without TLS)."""
+        return self.data_dir / TLS_DIR / "ca.crt" if self.tls else None
+
+    def _ca(self) -> KeyPair:
+        """This data directory's CA: made if missing (an existing one is kept)."""
+        directory = self.data_dir / TLS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        cert, key = directory / "ca.crt", directory / "ca.key"
+        if not (cert.exists() and key.exists()):
+            ca = make_ca(f"laminar local cluster {self.data_dir.name}")
+            _write(key, ca.key_pem, 0o600)
+            _write(cert, ca.cert_pem, 0o644)
+        return KeyPair(cert.read_bytes(), key.read_bytes())
+
+    def tls_files(self, node_id: str) -> tuple[Path, Path]:
+        """A broker's certificate and key files, made (signed by the CA) when missing, and
+        made again when less than a third of their lifetime is left or the broker's address
+        is not one they name (another --prefix)."""
+        directory = self.data_dir / TLS_DIR
+        cert, key = directory / f"{node_id}.crt", directory / f"{node_id}.key"
+        if not (cert.exists() and key.exists()) or self._stale(node_id, cert.read_bytes()):
+            self.renew_certificate(node_id, self._ca())
+        return cert, key
+
+    def _stale(self, node_id: str, cert_pem: bytes) -> bool:
+        try:
+            pair = KeyPair(cert_pem, b"")
+            due = renewal_due(pair.not_before, pair.not_after)
+            return due or self.nodes[node_id].host not in names_of(cert_pem)
+        except Exception:  # unreadable, or names nothing: make a new one
+            return True
+
+    def renew_certificate(self, node_id: str, ca: KeyPair | None = None) -> KeyPair:
+        """Give `node_id` a new key and certificate (signed by `ca`, default this data
+        directory's CA); a running broker picks them up within seconds (each file is
+        replaced at once; a key and certificate that do not match yet are retried)."""
+        node = self.nodes[node_id]
+        pair = issue(ca or self._ca(), node_id, [node.host, "localhost"])
+        directory = self.data_dir / TLS_DIR
+        _write(directory / f"{node_id}.key", pair.key_pem, 0o600)
+        _write(directory / f"{node_id}.crt", pair.cert_pem, 0o644)
+        return pair
+
+    @property
+    def token_file(self) -> Path:
+        """The admin token's file (made, with the credentials file, by `credentials_path`)."""
+        return self.data_dir / TOKEN_FILE
+
+    @property
+    def token(self) -> str:
+        """The cluster's admin token."""
+        self.credentials_path()
+        try:
+            return read_token_file(self.token_file)
+        except CredentialsError as e:
+            raise ClusterError(str(e)) from None
+
+    def credentials_path(self) -> Path:
+        """The brokers' credentials file: made when missing, with principal `admin` and the
+        token of `<data_dir>/token` (made with a new random token when missing, or holding the
+        `token` this cluster was given); ClusterError if that token is not an admin's in it."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / CREDENTIALS_FILE
+        try:
+            wanted = self._wanted_token
+            if wanted is not None:
+                current = read_token_file(self.token_file) if self.token_file.exists() else None
+                if current != wanted:  # a token chosen for this cluster (tests): it alone
+                    replace_file(self.token_file, wanted + "\n")
+                    path.unlink(missing_ok=True)
+            with contextlib.suppress(FileExistsError):
+                write_new_file(self.token_file, new_token() + "\n")
+            token = read_token_file(self.token_file)
+            with contextlib.suppress(FileExistsError):
+                admin = credentials.entry("admin", [Role.ADMIN], hashes=[token_hash(token)])
+                write_new_file(path, credentials.dump([admin]))
+            principals = credentials.load(path)
+        except CredentialsError as e:
+            raise ClusterError(str(e)) from None
+        if not any(p.admin and token_hash(token) in p.hashes for p in principals):
+            raise ClusterError(
+                f"the token in {self.token_file} is no admin's in {path}: remove both files "
+                "for new ones"
+            )
         return path
 
     def command(self, node: LocalNode) -> list[str]:
@@ -154,9 +268,11 @@ class LocalCluster:
             self.fsync,
             *self.extra_args,
         ]
-        token = self._token_path()
-        if token is not None:
-            command += ["--token-file", str(token)]
+        command += ["--credentials-file", str(self.credentials_path())]
+        if self.tls:
+            cert, key = self.tls_files(node.id)
+            command += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+            command += ["--tls-ca-file", str(self.ca_file)]
         return command
 
     def start_node(self, node_id: str) -> LocalNode:
@@ -230,7 +346,7 @@ class LocalCluster:
                 raise ClusterError(
                     f"{node.id} exited; see {node.data_dir / 'broker.log'}:\n{self.tail(node.id)}"
                 )
-            if probe(node.api_url + "/readyz", self.token) == 200:
+            if probe(node.api_url + "/readyz", ca_file=self.ca_file) == 200:
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:
@@ -250,6 +366,7 @@ class LocalCluster:
         document = {
             "prefix": self.prefix,
             "initial": self.initial,
+            "tls": self.tls,
             "nodes": {
                 n.id: {"host": n.host, "pid": n.pid, "api_url": n.api_url}
                 for n in self.nodes.values()
@@ -263,25 +380,49 @@ class LocalCluster:
         if not path.exists():
             raise ClusterError(f"no local cluster in {data_dir} ({STATE_FILE} missing)")
         document = json.loads(path.read_text())
-        cluster = cls(data_dir, len(document["initial"]), prefix=document["prefix"])
+        cluster = cls(
+            data_dir,
+            len(document["initial"]),
+            prefix=document["prefix"],
+            tls=bool(document.get("tls", False)),
+        )
         for node_id, info in document["nodes"].items():
             node = cluster.nodes.get(node_id) or cluster._add(node_id)
             node.pid = info["pid"]
         return cluster
 
 
-def probe(url: str, token: str | None = None, timeout_s: float = 1.0) -> int | None:
-    """HTTP status of a GET, None if unreachable."""
+def probe(
+    url: str,
+    token: str | None = None,
+    timeout_s: float = 1.0,
+    *,
+    ca_file: str | os.PathLike[str] | None = None,
+) -> int | None:
+    """HTTP status of a GET, None if unreachable (https: verified against `ca_file`)."""
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
+    context: ssl.SSLContext | None = None
+    if url.startswith("https:"):
+        context = client_context(ca_file)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             return int(response.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
     except (OSError, ValueError):
         return None
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Replace `path` with `data` at once (a reader sees the old file or the new one)."""
+    temporary = path.with_name(path.name + ".new")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
+    os.chmod(temporary, mode)
+    os.replace(temporary, path)
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,6 +11,21 @@ spec.networkPolicy.enabled turns false. spec.xdp.enabled is honoured only where 
 allows XDP (LAMINAR_XDP_ALLOWED, the chart's xdp.allowed); elsewhere the XdpAllowed condition
 is False and a Warning event says why.
 
+TLS (spec.tls.enabled, the default; docs/kubernetes.md "TLS"): each cluster gets its own CA,
+made once; its key is kept in a Secret of the operator's own namespace (`laminar-ca-<uid>`,
+read back by name to sign renewals: the operator reads no Secret elsewhere), its certificate
+in `<name>-ca` for clients. The brokers' certificate (`<name>-tls`) is issued before the
+StatefulSet is applied, restored if deleted (on every reconcile), and renewed in place by the
+status timer once less than a third of its lifetime is left (the kubelet refreshes the
+mounted Secret and the brokers reload it: no restart). The operator's own calls to the brokers
+verify them with the cluster's CA.
+
+Client credentials (docs/kubernetes.md "Client credentials"): each cluster's Secret
+`<name>-credentials` (the brokers' credentials file, an admin and a client token) is made
+once, never read back; the operator's own token for the cluster is kept in its namespace
+(`laminar-token-<uid>`, read back by name, deleted with the cluster), and every call to the
+brokers sends it.
+
 Status: replicas, readyReplicas and selector (the scale subresource's), phase, the Ready
 condition and observedGeneration, refreshed by a timer from the StatefulSet; the Rebalancing
 and Degraded conditions from what the brokers report (rebalancingPartitions, underReplicated),
@@ -25,16 +40,22 @@ refuses is a PermanentError (the schema rejects most before the operator sees th
 
 from __future__ import annotations
 
+import base64
 import datetime
 import os
 import secrets
+import ssl
+import time
 from typing import Any
 
 import kopf
 
+from laminar import certs
 from laminar.client import AsyncClient
-from laminar.client.errors import BadRequest, LaminarError, NotFound
+from laminar.client.errors import BadRequest, Forbidden, LaminarError, NotFound, Unauthorized
+from laminar.credentials import new_token
 from laminar.kube import Credentials, KubeClient, KubeError, topic_status
+from laminar.tls import client_context
 
 from . import manifests, topics
 
@@ -50,6 +71,17 @@ XDP_ALLOWED_ENV = "LAMINAR_XDP_ALLOWED"
 #: The namespace the operator runs in (the chart sets it from the downward API); its pods are
 #: admitted to the brokers' API port. Unset (an operator outside the cluster): none is.
 OPERATOR_NAMESPACE_ENV = "LAMINAR_OPERATOR_NAMESPACE"
+#: Where the clusters' CA keys are kept (default: the operator's namespace; neither set: each
+#: cluster's own namespace, where the operator then needs to read Secrets).
+CA_NAMESPACE_ENV = "LAMINAR_CA_NAMESPACE"
+#: The brokers' certificates' lifetime in seconds (default: certs.CERT_LIFETIME, 90 days).
+CERT_LIFETIME_ENV = "LAMINAR_CERT_LIFETIME_S"
+#: A cluster's CA is read again from its Secret after this long (a CA replaced by hand).
+CA_CACHE_S = 300.0
+NOT_ADMITTED = (
+    "the brokers do not admit the operator's token (its hash is in the Secret "
+    '<cluster>-credentials the brokers mount; docs/kubernetes.md, "Client credentials")'
+)
 XDP_NOT_ALLOWED = (
     "spec.xdp.enabled is ignored: this operator does not allow the privileged XDP init "
     "container (the operator chart's value xdp.allowed is false; an administrator may set it "
@@ -74,6 +106,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.kube = KubeClient(Credentials.from_environment())
     memo.xdp_allowed = xdp_allowed()
     memo.operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or None
+    memo.ca_namespace = os.environ.get(CA_NAMESPACE_ENV) or memo.operator_namespace
+    lifetime = os.environ.get(CERT_LIFETIME_ENV)
+    memo.cert_lifetime = (
+        datetime.timedelta(seconds=float(lifetime)) if lifetime else certs.CERT_LIFETIME
+    )
+    memo.cas = {}  # cluster uid -> (when read, CA key pair, client context)
+    memo.tokens = {}  # cluster uid -> (when read, the operator's token for its brokers)
 
 
 @kopf.on.cleanup()
@@ -98,7 +137,7 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     _xdp_condition(patch, body, manifests.xdp_wanted(cluster), allowed)
     try:
         initial = await _initial_replicas(kube, namespace, name, body.spec)
-        replicas, draining = await _scale_step(kube, cluster, body, patch)
+        replicas, draining = await _scale_step(kube, cluster, body, patch, memo)
         objects = manifests.owned(
             cluster,
             initial_replicas=initial,
@@ -108,6 +147,14 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
         )
         # the key: made once (a Secret that exists is left alone, never read back)
         await kube.create(manifests.secret(cluster, secrets.token_bytes(32)))
+        # the client credentials: made once with new tokens, never read back; the operator's
+        # own token is kept in the operator's namespace (only its hash is in the Secret)
+        operator_token = await _operator_token(kube, memo, cluster)
+        tokens = {"admin_token": new_token(), "client_token": new_token()}
+        credentials = manifests.credentials_secret(cluster, operator_token=operator_token, **tokens)
+        await kube.create(credentials)
+        if manifests.tls_enabled(cluster):  # before the pods that mount it
+            await _ensure_tls(kube, memo, cluster, body, patch, restore=True)
         for obj in objects:
             await kube.apply(obj)
         if not manifests.network_policy_enabled(cluster):
@@ -156,7 +203,7 @@ def node_id(cluster: dict[str, Any], ordinal: int) -> str:
 
 
 async def _scale_step(
-    kube: KubeClient, cluster: dict[str, Any], body: kopf.Body, patch: kopf.Patch
+    kube: KubeClient, cluster: dict[str, Any], body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo
 ) -> tuple[int, str]:
     """The StatefulSet's replicas now, and what a scale-down still waits for ("" for nothing).
 
@@ -175,11 +222,11 @@ async def _scale_step(
             message = f"scaling up to {wanted}: new brokers join, then partitions move to them"
             _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
         if sts is not None:
-            await _undrain(cluster, body, current, wanted)
+            await _undrain(cluster, body, current, wanted, memo)
         return wanted, ""
     leaving = node_id(cluster, current - 1)
     try:
-        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+        async with await _admin(memo, cluster) as client:
             needed = max((t.replication_factor for t in await client.topics()), default=1)
             if wanted < needed:
                 message = (
@@ -205,14 +252,16 @@ async def _scale_step(
     return current - 1, more
 
 
-async def _undrain(cluster: dict[str, Any], body: kopf.Body, current: int, wanted: int) -> None:
+async def _undrain(
+    cluster: dict[str, Any], body: kopf.Body, current: int, wanted: int, memo: kopf.Memo
+) -> None:
     """Brokers a scale-down drained, and that the cluster wants again (a scale-up bringing
     their ordinals back, or a scale-down given up): let placement use them again. Best
     effort: a failure is a Warning event, not a stop."""
     returning = [node_id(cluster, ordinal) for ordinal in range(current, wanted)]
     staying = {node_id(cluster, ordinal) for ordinal in range(min(current, wanted))}
     try:
-        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+        async with await _admin(memo, cluster) as client:
             members = (await client.cluster()).members
             drained = [m.id for m in members if m.draining and m.id in staying]
             for node in returning + drained:
@@ -262,6 +311,11 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
     else:
         _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
     _placement_conditions(patch, body, reported, moving, joining)
+    if manifests.tls_enabled(dict(body)) and sts is not None:
+        try:  # the brokers' certificate renewed in place once a third of its lifetime is left
+            await _ensure_tls(kube, memo, dict(body), body, patch, restore=False)
+        except KubeError as e:
+            raise kopf.TemporaryError(f"renewing {namespace}/{name}'s certificate: {e}") from e
 
 
 def _joining(cluster: dict[str, Any], wanted: int) -> list[str]:
@@ -358,7 +412,158 @@ def brokers_of(cluster: dict[str, Any]) -> list[str]:
     if listed:
         return [url.strip() for url in listed.split(",") if url.strip()]
     name, namespace = manifests.names(cluster)
-    return [f"http://{name}.{namespace}.svc:{manifests.API_PORT}"]
+    return [f"{manifests.api_scheme(cluster)}://{name}.{namespace}.svc:{manifests.API_PORT}"]
+
+
+async def _admin(memo: kopf.Memo, cluster: dict[str, Any]) -> AsyncClient:
+    """A client of the cluster's brokers, verifying them with the cluster's CA (TLS on), as
+    the operator's principal (an admin: its token, `_operator_token`)."""
+    context = None
+    if manifests.tls_enabled(cluster):
+        context = (await _cluster_ca(memo.kube, memo, cluster))[1]
+    token = await _operator_token(memo.kube, memo, cluster)
+    return AsyncClient(
+        brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S, ssl_context=context, token=token
+    )
+
+
+# ---- client credentials ------------------------------------------------------------------------
+
+
+async def _operator_token(kube: KubeClient, memo: kopf.Memo, cluster: dict[str, Any]) -> str:
+    """The operator's token for the cluster's brokers (docs/kubernetes.md, "Client
+    credentials"): made once, with the cluster's credentials, and kept in a Secret of the
+    operator's own namespace (`laminar-token-<uid>`, read back by name: the operator reads no
+    Secret of the clusters' namespaces, theirs included, and never their credentials)."""
+    uid = cluster["metadata"]["uid"]
+    cached = memo.tokens.get(uid)
+    if cached is not None and time.monotonic() - cached[0] < CA_CACHE_S:
+        return str(cached[1])
+    _, namespace = manifests.names(cluster)
+    where = memo.ca_namespace or namespace
+    secret_name = manifests.operator_token_secret_name(uid)
+    found = await kube.get("v1", "Secret", where, secret_name)
+    if found is None:
+        made = manifests.operator_token_secret(cluster, where, new_token())
+        if await kube.create(made) is None:  # made meanwhile: that one is the token
+            found = await kube.get("v1", "Secret", where, secret_name)
+            if found is None:
+                raise KubeError(404, f"the token Secret {where}/{secret_name} vanished")
+        else:
+            found = made
+    token = base64.b64decode((found.get("data") or {}).get("token", "")).decode().strip()
+    if not token:
+        raise KubeError(422, f"the Secret {where}/{secret_name} holds no token")
+    memo.tokens[uid] = (time.monotonic(), token)
+    return token
+
+
+@kopf.on.delete(GROUP, VERSION, "laminarclusters", optional=True)
+async def forget_operator_token(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The deleted cluster's operator token, deleted from the operator's namespace (best
+    effort, as its CA key; in the cluster's namespace its owner reference collects it)."""
+    uid = body.metadata["uid"]
+    memo.tokens.pop(uid, None)
+    where = memo.ca_namespace
+    if where and where != body.metadata["namespace"]:
+        await memo.kube.delete("v1", "Secret", where, manifests.operator_token_secret_name(uid))
+
+
+# ---- TLS ---------------------------------------------------------------------------------------
+
+
+async def _cluster_ca(
+    kube: KubeClient, memo: kopf.Memo, cluster: dict[str, Any]
+) -> tuple[certs.KeyPair, ssl.SSLContext]:
+    """The cluster's CA (made and kept the first time) and a client context trusting it.
+    Its Secret's ca.crt may be a bundle: the first certificate signs, all are trusted."""
+    uid = cluster["metadata"]["uid"]
+    cached = memo.cas.get(uid)
+    if cached is not None and time.monotonic() - cached[0] < CA_CACHE_S:
+        return cached[1], cached[2]
+    name, namespace = manifests.names(cluster)
+    where = memo.ca_namespace or namespace
+    secret_name = manifests.ca_key_secret_name(uid)
+    found = await kube.get("v1", "Secret", where, secret_name)
+    if found is None:
+        ca = certs.make_ca(f"laminar {namespace}/{name}")
+        made = manifests.ca_key_secret(cluster, where, ca.cert_pem, ca.key_pem)
+        if await kube.create(made) is None:  # made meanwhile: that one is the CA
+            found = await kube.get("v1", "Secret", where, secret_name)
+            if found is None:
+                raise KubeError(404, f"the CA Secret {where}/{secret_name} vanished")
+    if found is not None:
+        data = found.get("data") or {}
+        cert_pem = base64.b64decode(data.get(manifests.CA_CERT_KEY, ""))
+        ca = certs.KeyPair(cert_pem, base64.b64decode(data.get("ca.key", "")))
+    context = client_context(cadata=ca.cert_pem.decode())
+    memo.cas[uid] = (time.monotonic(), ca, context)
+    return ca, context
+
+
+def _certificate_due(state: Any, ca: certs.KeyPair) -> bool:
+    """Whether the brokers need a new certificate: none recorded, one of another CA, or less
+    than a third of its lifetime left."""
+    try:
+        not_before = datetime.datetime.fromisoformat(state["notBefore"].replace("Z", "+00:00"))
+        not_after = datetime.datetime.fromisoformat(state["notAfter"].replace("Z", "+00:00"))
+        fingerprint = state["caFingerprint"]
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return True
+    if fingerprint != certs.fingerprint(ca.cert_pem):
+        return True
+    return certs.renewal_due(not_before, not_after)
+
+
+async def _ensure_tls(
+    kube: KubeClient,
+    memo: kopf.Memo,
+    cluster: dict[str, Any],
+    body: kopf.Body,
+    patch: kopf.Patch,
+    *,
+    restore: bool,
+) -> None:
+    """The cluster's CA and its brokers' certificate: issued when due (status.tls says what
+    the Secret holds; it is never read back), updated in place; with `restore` (reconciling)
+    the CA's public Secret applied and a missing certificate Secret made again."""
+    name, namespace = manifests.names(cluster)
+    ca, _ = await _cluster_ca(kube, memo, cluster)
+    state = body.status.get("tls")
+    due = _certificate_due(state, ca)
+    if not (due or restore):
+        return
+    await kube.apply(manifests.ca_secret(cluster, ca.cert_pem))
+    pair = certs.issue(
+        ca, f"{name}.{namespace}", manifests.broker_names(name, namespace), memo.cert_lifetime
+    )
+    secret = manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.cert_pem)
+    if due:
+        await kube.apply(secret)
+    elif await kube.create(secret) is None:
+        return  # there, and not due: left as it is
+    cert = pair.certificate
+    patch.status["tls"] = {
+        "notBefore": cert.not_valid_before_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "notAfter": cert.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "serial": format(cert.serial_number, "x"),
+        "caFingerprint": certs.fingerprint(ca.cert_pem),
+    }
+    if state:
+        message = f"the brokers' certificate renewed (until {patch.status['tls']['notAfter']})"
+        kopf.info(body, reason="CertificateRenewed", message=message)
+
+
+@kopf.on.delete(GROUP, VERSION, "laminarclusters", optional=True)
+async def forget_cluster_ca(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The deleted cluster's CA key, deleted from the operator's namespace (best effort: no
+    finalizer holds the cluster for it; in the cluster's namespace its owner reference
+    collects it)."""
+    uid = body.metadata["uid"]
+    memo.cas.pop(uid, None)
+    where = memo.ca_namespace
+    if where and where != body.metadata["namespace"]:
+        await memo.kube.delete("v1", "Secret", where, manifests.ca_key_secret_name(uid))
 
 
 async def _cluster_of(kube: KubeClient, body: kopf.Body) -> dict[str, Any] | None:
@@ -378,7 +583,7 @@ async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, *
         raise kopf.TemporaryError(message, delay=BACKOFF_S)
     want = topics.wanted(body.spec, cluster.get("spec") or {})
     try:
-        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+        async with await _admin(memo, cluster) as client:
             try:
                 have = await client.describe_topic(name)
             except NotFound:
@@ -391,6 +596,10 @@ async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, *
     except BadRequest as e:  # the broker refuses the spec: retrying will not help
         _set_condition(patch, body, "Ready", "False", "Rejected", str(e))
         raise kopf.PermanentError(f"topic {name}: {e}") from e
+    except (Unauthorized, Forbidden) as e:  # retried: the brokers may not have re-read yet
+        message = f"{e}: {NOT_ADMITTED}"
+        _set_condition(patch, body, "Ready", "False", "Unauthorized", message)
+        raise kopf.TemporaryError(f"topic {name}: {message}", delay=BACKOFF_S) from e
     except LaminarError as e:
         _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
         raise kopf.TemporaryError(f"topic {name}: {e}", delay=BACKOFF_S) from e
@@ -407,7 +616,7 @@ async def delete_topic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if cluster is None or cluster["metadata"].get("deletionTimestamp"):
         return  # the cluster (and its data) is gone or going: nothing to delete
     try:
-        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+        async with await _admin(memo, cluster) as client:
             await client.delete_topic(name)
     except NotFound:
         return
@@ -431,7 +640,7 @@ async def refresh_topic_status(
     if cluster is None or body.metadata.get("deletionTimestamp") or _reported(cluster):
         return
     try:
-        async with AsyncClient(brokers_of(cluster), timeout_s=ADMIN_TIMEOUT_S) as client:
+        async with await _admin(memo, cluster) as client:
             have = await client.describe_topic(body.metadata["name"])
     except LaminarError as e:
         _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))

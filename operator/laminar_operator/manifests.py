@@ -6,10 +6,16 @@ binding),
 the ConfigMap of broker settings (LAMINAR_* variables), the headless peer Service, the client
 Service, the StatefulSet, the PodDisruptionBudget and, unless spec.networkPolicy.enabled is
 false, the NetworkPolicy. The Secret with the cluster HMAC key (`secret`) is created once,
-before them, and never applied again. Every object carries the cluster's labels and an owner
-reference to it, so that deleting the cluster garbage-collects them. `cluster` is the custom
-object as the API server returns it (defaults applied); missing fields take the CRD's defaults
-here too.
+before them, and never applied again; so is `<name>-credentials`, the client credentials
+(`credentials_secret`: the brokers' credentials file, an admin and a client token; the
+operator's own token stays in its namespace, `operator_token_secret`). With spec.tls.enabled
+(the default), the Secrets of TLS come first too: `<name>-ca` holds the cluster CA's
+certificate (`ca_secret`, public: clients mount it), `<name>-tls` the brokers' key and
+certificate (`tls_secret`, valid for the names of `broker_names`), mounted at TLS_DIR; the CA's
+key is never in the cluster's namespace (`ca_key_secret`, docs/kubernetes.md "TLS"). Every
+object carries the cluster's labels and an owner reference to it, so that deleting the cluster
+garbage-collects them. `cluster` is the custom object as the API server returns it (defaults
+applied); missing fields take the CRD's defaults here too.
 
 Two settings are the operator's, not the cluster's: whether the privileged XDP init container
 may run at all (`xdp_allowed`, the chart's xdp.allowed), and the namespace the operator runs in
@@ -23,6 +29,9 @@ import hashlib
 import json
 from typing import Any
 
+from laminar import credentials
+from laminar.credentials import Role, token_hash
+
 API_GROUP = "laminarmq.io"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 KIND = "LaminarCluster"
@@ -32,6 +41,20 @@ GOSSIP_PORT = 7072
 DATA_DIR = "/var/lib/laminar"
 SECRET_DIR = "/etc/laminar/secret"
 SECRET_KEY = "hmac"
+#: The client credentials (docs/security.md, "Clients: authentication and authorization"):
+#: the Secret `<name>-credentials` holds the brokers' credentials file and two tokens; the
+#: brokers mount the file and the admin token here.
+CREDENTIALS_DIR = "/etc/laminar/credentials"
+CREDENTIALS_KEY = "credentials.yaml"
+ADMIN_TOKEN_KEY = "admin-token"
+CLIENT_TOKEN_KEY = "client-token"
+#: The operator's own principal in every cluster's credentials file (an admin).
+OPERATOR_PRINCIPAL = "laminar-operator"
+#: Where the brokers' TLS Secret is mounted (a whole directory: the kubelet refreshes it).
+TLS_DIR = "/etc/laminar/tls"
+TLS_CERT_KEY, TLS_KEY_KEY, CA_CERT_KEY = "tls.crt", "tls.key", "ca.crt"
+#: The cluster domain the brokers' certificate names (besides the names without it).
+CLUSTER_DOMAIN = "cluster.local"
 BROKER_UID = 10001
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 INITIAL_NODES_KEY = "LAMINAR_INITIAL_NODES"
@@ -59,6 +82,7 @@ DEFAULTS: Object = {
     "resources": {},
     "config": {"replicationFactor": 3, "fsync": "always"},
     "xdp": {"enabled": False},
+    "tls": {"enabled": True},
     "workersPerPod": 1,
     "networkPolicy": {
         "enabled": True,
@@ -129,6 +153,55 @@ def peer_service_name(name: str) -> str:
 
 def secret_name(name: str) -> str:
     return f"{name}-secret"
+
+
+def ca_secret_name(name: str) -> str:
+    return f"{name}-ca"
+
+
+def tls_secret_name(name: str) -> str:
+    return f"{name}-tls"
+
+
+def ca_key_secret_name(uid: str) -> str:
+    """The Secret holding a cluster's CA key, in the operator's namespace: named by the
+    cluster's uid (a cluster made again under the same name gets a new CA)."""
+    return f"laminar-ca-{uid}"
+
+
+def tls_enabled(cluster: Object) -> bool:
+    return bool(spec_of(cluster)["tls"].get("enabled", True))
+
+
+def api_scheme(cluster: Object) -> str:
+    return "https" if tls_enabled(cluster) else "http"
+
+
+def broker_names(name: str, namespace: str) -> list[str]:
+    """What the brokers' certificate is valid for: the client Service's names, every pod's
+    name under the peer Service (what brokers advertise and dial), and the pod's loopback
+    (its preStop hook calls its own broker)."""
+    peers = f"{peer_service_name(name)}.{namespace}.svc"
+    return [
+        name,
+        f"{name}.{namespace}",
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}",
+        f"*.{peers}",
+        f"*.{peers}.{CLUSTER_DOMAIN}",
+        "localhost",
+        "127.0.0.1",
+    ]
+
+
+def credentials_secret_name(name: str) -> str:
+    return f"{name}-credentials"
+
+
+def operator_token_secret_name(uid: str) -> str:
+    """The Secret holding the operator's token for a cluster, in the operator's namespace:
+    named by the cluster's uid (a cluster made again under the same name gets a new one)."""
+    return f"laminar-token-{uid}"
 
 
 def config_map_name(name: str) -> str:
@@ -204,6 +277,123 @@ def secret(cluster: Object, hmac_key: bytes) -> Object:
         "metadata": _meta(cluster, secret_name(name)),
         "type": "Opaque",
         "data": {SECRET_KEY: base64.b64encode(hmac_key).decode()},
+    }
+
+
+def credentials_secret(
+    cluster: Object, *, operator_token: str, admin_token: str, client_token: str
+) -> Object:
+    """The cluster's client credentials, created once: the brokers' credentials file (only
+    hashes: principals `laminar-operator` and `admin`, admins; `client`, producer and consumer
+    of every topic) and the tokens of `admin` and `client`, for people and applications to
+    mount (never the operator's: it keeps that in its own namespace)."""
+    name, _ = names(cluster)
+    principals = [
+        credentials.entry(OPERATOR_PRINCIPAL, [Role.ADMIN], hashes=[token_hash(operator_token)]),
+        credentials.entry("admin", [Role.ADMIN], hashes=[token_hash(admin_token)]),
+        credentials.entry(
+            "client", [Role.PRODUCER, Role.CONSUMER], ["*"], [token_hash(client_token)]
+        ),
+    ]
+    data = {
+        CREDENTIALS_KEY: credentials.dump(principals),
+        ADMIN_TOKEN_KEY: admin_token + "\n",
+        CLIENT_TOKEN_KEY: client_token + "\n",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cluster, credentials_secret_name(name)),
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
+    }
+
+
+def operator_token_secret(cluster: Object, namespace: str, token: str) -> Object:
+    """The operator's token for a cluster's brokers, in `namespace`, the operator's own (read
+    back by name): only its hash is in the cluster's `<name>-credentials`. In the cluster's own
+    namespace (an operator that does not know its namespace) it is owned by the cluster, else
+    it is deleted with it."""
+    cluster_name, cluster_namespace = names(cluster)
+    uid = cluster["metadata"]["uid"]
+    metadata: Object = {
+        "name": operator_token_secret_name(uid),
+        "namespace": namespace,
+        "labels": {
+            "app.kubernetes.io/name": "laminar",
+            "app.kubernetes.io/component": "operator-token",
+            "app.kubernetes.io/managed-by": "laminar-operator",
+            f"{API_GROUP}/cluster-uid": uid,
+        },
+        "annotations": {f"{API_GROUP}/cluster": f"{cluster_namespace}/{cluster_name}"},
+    }
+    if namespace == cluster_namespace:
+        metadata["ownerReferences"] = [owner_reference(cluster)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def ca_secret(cluster: Object, ca_pem: bytes) -> Object:
+    """The cluster CA's certificate (public): what clients verify the brokers with."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cluster, ca_secret_name(name)),
+        "type": "Opaque",
+        "data": {CA_CERT_KEY: base64.b64encode(ca_pem).decode()},
+    }
+
+
+def tls_secret(cluster: Object, cert_pem: bytes, key_pem: bytes, ca_pem: bytes) -> Object:
+    """The brokers' key and certificate, with the CA bundle they verify each other with."""
+    name, _ = names(cluster)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(cluster, tls_secret_name(name)),
+        "type": "kubernetes.io/tls",
+        "data": {
+            TLS_CERT_KEY: base64.b64encode(cert_pem).decode(),
+            TLS_KEY_KEY: base64.b64encode(key_pem).decode(),
+            CA_CERT_KEY: base64.b64encode(ca_pem).decode(),
+        },
+    }
+
+
+def ca_key_secret(cluster: Object, namespace: str, cert_pem: bytes, key_pem: bytes) -> Object:
+    """A cluster's CA (key included) in `namespace`, the operator's own: the operator reads
+    it back (by name) to sign renewals. In the cluster's own namespace (an operator that does
+    not know its namespace) it is owned by the cluster, else it is deleted with it."""
+    cluster_name, cluster_namespace = names(cluster)
+    uid = cluster["metadata"]["uid"]
+    metadata: Object = {
+        "name": ca_key_secret_name(uid),
+        "namespace": namespace,
+        "labels": {
+            "app.kubernetes.io/name": "laminar",
+            "app.kubernetes.io/component": "ca",
+            "app.kubernetes.io/managed-by": "laminar-operator",
+            f"{API_GROUP}/cluster-uid": uid,
+        },
+        "annotations": {f"{API_GROUP}/cluster": f"{cluster_namespace}/{cluster_name}"},
+    }
+    if namespace == cluster_namespace:
+        metadata["ownerReferences"] = [owner_reference(cluster)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": {
+            CA_CERT_KEY: base64.b64encode(cert_pem).decode(),
+            "ca.key": base64.b64encode(key_pem).decode(),
+        },
     }
 
 
@@ -322,6 +512,9 @@ def stateful_set(
         {"name": "LAMINAR_HOST", "value": "0.0.0.0"},
         {"name": "LAMINAR_DATA_DIR", "value": DATA_DIR},
         {"name": "LAMINAR_SECRET_FILE", "value": f"{SECRET_DIR}/{SECRET_KEY}"},
+        {"name": "LAMINAR_CREDENTIALS_FILE", "value": f"{CREDENTIALS_DIR}/{CREDENTIALS_KEY}"},
+        # for the `laminar` commands run in the pod (its preStop hook, kubectl exec)
+        {"name": "LAMINAR_TOKEN_FILE", "value": f"{CREDENTIALS_DIR}/{ADMIN_TOKEN_KEY}"},
     ]
     broker: Object = {
         "name": "broker",
@@ -373,6 +566,7 @@ def stateful_set(
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_DIR},
             {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
+            {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -381,8 +575,20 @@ def stateful_set(
     pod_labels = _pod_selector(name)
     volumes: list[Object] = [
         {"name": "secret", "secret": {"secretName": secret_name(name)}},
+        {  # a directory (no subPath): the kubelet refreshes it, the brokers re-read it
+            "name": "credentials",
+            "secret": {
+                "secretName": credentials_secret_name(name),
+                "items": [
+                    {"key": CREDENTIALS_KEY, "path": CREDENTIALS_KEY},
+                    {"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY},
+                ],
+            },
+        },
         {"name": "tmp", "emptyDir": {}},
     ]
+    if tls_enabled(cluster):
+        _use_tls(broker, volumes, name)
     pod: Object = {
         "serviceAccountName": service_account_name(name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
@@ -428,6 +634,29 @@ def stateful_set(
             ],
         },
     }
+
+
+def _use_tls(broker: Object, volumes: list[Object], name: str) -> None:
+    """The broker container with TLS: the `<name>-tls` Secret mounted as a directory (so the
+    kubelet refreshes it in place, and the broker reloads it), the LAMINAR_TLS_* variables,
+    probes over HTTPS, and its preStop hook calling its own broker over HTTPS."""
+    broker["env"] = [
+        *broker["env"],
+        {"name": "LAMINAR_TLS_CERT_FILE", "value": f"{TLS_DIR}/{TLS_CERT_KEY}"},
+        {"name": "LAMINAR_TLS_KEY_FILE", "value": f"{TLS_DIR}/{TLS_KEY_KEY}"},
+        {"name": "LAMINAR_TLS_CA_FILE", "value": f"{TLS_DIR}/{CA_CERT_KEY}"},
+    ]
+    broker["volumeMounts"] = [
+        *broker["volumeMounts"],
+        {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+    ]
+    volumes.append({"name": "tls", "secret": {"secretName": tls_secret_name(name)}})
+    for probe in ("readinessProbe", "livenessProbe"):
+        broker[probe]["httpGet"]["scheme"] = "HTTPS"  # the kubelet does not verify it
+    command = broker["lifecycle"]["preStop"]["exec"]["command"]
+    plain = f"http://127.0.0.1:{API_PORT}"
+    command[:] = [f"https://127.0.0.1:{API_PORT}" if part == plain else part for part in command]
+    command += ["--ca-file", f"{TLS_DIR}/{CA_CERT_KEY}"]
 
 
 def xdp_init_container(cluster: Object) -> Object:

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import aiohttp
 
+from laminar import credentials
+from laminar.credentials import Role, new_token, token_hash
+
 from .net import Network
 
 API_PORT = 7070
@@ -73,6 +76,8 @@ class Cluster:
     run_dir: Path
     settings: BrokerSettings = field(default_factory=BrokerSettings)
     brokers: dict[str, Broker] = field(default_factory=dict)
+    #: the admin token of the brokers' credentials file (every client of the suite uses it)
+    token: str = field(default_factory=new_token, repr=False)
     _mounts: list[Path] = field(default_factory=list)
 
     @property
@@ -84,12 +89,18 @@ class Cluster:
         return [b.api_url for b in self.brokers.values()]
 
     @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
     def faketime(self) -> bool:
         return FAKETIME_LIBRARY is not None
 
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "secret").write_text(secrets.token_hex(32))
+        admin = credentials.entry("admin", [Role.ADMIN], hashes=[token_hash(self.token)])
+        (self.run_dir / "credentials.yaml").write_text(credentials.dump([admin]))
         for name in self.network.names:
             host = self.network.hosts[name]
             data_dir = self.run_dir / "data" / name
@@ -137,6 +148,7 @@ class Cluster:
             "--initial-nodes", ",".join(self.brokers),
             "--cluster-id", "faults",
             "--secret-file", str(self.run_dir / "secret"),
+            "--credentials-file", str(self.run_dir / "credentials.yaml"),
             "--segment-bytes", str(s.segment_bytes),
             "--tick-ms", str(s.tick_ms),
             "--request-timeout-ms", str(s.request_timeout_ms),

@@ -364,7 +364,7 @@ class ClockJump(Fault):
             entry = Entry([url], self.rng)
             give_up = asyncio.Event()
             give_up.set()  # one attempt: a retry could reach another leader
-            ctx = Context(env.session, [url], env.recorder, give_up)
+            ctx = Context(env.session, [url], env.recorder, give_up, env.cluster.token)
             await append_values(ctx, entry, [value], timeout_s=3.0, give_up=give_up)
             if value.acked_index is None or not value.attempts[-1].url.startswith(url):
                 continue

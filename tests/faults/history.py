@@ -59,7 +59,7 @@ async def write_history(
     env: Env, topic: str, partitions: int, seed: int, batches: int, tag: str
 ) -> None:
     """Idempotent batches of big records to every partition (checked like the workload's)."""
-    ctx = Context(env.session, env.cluster.urls, env.recorder, asyncio.Event())
+    ctx = Context(env.session, env.cluster.urls, env.recorder, asyncio.Event(), env.cluster.token)
     await asyncio.gather(
         *(
             raw_writer(

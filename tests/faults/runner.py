@@ -205,7 +205,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
     kinds = parse_kinds(config.faults)
     schedule = make_schedule(config.seed, kinds, config.fault_count)
     connector = aiohttp.TCPConnector(limit=0, use_dns_cache=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=cluster.auth_headers) as session:
         recorder = Recorder()
         env = Env(cluster, network, session, recorder, partitions=[])
         for node in cluster.node_ids:
@@ -234,7 +234,7 @@ async def run_async(config: RunConfig, cluster: Cluster, network: Network) -> di
         phases["history_s"] = time.monotonic() - started - phases["start_s"]
         env.partitions = [(t, p) for t in (WRITE_TOPIC, QUEUE_TOPIC) for p in range(partitions)]
         probe_partitions = env.partitions + [(HISTORY_TOPIC, p) for p in range(history_partitions)]
-        ctx = Context(session, cluster.urls, recorder, asyncio.Event())
+        ctx = Context(session, cluster.urls, recorder, asyncio.Event(), cluster.token)
         tasks = start_workload(ctx, config.seed, partitions, probe_partitions)
         say(f"workload running; {len(schedule)} faults: {[p.kind for p in schedule]}")
         workload_started = time.monotonic()

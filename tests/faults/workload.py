@@ -142,6 +142,7 @@ class Context:
     urls: list[str]
     recorder: Recorder
     stop: asyncio.Event
+    token: str | None = None  # the session sends it; AsyncClient is given it
 
 
 def records_url(base: str, topic: str, partition: int) -> str:
@@ -283,7 +284,7 @@ async def producer_writer(
         value.acked_index = metadata.index
         value.acked_s = now
 
-    async with AsyncClient(ctx.urls, timeout_s=ATTEMPT_TIMEOUT_S) as client:
+    async with AsyncClient(ctx.urls, token=ctx.token, timeout_s=ATTEMPT_TIMEOUT_S) as client:
         producer = Producer(
             client, topic, linger_ms=2, partitions=partitions, producer_id=producer_id,
             delivery_timeout_s=PRODUCER_DELIVERY_TIMEOUT_S,

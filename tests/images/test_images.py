@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from laminar.client import AsyncClient
+from laminar.credentials import Role, dump, entry, new_token, token_hash
 from laminar.log.batch import Record
 from laminar.server.config import new_secret
 
@@ -82,11 +83,19 @@ def test_the_broker_image_serves_as_uid_10001_on_a_read_only_root(
     secret.mkdir()
     (secret / "hmac").write_bytes(new_secret())
     os.chown(secret / "hmac", 10001, 10001)
+    credentials = tmp_path / "credentials"  # the client credentials, as the operator mounts them
+    credentials.mkdir()
+    token = new_token()
+    admin = entry("admin", [Role.ADMIN], hashes=[token_hash(token)])
+    (credentials / "credentials.yaml").write_text(dump([admin]))
+    os.chown(credentials / "credentials.yaml", 10001, 10001)
     host = f"{loopback_prefix()}.1"
     podman(
         *RUN, "-d", "--name", container, "--network", "host", "--read-only",
         "-v", f"{data}:/var/lib/laminar", "-v", f"{secret}:/etc/laminar/secret:ro",
+        "-v", f"{credentials}:/etc/laminar/credentials:ro",
         "--tmpfs", "/tmp", "-e", "LAMINAR_SECRET_FILE=/etc/laminar/secret/hmac",
+        "-e", "LAMINAR_CREDENTIALS_FILE=/etc/laminar/credentials/credentials.yaml",
         "-e", "LAMINAR_NODE_ID=image-1", "-e", f"LAMINAR_HOST={host}", broker,
     )  # fmt: skip
     url = f"http://{host}:7070"
@@ -98,7 +107,7 @@ def test_the_broker_image_serves_as_uid_10001_on_a_read_only_root(
     assert http_status(f"{url}/healthz") == 200
 
     async def roundtrip() -> bytes:
-        async with AsyncClient([url]) as client:
+        async with AsyncClient([url], token=token) as client:
             await client.create_topic("image", partitions=1, replication_factor=1)
             await client.wait_for_leaders("image")
             await client.append("image", 0, [Record(value=b"from the image")])

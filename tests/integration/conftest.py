@@ -2,6 +2,8 @@
 
 Each cluster gets its own 127.<a>.<b>.0/24 block (from the pytest worker's pid), so tests and a
 user's `laminar local-cluster` (127.0.0.x) never collide, and every broker is stopped at the end.
+Every cluster requires a token, as every broker does: its admin token is `cluster.token`
+(`auth(cluster)`: the header, for raw HTTP requests).
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def make_cluster(path: Path, nodes: int = 3, **kwargs: object) -> LocalCluster:
     return cluster
 
 
+def auth(cluster: LocalCluster, token: str | None = None) -> dict[str, str]:
+    """The Authorization header of `cluster`'s admin token (or of `token`)."""
+    return {"Authorization": f"Bearer {token or cluster.token}"}
+
+
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three brokers (fsync always) shared by the tests of one module."""
@@ -50,7 +57,7 @@ def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
 
 @pytest.fixture(scope="module")
 def secured_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """One broker that requires the bearer token TOKEN."""
+    """One broker whose admin token is TOKEN (a token chosen, not made)."""
     cluster = make_cluster(tmp_path_factory.mktemp("secured"), 1, token=TOKEN)
     yield cluster
     cluster.stop()

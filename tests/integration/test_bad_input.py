@@ -24,7 +24,7 @@ from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record, encode_batch
 from laminar.server.http import LINGERING_TIME_S
 
-from .conftest import TOKEN, make_cluster
+from .conftest import TOKEN, auth, make_cluster
 
 pytestmark = pytest.mark.integration
 BATCH = "application/vnd.laminar.batch"
@@ -59,10 +59,17 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 async def call(
     session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any
 ) -> tuple[int, Any]:
-    async with session.request(method, url, allow_redirects=True, **kwargs) as response:
-        if response.content_type == "application/json":
-            return response.status, await response.json()
-        return response.status, await response.read()
+    """One request, following 307s to the leader itself (aiohttp drops the Authorization
+    header on a redirect to another host, as curl does)."""
+    for _ in range(5):
+        async with session.request(method, url, allow_redirects=False, **kwargs) as response:
+            if response.status == 307 and "Location" in response.headers:
+                url = response.headers["Location"]
+                continue
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, await response.read()
+    raise AssertionError(f"{method} {url}: redirected too often")
 
 
 async def state(session: aiohttp.ClientSession, base: str) -> Any:
@@ -180,7 +187,7 @@ async def raw(base: str, request: bytes, timeout_s: float = 10.0) -> tuple[int, 
 
 async def test_bad_topic_names_and_unknown_resources(cluster3: LocalCluster) -> None:
     base = cluster3.urls[0]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         before = await state(session, base)
         for name in ["..", "a/b", "x" * 300, "", "-lead", "sp ace", 7, None]:
@@ -261,7 +268,7 @@ async def test_bad_topic_names_and_unknown_resources(cluster3: LocalCluster) -> 
 
 async def test_bad_reads(cluster3: LocalCluster) -> None:
     base = cluster3.urls[1]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         url = f"{base}/v1/topics/bad-input/partitions/0/records"
         for query in [
@@ -291,7 +298,7 @@ async def test_bad_reads(cluster3: LocalCluster) -> None:
 async def test_accept_weights_choose_the_read_format(cluster3: LocalCluster) -> None:
     """Reads answer binary only when `Accept` names the batch type with a weight above 0."""
     base = cluster3.urls[1]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         url = f"{base}/v1/topics/bad-input/partitions/0/records"
         status, body = await call(session, "POST", url, json={"records": [{"value": "v"}]})
@@ -313,12 +320,23 @@ async def test_accept_weights_choose_the_read_format(cluster3: LocalCluster) -> 
                 assert response.status == 200, accept
                 want = BATCH if binary else "application/json"
                 assert response.content_type == want, (accept, response.content_type)
+        # and acquires, between JSON and the binary deliveries
+        acquired = "application/vnd.laminar.acquired"
+        _, described = await call(session, "GET", f"{base}/v1/topics/bad-input")
+        leader = described["partition_states"][0]["leader_url"]  # (aiohttp's redirects: no token)
+        acquire = f"{leader}/v1/topics/bad-input/partitions/0/groups/accept-weights/acquire"
+        for accept, binary in [(acquired, True), (f"{acquired};q=0", False), ("*/*", False)]:
+            headers = {"Accept": accept}
+            async with session.post(acquire, json={"lease_ms": 1}, headers=headers) as response:
+                assert response.status == 200, (accept, await response.text())
+                want = acquired if binary else "application/json"
+                assert response.content_type == want, (accept, response.content_type)
         await no_internal_errors(session, cluster3)
 
 
 async def test_bad_appends_change_nothing(cluster3: LocalCluster) -> None:
     base = cluster3.urls[2]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         before = await state(session, base)
         url = f"{base}/v1/topics/bad-input/partitions/1/records"
@@ -423,7 +441,7 @@ async def test_big_json_bodies_are_refused_before_they_stall_the_broker(
 ) -> None:
     """7.7 MiB of 2.5 million empty records: refused (413) before anything is parsed, and the
     broker keeps answering meanwhile (it used to spend seconds on it, its loop stalled)."""
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, cluster3.urls[0], "bad-input")
         _, described = await call(session, "GET", f"{cluster3.urls[0]}/v1/topics/bad-input")
         leader = described["partition_states"][1]["leader_url"]
@@ -456,10 +474,11 @@ async def test_requests_aiohttp_cannot_parse_get_json_errors(cluster3: LocalClus
     """Request smuggling, bad lengths, a bad request line, heads too long: 400 `bad_request`
     in the JSON envelope (aiohttp answers them before any handler; it used to in plain text)."""
     base = cluster3.urls[0]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         before = await state(session, base)
         head = b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += f"Authorization: Bearer {cluster3.token}\r\n".encode()  # not refused for that
         create = b'{"name": "smuggled", "partitions": 1}'
         for request in [
             head + b"Content-Length: 39\r\nTransfer-Encoding: chunked\r\n\r\n" + create,
@@ -492,12 +511,13 @@ async def test_bodies_the_broker_never_takes_are_refused_before_reading(
     pending-bytes check (it was 429 + Retry-After: clients retried for ever); a compressed
     one is 415 (no inflating on the broker)."""
     base = cluster3.urls[0]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
         await ensure_topic(session, base, "bad-input")
         before = await state(session, base)
         for partition in (0, 1):  # one on this broker's leader or not: 413 either way
             path = f"/v1/topics/bad-input/partitions/{partition}/records"
             head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            head += f"Authorization: Bearer {cluster3.token}\r\n"
             for length in (65 << 20, 10**12, (8 << 20) + 1):
                 request = f"{head}Content-Length: {length}\r\n\r\n".encode() + b'{"records"'
                 status, body = await raw(base, request)
@@ -517,7 +537,8 @@ async def test_slow_clients_are_cut_off_while_others_are_served(limited: LocalCl
     slow_head = b"GET /v1/topics HTTP/1.1\r\nHost: x\r\nX-Slow: "
     slow_body = (
         b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 1000\r\n\r\n{"name": "'
+        + f"Authorization: Bearer {limited.token}\r\n".encode()  # (else 401 before the body)
+        + b'Content-Length: 1000\r\n\r\n{"name": "'
     )
     sockets = []
     for start in [slow_head] * 40 + [slow_body] * 20:
@@ -544,7 +565,7 @@ async def test_slow_clients_are_cut_off_while_others_are_served(limited: LocalCl
             writer.close()
 
     clients = [asyncio.create_task(slow(r, w, start)) for _, (r, w), start in sockets]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(limited)) as session:
         status, body = await call(session, "GET", f"{base}/v1/topics")
         assert status == 200, body
         assert not any(client.done() for client in clients)  # served while they are held
@@ -574,7 +595,7 @@ async def test_connections_per_client_are_capped(limited: LocalCluster) -> None:
     status, headers, body = parse_answer(data)
     expect(status, body, 429, "overloaded")
     assert headers["retry-after"] == "1"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(limited)) as session:
         status, body = await call(session, "GET", f"{base}/v1/topics")  # from 127.0.0.1
         assert status == 200, body
         for reader, writer in held:  # idle: closed by the header timeout

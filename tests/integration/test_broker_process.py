@@ -17,10 +17,11 @@ import aiohttp
 import pytest
 
 from laminar.client import AsyncClient
+from laminar.credentials import Role, dump, entry, new_token, token_hash
 from laminar.log.batch import Record, encode_batch
 from laminar.server.config import new_secret
 
-from .conftest import loopback_prefix, make_cluster
+from .conftest import auth, loopback_prefix, make_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +41,16 @@ REQUIRED_METRICS = [
 ]
 
 
+#: the admin token of the broker `start_broker` runs (its credentials file, from the environment)
+ENV_TOKEN = new_token()
+
+
 def start_broker(data_dir: Path, host: str, log_path: Path) -> subprocess.Popen[bytes]:
     secret = data_dir.parent / "secret"
     secret.write_bytes(new_secret())
+    credentials = data_dir.parent / "credentials.yaml"
+    admin = entry("admin", [Role.ADMIN], hashes=[token_hash(ENV_TOKEN)])
+    credentials.write_text(dump([admin]))
     env = dict(os.environ)
     env.update(
         {
@@ -51,6 +59,7 @@ def start_broker(data_dir: Path, host: str, log_path: Path) -> subprocess.Popen[
             "LAMINAR_HOST": host,
             "LAMINAR_CLUSTER_ID": "env-test",
             "LAMINAR_SECRET_FILE": str(secret),
+            "LAMINAR_CREDENTIALS_FILE": str(credentials),
             "LAMINAR_FSYNC": "always",
         }
     )
@@ -85,7 +94,7 @@ async def test_env_config_metrics_and_sigterm(tmp_path: Path) -> None:
     process = start_broker(data_dir, host, tmp_path / "solo.log")
     try:
         await wait_ready(base, process)
-        async with AsyncClient([base]) as client:
+        async with AsyncClient([base], token=ENV_TOKEN) as client:
             await client.create_topic("metered", partitions=2, replication_factor=1)
             for _ in range(50):
                 if all(p.leader for p in (await client.describe_topic("metered")).partition_states):
@@ -113,7 +122,7 @@ async def test_env_config_metrics_and_sigterm(tmp_path: Path) -> None:
         # everything is back after a restart
         process = start_broker(data_dir, host, tmp_path / "solo.log")
         await wait_ready(base, process)
-        async with AsyncClient([base]) as client:
+        async with AsyncClient([base], token=ENV_TOKEN) as client:
             for _ in range(100):
                 states = (await client.describe_topic("metered")).partition_states
                 if states[1].commit_index >= result.base_index + 6:
@@ -130,7 +139,7 @@ async def test_env_config_metrics_and_sigterm(tmp_path: Path) -> None:
 async def test_graceful_stop_hands_over_leadership(tmp_path: Path) -> None:
     cluster = make_cluster(tmp_path / "graceful")
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("handover", partitions=1, replication_factor=3)
             for _ in range(100):
                 leader = (await client.describe_topic("handover")).partition_states[0].leader
@@ -164,7 +173,7 @@ async def test_append_backpressure_is_bounded_in_bytes(tmp_path: Path) -> None:
         tmp_path / "bounded", 1, extra_args=("--max-pending-bytes", str(100 * 1024))
     )
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("bounded", partitions=1, replication_factor=1)
             for _ in range(100):
                 if (await client.describe_topic("bounded")).partition_states[0].leader:
@@ -176,13 +185,13 @@ async def test_append_backpressure_is_bounded_in_bytes(tmp_path: Path) -> None:
         url = f"{cluster.urls[0]}/v1/topics/bounded/partitions/0/records"
         headers = {"Content-Type": "application/vnd.laminar.batch"}
         async with (
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(headers=auth(cluster)) as session,
             session.post(url, data=big, headers=headers) as response,
         ):
             assert response.status == 429
             assert response.headers["Retry-After"] == "1"
             assert (await response.json())["error"]["code"] == "overloaded"
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             state = (await client.describe_topic("bounded")).partition_states[0]
             assert state.log_end == end
             records = (await client.read("bounded", 0, small.base_index)).records
@@ -198,12 +207,12 @@ async def test_long_polls_waiting_when_the_broker_stops_answer_503(tmp_path: Pat
     never 500, and never an empty 200, which would say "nothing new yet"."""
     cluster = make_cluster(tmp_path / "stopping", 1)
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("quiet", partitions=1, replication_factor=1)
             await client.wait_for_leaders("quiet")
             end = (await client.describe_topic("quiet")).partition_states[0].log_end
         base = f"{cluster.urls[0]}/v1/topics/quiet/partitions/0"
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=auth(cluster)) as session:
 
             async def answer(method: str, url: str, **kw: Any) -> tuple[int, Any, Any] | None:
                 try:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from laminar.client import partition_for
 
-from .conftest import interruptible
+from .conftest import TOKEN, interruptible
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def laminar(
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
-        env=env or environment(),
+        env=env or environment(LAMINAR_TOKEN_FILE=str(cluster.token_file)),
     )
 
 
@@ -261,7 +262,8 @@ def test_consume_bounds_and_follow(cluster3: Any) -> None:
         [sys.executable, "-m", "laminar", "consume", name, "--follow",
          "--from", str(indexes[-1] + 1), "--max-records", "3", "--json",
          "--brokers", ",".join(cluster3.urls)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(LAMINAR_TOKEN_FILE=str(cluster3.token_file)),
     )  # fmt: skip
     try:
         ok(laminar(cluster3, "produce", name, stdin="new0\nnew1\nnew2\nnew3\n"))
@@ -275,7 +277,8 @@ def test_consume_bounds_and_follow(cluster3: Any) -> None:
     follow = subprocess.Popen(
         [sys.executable, "-m", "laminar", "consume", name, "--follow",
          "--brokers", ",".join(cluster3.urls)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(LAMINAR_TOKEN_FILE=str(cluster3.token_file)),
         preexec_fn=interruptible,
     )  # fmt: skip
     try:
@@ -329,13 +332,51 @@ def test_node_commands(cluster3: Any) -> None:
     assert "404 not_found" in failed(laminar(cluster3, "node", "drain", "n99"))
 
 
-def test_token_file(secured_cluster: Any, tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text(secured_cluster.token + "\n")
-    error = failed(laminar(secured_cluster, "topic", "list"))
-    assert "401 unauthorized" in error and "--token-file" in error
-    ok(laminar(secured_cluster, "topic", "list", "--token-file", str(token_file)))
-    env = environment(LAMINAR_TOKEN_FILE=str(token_file))
-    ok(laminar(secured_cluster, "cluster", "status", env=env))
-    missing = failed(laminar(secured_cluster, "topic", "list", "--token-file", str(tmp_path / "x")))
-    assert "cannot read the token file" in missing
+def test_where_the_token_comes_from(secured_cluster: Any, tmp_path: Path) -> None:
+    """--token-file, then $LAMINAR_TOKEN, then $LAMINAR_TOKEN_FILE, then a context of the
+    client configuration file ($LAMINAR_CONFIG; --context or $LAMINAR_CONTEXT or its
+    current-context), each read only when those before it are missing."""
+    good = tmp_path / "token"
+    good.write_text(secured_cluster.token + "\n")
+    bad = tmp_path / "bad-token"
+    bad.write_text("lmq_not-a-token-of-this-cluster\n")
+    error = failed(laminar(secured_cluster, "topic", "list", env=environment()))
+    assert "401 unauthorized" in error and "--token-file" in error and "LAMINAR_TOKEN" in error
+    ok(laminar(secured_cluster, "topic", "list", "--token-file", str(good), env=environment()))
+    ok(laminar(secured_cluster, "cluster", "status", env=environment(LAMINAR_TOKEN_FILE=str(good))))
+    ok(laminar(secured_cluster, "topic", "list", env=environment(LAMINAR_TOKEN=TOKEN)))
+    # the option before the environment; $LAMINAR_TOKEN before $LAMINAR_TOKEN_FILE (unread)
+    bad_env = environment(LAMINAR_TOKEN="lmq_wrong", LAMINAR_TOKEN_FILE=str(tmp_path / "none"))
+    ok(laminar(secured_cluster, "topic", "list", "--token-file", str(good), env=bad_env))
+    assert "401" in failed(laminar(secured_cluster, "topic", "list", env=bad_env))
+    either = environment(LAMINAR_TOKEN=TOKEN, LAMINAR_TOKEN_FILE=str(tmp_path / "none"))
+    ok(laminar(secured_cluster, "topic", "list", env=either))
+    missing = laminar(secured_cluster, "topic", "list", "--token-file", str(tmp_path / "x"))
+    assert "cannot read the token file" in failed(missing)
+
+    # contexts: brokers and token from the file; relative paths from its directory
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "current-context": "wrong",
+                "contexts": [
+                    {"name": "here", "brokers": secured_cluster.urls, "token-file": "token"},
+                    {"name": "wrong", "brokers": secured_cluster.urls, "token-file": "bad-token"},
+                ],
+            }
+        )
+    )
+    contexts = environment(LAMINAR_CONFIG=str(config))
+    listed = laminar(secured_cluster, "topic", "list", env=contexts, brokers=False)
+    assert "401" in failed(listed)  # the current context's token is not this cluster's
+    ok(laminar(secured_cluster, "topic", "list", "--context", "here", env=contexts, brokers=False))
+    chosen = {**contexts, "LAMINAR_CONTEXT": "here"}
+    ok(laminar(secured_cluster, "topic", "list", env=chosen, brokers=False))
+    # an explicit context before the environment; the environment before the current context
+    ok(laminar(secured_cluster, "topic", "list", "--context", "here", env={**contexts,
+       "LAMINAR_TOKEN": "lmq_wrong"}, brokers=False))  # fmt: skip
+    ok(laminar(secured_cluster, "topic", "list", env={**contexts, "LAMINAR_TOKEN": TOKEN},
+               brokers=False))  # fmt: skip
+    unknown = laminar(secured_cluster, "topic", "list", "--context", "nope", env=contexts)
+    assert "no context 'nope'" in failed(unknown)

@@ -48,7 +48,7 @@ async def read_all(client: AsyncClient, topic: str, partition: int) -> list[tupl
 
 async def test_produce_and_consume_100k_in_order(cluster3: LocalCluster) -> None:
     topic, partitions, total = "events", 6, 100_000
-    async with AsyncClient(cluster3.urls) as client:
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
         await client.create_topic(topic, partitions=partitions, replication_factor=3)
         await wait_until("leaders", lambda: leaders_ready(client, topic, 3))
         producer = Producer(client, topic, linger_ms=5)
@@ -142,7 +142,7 @@ async def test_kill_leader_under_load(tmp_path: Path) -> None:
     cluster = make_cluster(tmp_path / "kill")
     try:
         topic = "chaos"
-        async with AsyncClient(cluster.urls, timeout_s=20) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token, timeout_s=20) as client:
             await client.create_topic(topic, partitions=3, replication_factor=3)
             await wait_until("leaders", lambda: leaders_ready(client, topic, 3))
             load = Load(client, topic, 3)
@@ -187,7 +187,7 @@ async def test_add_broker_and_drain(tmp_path: Path) -> None:
     cluster = make_cluster(tmp_path / "moves")
     try:
         topic, partitions, rf = "moves", 8, 2
-        async with AsyncClient(cluster.urls, timeout_s=20) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token, timeout_s=20) as client:
             await client.create_topic(topic, partitions=partitions, replication_factor=rf)
             await wait_until("leaders", lambda: leaders_ready(client, topic, rf))
             load = Load(client, topic, partitions)
@@ -230,7 +230,7 @@ async def test_handoff_moves_a_brokers_leaderships_away(tmp_path: Path) -> None:
     broker redirects there); afterwards it leads nothing and every partition has a leader."""
     cluster = make_cluster(tmp_path / "handoff")
     try:
-        async with AsyncClient(cluster.urls, timeout_s=20) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token, timeout_s=20) as client:
             await client.create_topic("handoff", partitions=6, replication_factor=3)
             described = await client.wait_for_leaders("handoff")
             counts: dict[str, int] = {}
@@ -239,7 +239,8 @@ async def test_handoff_moves_a_brokers_leaderships_away(tmp_path: Path) -> None:
                 counts[state.leader] = counts.get(state.leader, 0) + 1
             busiest = max(counts, key=lambda n: counts[n])
             other = next(n for n in cluster.nodes if n != busiest)
-            async with AsyncClient([cluster.nodes[other].api_url], timeout_s=20) as via_other:
+            via = [cluster.nodes[other].api_url]
+            async with AsyncClient(via, token=cluster.token, timeout_s=20) as via_other:
                 assert await via_other.handoff(busiest) == 0
 
             async def moved() -> object:
@@ -252,7 +253,8 @@ async def test_handoff_moves_a_brokers_leaderships_away(tmp_path: Path) -> None:
                 await client.handoff("n99")
         cli = subprocess.run(
             [sys.executable, "-m", "laminar", "node", "handoff", "--brokers", cluster.urls[0]],
-            env={**os.environ, "LAMINAR_NODE_ID": other},
+            env={**os.environ, "LAMINAR_NODE_ID": other,
+                 "LAMINAR_TOKEN_FILE": str(cluster.token_file)},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr

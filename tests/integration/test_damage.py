@@ -17,7 +17,7 @@ from laminar.log.batch import BATCH_HEADER_BYTES, Record, parse_header
 from laminar.log.segment import STORE_SUFFIX
 from laminar.log.store import STORE_HEADER_BYTES
 
-from .conftest import make_cluster, wait_until
+from .conftest import auth, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ async def replica_read(cluster: LocalCluster, node: str, topic: str) -> list[byt
     base = cluster.nodes[node].api_url
     values: list[bytes] = []
     index = 0
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         while True:
             url = f"{base}/v1/topics/{topic}/partitions/0/records?from={index}&max_records=1000"
             async with session.get(url, allow_redirects=False) as response:
@@ -78,7 +78,7 @@ async def loaded_cluster(tmp_path: Path) -> tuple[LocalCluster, list[bytes], str
     same RECORDS values on every replica; the leader of flip/0."""
     cluster = make_cluster(tmp_path, extra_args=("--segment-bytes", str(SEGMENT_BYTES)))
     values = [f"{n:05d}".encode() * 100 for n in range(RECORDS)]
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         for topic in ("flip", "other"):
             await client.create_topic(topic, partitions=1, replication_factor=3)
             await client.wait_for_leaders(topic)
@@ -122,7 +122,7 @@ async def test_a_follower_with_a_flipped_bit_starts_and_is_repaired(
         assert await storage_metric(cluster, follower, "repairs") >= 1
         log = cluster.tail(follower, 10_000)
         assert "flip/0" in log and "Traceback" not in log
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             more = await client.append("flip", 0, [Record(value=b"after")])
         assert more.base_index >= RECORDS  # (leader no-ops take indexes too)
     finally:
@@ -140,7 +140,7 @@ async def test_a_leader_that_finds_a_flipped_bit_steps_down_and_is_repaired(
         assert status == 503, status  # never served, never a 500
 
         async def led_elsewhere() -> object:
-            async with AsyncClient(cluster.urls) as client:
+            async with AsyncClient(cluster.urls, token=cluster.token) as client:
                 state = (await client.describe_topic("flip")).partition_states[0]
             return state.leader not in (None, leader) or state.leader
 
@@ -148,7 +148,7 @@ async def test_a_leader_that_finds_a_flipped_bit_steps_down_and_is_repaired(
         await every_replica_holds(cluster, values)
         assert await storage_metric(cluster, leader, "corrupt_batches") >= 1
         assert await storage_metric(cluster, leader, "repairs") >= 1
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             more = await client.append("flip", 0, [Record(value=b"after")])
         assert more.base_index >= RECORDS  # (leader no-ops take indexes too)
         assert "Traceback" not in cluster.tail(leader, 10_000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from laminar.credentials import load as load_credentials
+from laminar.credentials import token_hash
 from laminar.local_cluster import ClusterError, LocalCluster, pid_alive, probe
 
 from .conftest import interruptible, loopback_prefix
@@ -46,7 +49,49 @@ def test_detached_up_status_down(tmp_path: Path) -> None:
     )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert f"n1  http://{prefix}.11:7070" in up.stdout and "LAMINAR_BROKERS=" in up.stdout
+        # TLS by default: HTTPS URLs, and the CA the clients need, made in the data directory
+        assert f"n1  https://{prefix}.11:7070" in up.stdout and "LAMINAR_BROKERS=" in up.stdout
+        ca_file = data_dir / "tls" / "ca.crt"
+        assert f"export LAMINAR_CA_FILE={ca_file}" in up.stdout
+        assert (data_dir / "tls" / "ca.key").stat().st_mode & 0o777 == 0o600
+        # an admin token, and the brokers' credentials file admitting it, both private
+        token_file = data_dir / "token"
+        assert f"export LAMINAR_TOKEN_FILE={token_file}" in up.stdout
+        for made in (token_file, data_dir / "credentials.yaml"):
+            assert made.stat().st_mode & 0o777 == 0o600, made
+        (admin,) = load_credentials(data_dir / "credentials.yaml")
+        assert admin.admin and admin.hashes == (token_hash(token_file.read_text().strip()),)
+        env = {
+            **os.environ,
+            "LAMINAR_BROKERS": f"https://{prefix}.11:7070",
+            "LAMINAR_TOKEN_FILE": str(token_file),  # the client commands take it from there
+        }
+        anonymous = subprocess.run(
+            [*LAMINAR, "topic", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in env.items() if k != "LAMINAR_TOKEN_FILE"}
+            | {"LAMINAR_CA_FILE": str(data_dir / "tls" / "ca.crt")},
+        )
+        assert anonymous.returncode == 1 and "401 unauthorized" in anonymous.stderr
+        listed = subprocess.run(
+            [*LAMINAR, "cluster", "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "LAMINAR_CA_FILE": str(ca_file)},
+        )
+        assert listed.returncode == 0 and "n2" in listed.stdout, listed.stdout + listed.stderr
+        untrusted = subprocess.run(  # without the CA: the certificate is refused, at once
+            [*LAMINAR, "cluster", "status", "--timeout", "30"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env={k: v for k, v in env.items() if k != "LAMINAR_CA_FILE"},
+        )
+        assert untrusted.returncode == 1, untrusted.stderr
+        assert "certificate verify failed" in untrusted.stderr, untrusted.stderr
         status = subprocess.run(
             [*LAMINAR, "local-cluster", "status", "--data-dir", str(data_dir)],
             capture_output=True,
@@ -88,6 +133,7 @@ def test_foreground_up_stops_on_ctrl_c(tmp_path: Path) -> None:
             prefix,
             "--data-dir",
             str(data_dir),
+            "--no-tls",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -104,6 +150,7 @@ def test_foreground_up_stops_on_ctrl_c(tmp_path: Path) -> None:
             if "Ctrl-C" in line or not line:
                 break
         assert "running; Ctrl-C stops the cluster" in "".join(lines), lines
+        assert "LAMINAR_CA_FILE" not in "".join(lines)  # --no-tls: plain HTTP
         assert probe(f"http://{prefix}.11:7070/readyz") == 200
         pids = brokers_of(data_dir)
         process.send_signal(signal.SIGINT)
@@ -141,3 +188,26 @@ def test_each_cluster_gets_its_own_random_secret_passed_to_every_broker(tmp_path
     with pytest.raises(ClusterError, match="8 bytes long"):
         weak.start()
     assert all(node.pid is None for node in weak.nodes.values())
+
+
+def test_each_cluster_gets_an_admin_token_and_credentials_passed_to_every_broker(
+    tmp_path: Path,
+) -> None:
+    """`up` makes an admin token (`<data-dir>/token`) and the credentials file admitting it,
+    hands the file to every broker (--credentials-file), and reuses both later; a credentials
+    file that does not admit the token is refused before any broker starts."""
+    first = LocalCluster(tmp_path / "first", 2, prefix=loopback_prefix())
+    for node in first.nodes.values():
+        command = first.command(node)
+        assert command[command.index("--credentials-file") + 1] == str(
+            tmp_path / "first" / "credentials.yaml"
+        )
+        assert "--token-file" not in command and "--allow-anonymous" not in command
+    token = first.token
+    assert token.startswith("lmq_") and LocalCluster(tmp_path / "first", 2).token == token
+    assert LocalCluster(tmp_path / "other", 1).token != token
+    chosen = LocalCluster(tmp_path / "chosen", 1, token="a-token-chosen-by-a-test")
+    assert chosen.token == "a-token-chosen-by-a-test"
+    (tmp_path / "first" / "token").write_text("lmq_someone-elses\n")
+    with pytest.raises(ClusterError, match="is no admin's"):
+        LocalCluster(tmp_path / "first", 2, prefix=loopback_prefix()).start()

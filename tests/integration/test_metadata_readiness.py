@@ -14,7 +14,7 @@ import pytest
 from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
 
-from .conftest import make_cluster, wait_until
+from .conftest import auth, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ async def first_ready_topics(cluster: LocalCluster, node: str) -> list[str]:
     answers 200."""
     base = cluster.nodes[node].api_url
     deadline = time.monotonic() + START_TIMEOUT_S
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         while time.monotonic() < deadline:
             if await status_of(session, "GET", f"{base}/readyz") == 200:
                 async with session.get(f"{base}/v1/topics") as response:
@@ -57,7 +57,7 @@ async def test_a_restarted_broker_is_ready_only_once_it_knows_what_was_committed
     try:
         cluster.kill("n3")
         names = [f"late-{n}" for n in range(5)]
-        async with AsyncClient([cluster.nodes["n1"].api_url]) as client:
+        async with AsyncClient([cluster.nodes["n1"].api_url], token=cluster.token) as client:
             for name in names:
                 await client.create_topic(name, partitions=1, replication_factor=2)
         cluster.start_node("n3")
@@ -75,13 +75,13 @@ async def test_a_topic_a_restarting_broker_has_not_learned_yet_is_never_404(
     cluster = make_cluster(tmp_path / "never-404")
     try:
         cluster.kill("n3")
-        async with AsyncClient([cluster.nodes["n1"].api_url]) as client:
+        async with AsyncClient([cluster.nodes["n1"].api_url], token=cluster.token) as client:
             await client.create_topic("late", partitions=1, replication_factor=2)
         cluster.start_node("n3")
         url = f"{cluster.nodes['n3'].api_url}/v1/topics/late/partitions/0/records"
         answers: list[int] = []
         deadline = time.monotonic() + START_TIMEOUT_S
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=auth(cluster)) as session:
             while time.monotonic() < deadline:
                 status = await status_of(session, "GET", f"{url}?from=0")
                 if status is not None:
@@ -104,7 +104,7 @@ async def test_a_broker_cut_off_from_the_metadata_answers_503_not_404(tmp_path: 
         cluster.kill("n1")
         cluster.kill("n2")
         base = cluster.nodes["n3"].api_url
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=auth(cluster)) as session:
             assert await status_of(session, "GET", f"{base}/readyz") == 503
             for method, path in (
                 ("GET", "/v1/topics/nobody-knows"),
@@ -118,7 +118,7 @@ async def test_a_broker_cut_off_from_the_metadata_answers_503_not_404(tmp_path: 
         cluster.wait_ready()
 
         async def unknown_is_404() -> object:
-            async with aiohttp.ClientSession() as session:
+            async with aiohttp.ClientSession(headers=auth(cluster)) as session:
                 return await status_of(session, "GET", f"{base}/v1/topics/nobody-knows") == 404
 
         await wait_until("an unknown topic to be 404 again", unknown_is_404)

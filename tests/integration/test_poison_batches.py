@@ -33,7 +33,7 @@ from laminar.log.batch import (
 from laminar.log.segment import STORE_SUFFIX
 from laminar.log.store import STORE_HEADER_BYTES
 
-from .conftest import make_cluster, wait_until
+from .conftest import auth, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 BATCH = "application/vnd.laminar.batch"
@@ -123,7 +123,7 @@ BATCHES = [[b"a0", b"a1"], [b"b0", b"b1", b"b2"], [b"c0", b"c1"]]
 async def load(cluster: LocalCluster) -> list[int]:
     """BATCHES appended to TOPIC (their base indexes); consumer c1 of group `held` acquires
     every record."""
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         await client.create_topic(TOPIC, partitions=1, replication_factor=3)
         await client.wait_for_leaders(TOPIC)
         bases = [
@@ -157,9 +157,9 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stored]:
         cluster.stop()
 
 
-async def get(url: str, **kwargs: Any) -> tuple[int, Any, dict[str, str]]:
+async def get(cluster: LocalCluster, url: str, **kwargs: Any) -> tuple[int, Any, dict[str, str]]:
     async with (
-        aiohttp.ClientSession() as session,
+        aiohttp.ClientSession(headers=auth(cluster)) as session,
         session.get(url, allow_redirects=False, **kwargs) as response,
     ):
         body: Any = await response.read()
@@ -168,15 +168,22 @@ async def get(url: str, **kwargs: Any) -> tuple[int, Any, dict[str, str]]:
         return response.status, body, dict(response.headers)
 
 
-async def post(url: str, **kwargs: Any) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session, session.post(url, **kwargs) as response:
-        if response.content_type == "application/json":
-            return response.status, await response.json()
-        return response.status, await response.read()
+async def post(cluster: LocalCluster, url: str, **kwargs: Any) -> tuple[int, Any]:
+    """POST, following 307s to the leader (aiohttp's own redirects drop the token)."""
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
+        for _ in range(5):
+            async with session.post(url, allow_redirects=False, **kwargs) as response:
+                if response.status == 307:
+                    url = response.headers["Location"]
+                    continue
+                if response.content_type == "application/json":
+                    return response.status, await response.json()
+                return response.status, await response.read()
+    raise AssertionError(f"POST {url}: redirected too often")
 
 
 async def metric(cluster: LocalCluster, node: str, path: str) -> float:
-    _, text, _ = await get(f"{cluster.nodes[node].api_url}/metrics")
+    _, text, _ = await get(cluster, f"{cluster.nodes[node].api_url}/metrics")
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
             if sample.name == "laminar_malformed_records_total" and sample.labels == {"path": path}:
@@ -185,7 +192,7 @@ async def metric(cluster: LocalCluster, node: str, path: str) -> float:
 
 
 async def leader(cluster: LocalCluster) -> str:
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         found = (await client.wait_for_leaders(TOPIC)).partition_states[0].leader
     assert found is not None
     return found
@@ -202,21 +209,21 @@ async def test_poison_batches_with_a_valid_checksum_are_refused_and_change_nothi
     stored: Stored,
 ) -> None:
     cluster = stored.cluster
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         await client.create_topic("appends", partitions=1, replication_factor=3)
         await client.wait_for_leaders("appends")
         end = (await client.describe_topic("appends")).partition_states[0].log_end
     url = f"{cluster.urls[0]}/v1/topics/appends/partitions/0/records"
     for shape, batch in poison_shapes().items():
-        status, body = await post(url, data=batch, headers={"Content-Type": BATCH})
+        status, body = await post(cluster, url, data=batch, headers={"Content-Type": BATCH})
         assert status == 400, (shape, status, body)
         assert body["error"]["code"] == "corrupt_batch", (shape, body)
         assert "malformed records" in body["error"]["message"], (shape, body)
     status, body = await post(
-        url, data=poison_shapes()["timestamp overflow"], headers={"Content-Type": BATCH}
+        cluster, url, data=poison_shapes()["timestamp overflow"], headers={"Content-Type": BATCH}
     )
     assert f"first_timestamp_ms {2**63 - 10} is outside" in body["error"]["message"]
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         assert (await client.describe_topic("appends")).partition_states[0].log_end == end
         good = await client.append("appends", 0, [Record(b"fine")])
         assert good.base_index >= end
@@ -233,31 +240,31 @@ async def test_reads_stop_before_a_stored_malformed_batch_and_say_where_to_go_on
         url = node.api_url + RECORDS_PATH
 
         async def committed(url: str = url) -> object:
-            status, body, _ = await get(f"{url}?from={stored.after[-1]}")
+            status, body, _ = await get(cluster, f"{url}?from={stored.after[-1]}")
             return (status == 200 and len(body["records"]) == 1) or (status, body)
 
         await wait_until(f"{node.id} to have committed every batch", committed)
-        status, body, _ = await get(f"{url}?from={stored.first[0]}")
+        status, body, _ = await get(cluster, f"{url}?from={stored.first[0]}")
         assert status == 200, body  # the records before it, and where reading goes on
         assert [r["value"] for r in body["records"]] == ["a0", "a1"]
         assert body["next_index"] == stored.bad
         for start in (stored.bad, stored.bad + 2):  # a read that starts in it
-            status, body, _ = await get(f"{url}?from={start}")
+            status, body, _ = await get(cluster, f"{url}?from={start}")
             assert status == 422, (node.id, status, body)
             assert body["error"]["code"] == "corrupt_data", body
             assert body["error"]["next_index"] == stored.bad_end, body
             assert "malformed" in body["error"]["message"], body
-        status, body, _ = await get(f"{url}?from={stored.bad_end}")
+        status, body, _ = await get(cluster, f"{url}?from={stored.bad_end}")
         assert status == 200 and [r["value"] for r in body["records"]] == ["c0", "c1"], body
         # binary readers: the batches before it, then the same 422
         binary = {"Accept": BATCH}
-        status, data, headers = await get(f"{url}?from={stored.first[0]}", headers=binary)
+        status, data, headers = await get(cluster, f"{url}?from={stored.first[0]}", headers=binary)
         assert status == 200 and headers["Laminar-Next-Index"] == str(stored.bad), headers
         assert parse_header(data).next_index == stored.bad and len(data) > BATCH_HEADER_BYTES
-        status, body, _ = await get(f"{url}?from={stored.bad}", headers=binary)
+        status, body, _ = await get(cluster, f"{url}?from={stored.bad}", headers=binary)
         assert status == 422 and body["error"]["next_index"] == stored.bad_end, body
         assert await metric(cluster, node.id, "read") == stored.bad_end - stored.bad
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         result = await client.read(TOPIC, 0, stored.first[0])
         assert [r.value for r in result.records] == [b"a0", b"a1"]
         assert result.next_index == stored.bad
@@ -275,12 +282,14 @@ async def test_acquire_settles_malformed_records_unseen_and_hands_out_the_rest(
 ) -> None:
     cluster = stored.cluster
     url = f"{cluster.urls[0]}/v1/topics/{TOPIC}/partitions/0/groups/fresh/acquire"
-    status, body = await post(url, json={"consumer": "c", "max": 100, "lease_ms": LEASE_MS})
+    status, body = await post(
+        cluster, url, json={"consumer": "c", "max": 100, "lease_ms": LEASE_MS}
+    )
     assert status == 200, body  # JSON
     got = [(m["index"], m["value"]) for m in body["messages"]]
     expected = list(zip(stored.first + stored.after, ["a0", "a1", "c0", "c1"], strict=True))
     assert got == expected
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         described = await client.describe_group(TOPIC, 0, "fresh")
         # nobody holds a record it was not given: the malformed ones are settled, unseen
         assert (described.acquired, described.accepted) == (4, 3), described
@@ -301,7 +310,7 @@ async def test_a_held_malformed_record_rejected_is_dead_lettered_once_without_it
 ) -> None:
     cluster = stored.cluster
     bad = list(range(stored.bad, stored.bad_end))
-    async with AsyncClient(cluster.urls) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
         settled = await client.reject(TOPIC, 0, "held", "c1", bad, reason="unreadable")
         assert list(settled.done) == bad, settled
 

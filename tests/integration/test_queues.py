@@ -21,7 +21,7 @@ import pytest
 
 from laminar.local_cluster import LocalCluster
 
-from .conftest import WAIT_S, make_cluster, wait_until
+from .conftest import WAIT_S, auth, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ async def test_four_senders_four_receivers_get_every_message_exactly_once(
     cluster: LocalCluster,
 ) -> None:
     topic, group, partitions, per_sender = "work", "workers", 4, 400
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[0])
         await create_topic(http, topic, partitions)
         sent: set[str] = set()
@@ -200,7 +200,7 @@ async def test_four_senders_four_receivers_get_every_message_exactly_once(
 
 async def test_released_messages_can_be_acquired_through_any_broker(cluster: LocalCluster) -> None:
     topic, group = "released", "g"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[0])
         await create_topic(http, topic, 1)
         indexes = await produce(http, topic, 0, [f"m{i}" for i in range(5)])
@@ -246,7 +246,7 @@ async def dead_lettered(http: Http, topic: str, partition: int, group: str, coun
 
 async def test_rejected_message_is_dead_lettered_exactly_once(cluster: LocalCluster) -> None:
     topic, group = "orders", "billing"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[1])
         await create_topic(http, topic, 2)
         indexes = await produce(http, topic, 1, ["good-1", "poison", "good-2"])
@@ -290,7 +290,7 @@ async def test_a_reject_after_the_lease_ended_is_refused_and_the_message_comes_a
     cluster: LocalCluster,
 ) -> None:
     topic, group = "late", "g"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[0])
         await create_topic(http, topic, 1)
         (index,) = await produce(http, topic, 0, ["slow-job"])
@@ -327,7 +327,7 @@ async def test_max_deliveries_dead_letters_a_message_nobody_finishes(
     cluster: LocalCluster,
 ) -> None:
     topic, group = "flaky", "g"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[2])
         await create_topic(http, topic, 1, max_deliveries=2)
         (index,) = await produce(http, topic, 0, ["never-finished"])
@@ -351,7 +351,7 @@ async def test_bad_queue_requests_get_clear_errors_and_change_nothing(
     cluster: LocalCluster,
 ) -> None:
     topic, group = "strict", "g"
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         http = Http(session, cluster.urls[0])
         await create_topic(http, topic, 1)
         await produce(http, topic, 0, ["a", "b"])
@@ -400,7 +400,7 @@ async def test_a_lease_holds_across_a_leader_kill_then_expires(tmp_path: Path) -
     cluster = make_cluster(tmp_path / "lease")
     topic, group, lease_ms = "leased", "g", 8000
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=auth(cluster)) as session:
             http = Http(session, cluster.urls[0])
             await create_topic(http, topic, 1)
             indexes = await produce(http, topic, 0, [f"m{i}" for i in range(10)])
@@ -456,7 +456,7 @@ async def test_group_consumer_works_through_every_partition_renews_and_rejects(
     from laminar.client import AsyncClient, GroupConsumer, Producer
 
     topic, group, count = "jobs", "runners", 300
-    async with AsyncClient(cluster.urls, timeout_s=20) as client:
+    async with AsyncClient(cluster.urls, token=cluster.token, timeout_s=20) as client:
         await client.create_topic(topic, partitions=3, replication_factor=3)
         await client.wait_for_leaders(topic)
         async with Producer(client, topic) as producer:
@@ -508,6 +508,7 @@ def test_queue_cli_consumes_and_describes(cluster: LocalCluster) -> None:
 
     def laminar(*args: str, stdin: str = "") -> str:
         command = [sys.executable, "-m", "laminar", *args, "--brokers", ",".join(cluster.urls)]
+        command += ["--token-file", str(cluster.token_file)]
         result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         return result.stdout

@@ -14,7 +14,7 @@ from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 
-from .conftest import make_cluster, wait_until
+from .conftest import auth, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 async def replica_values(cluster: LocalCluster, node: str, topic: str) -> list[bytes] | None:
     """The values in `node`'s own replica of partition 0 of `topic` (None: it hosts none)."""
     base = cluster.nodes[node].api_url
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         async with session.get(f"{base}/v1/nodes/{node}/partitions") as response:
             hosted = (await response.json())["partitions"]
         if not any(p["topic"] == topic and p["partition"] == 0 for p in hosted):
@@ -61,7 +61,7 @@ async def test_topics_created_since_restarts_survive_kill9_of_every_broker(tmp_p
     commit index saved before the topic was created)."""
     cluster = make_cluster(tmp_path / "kill-all")
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("a", partitions=1, replication_factor=3)
             await client.wait_for_leaders("a")
         for node in list(cluster.nodes):
@@ -69,7 +69,7 @@ async def test_topics_created_since_restarts_survive_kill9_of_every_broker(tmp_p
             cluster.start_node(node)
             cluster.wait_ready([node])
         values = [f"record-{n}".encode() for n in range(20)]
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("t", partitions=1, replication_factor=3)
             await client.wait_for_leaders("t")
             await append_all(client, "t", values, producer=17)
@@ -90,14 +90,14 @@ async def test_a_topic_deleted_while_a_broker_was_down(tmp_path: Path) -> None:
     hosts its replica of `u`."""
     cluster = make_cluster(tmp_path / "deleted")
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("t", partitions=1, replication_factor=3)
             await client.wait_for_leaders("t")
             await append_all(client, "t", [b"old-1", b"old-2"], producer=21)
         await wait_replicas_hold(cluster, "t", [b"old-1", b"old-2"])
         cluster.kill("n3")
         up = [cluster.nodes[n].api_url for n in ("n1", "n2")]
-        async with AsyncClient(up) as client:
+        async with AsyncClient(up, token=cluster.token) as client:
             await client.delete_topic("t")
             await client.create_topic("u", partitions=1, replication_factor=3)
             await client.wait_for_leaders("u")
@@ -122,7 +122,7 @@ async def test_a_replica_of_a_topic_nobody_knows_is_moved_aside(tmp_path: Path) 
     deleted; a replica that records no topic but whose topic exists is kept and adopted."""
     cluster = make_cluster(tmp_path / "unknown")
     try:
-        async with AsyncClient(cluster.urls) as client:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("known", partitions=1, replication_factor=3)
             await client.wait_for_leaders("known")
             await append_all(client, "known", [b"k"], producer=31)

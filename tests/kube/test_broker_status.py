@@ -65,7 +65,7 @@ def test_status_follows_leadership(crds: KubeApi, reporting: tuple[LocalCluster,
     brokers, namespace = reporting
 
     async def create() -> Any:
-        async with AsyncClient(brokers.urls) as client:
+        async with AsyncClient(brokers.urls, token=brokers.token) as client:
             await client.create_topic("payments", partitions=4, replication_factor=3)
             return await client.wait_for_leaders("payments")
 

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
@@ -30,12 +31,15 @@ def test_template_defaults(kube: KubeApi) -> None:
         "ClusterRoleBinding",
         "Deployment",
         "Pod",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
-    ]  # the Pod is `helm test`'s
+    ]  # the Pod is `helm test`'s; the Role: the CA keys in the operator's namespace
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
     assert role["rules"] == rules
+    _check_ca_keys_role(docs, "laminar-system")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][-2:] == ["-m", "laminar_operator.handlers"]
@@ -47,6 +51,19 @@ def test_template_defaults(kube: KubeApi) -> None:
     assert env["LAMINAR_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"] == {
         "fieldPath": "metadata.namespace"
     }
+
+
+def _check_ca_keys_role(docs: list[dict[str, Any]], namespace: str) -> None:
+    """The one Role that reads Secrets: the CA keys', in the operator's own namespace."""
+    roles = [d for d in docs if d["kind"] == "Role"]
+    (role,) = [d for d in roles if d["metadata"]["name"].endswith("-ca-keys")]
+    assert role["metadata"]["namespace"] == namespace
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]}
+    ]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"]
+                  == role["metadata"]["name"]]  # fmt: skip
+    assert binding["metadata"]["namespace"] == namespace
 
 
 def test_the_rules_are_least_privilege() -> None:
@@ -61,7 +78,8 @@ def test_the_rules_are_least_privilege() -> None:
     }
     assert all("*" not in verbs for verbs in granted.values())
     assert not any("*" in key for group_resource in granted for key in group_resource)
-    assert granted[("", "secrets")] == {"create"}
+    # the HMAC key made once; the TLS Secrets applied and renewed in place: never read here
+    assert granted[("", "secrets")] == {"create", "patch"}
     assert {key for key, verbs in granted.items() if "delete" in verbs} == {
         ("networking.k8s.io", "networkpolicies")
     }
@@ -78,6 +96,8 @@ def test_template_watched_namespaces(kube: KubeApi) -> None:
     kinds = sorted(d["kind"] for d in docs)
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
+    _check_ca_keys_role(docs, "laminar-system")
+    docs = [d for d in docs if not d["metadata"]["name"].endswith("-ca-keys")]
     roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
     bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
     assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
@@ -125,6 +145,7 @@ def test_template_options(kube: KubeApi) -> None:
     )  # fmt: skip
     monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["spec"]["endpoints"][0]["scheme"] == "https"  # the brokers' TLS default
     dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
     assert json.loads(dashboard["data"]["laminar.json"])["uid"] == "laminar-brokers"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"

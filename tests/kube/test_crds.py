@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from laminar.certs import issue, make_ca
 from laminar_operator import manifests
 
 from .conftest import ROOT, KubeApi
@@ -35,6 +36,7 @@ def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) ->
     crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "topic.yaml"))
     cluster = crds.get("laminarcluster/demo", "-n", namespace)
     assert cluster["spec"]["workersPerPod"] == 1  # defaulted by the schema
+    assert cluster["spec"]["tls"] == {"enabled": True}  # TLS unless turned off
     assert cluster["spec"]["imagePullPolicy"] == "IfNotPresent"
     topic = crds.get("lmt/orders", "-n", namespace)  # short name
     assert topic["spec"]["partitions"] == 4 and topic["spec"]["cluster"] == "demo"
@@ -54,6 +56,7 @@ def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) ->
         (lambda s: s["config"].update(fsync="sometimes"), "spec.config.fsync"),
         (lambda s: s["storage"].update(size="lots"), "spec.storage.size"),
         (lambda s: s.update(workersPerPod=2), "spec.workersPerPod"),  # one worker for now
+        (lambda s: s.update(tls={"enabled": "yes"}), "spec.tls.enabled"),
         (lambda s: s.update(surprise=1), "surprise"),
     ],
 )
@@ -119,8 +122,12 @@ def test_owned_objects_are_accepted_and_collected_with_their_cluster(
     cluster = crds.get("laminarcluster/demo", "-n", namespace)
     spec = cluster["spec"]["networkPolicy"]  # the schema's defaults
     assert spec == {"enabled": True}  # the scrapers' default is the operator's (manifests)
+    ca = make_ca("test")
+    pair = issue(ca, "demo", manifests.broker_names("demo", namespace))
     objects = [
         manifests.secret(cluster, b"k" * 32),
+        manifests.ca_secret(cluster, ca.cert_pem),
+        manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.cert_pem),
         *manifests.owned(cluster, initial_replicas=3, operator_namespace="laminar-system"),
     ]
     crds.apply(objects)

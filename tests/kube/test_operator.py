@@ -8,15 +8,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from laminar.client import AsyncClient, NotFound
+from laminar.client import AsyncClient, NotFound, Unauthorized
 from laminar.client.models import TopicDescription
+from laminar.credentials import dump, parse, replace_file, token_hash
 from laminar.local_cluster import LocalCluster
 
 from ..integration.conftest import loopback_prefix, make_cluster
@@ -81,6 +85,19 @@ def test_a_cluster_gets_its_objects_and_status(
         assert owned["metadata"]["ownerReferences"][0]["uid"] == uid, (kind, name)
     key = crds.get("secret/demo-secret", "-n", namespace)["data"]["hmac"]
     assert len(base64.b64decode(key)) == 32
+    # the client credentials: the brokers' file (hashes) and the admin and client tokens; the
+    # operator's own token only in its namespace, its hash in the file
+    credentials = crds.get("secret/demo-credentials", "-n", namespace)
+    assert credentials["metadata"]["ownerReferences"][0]["uid"] == uid
+    data = {k: base64.b64decode(v).decode() for k, v in credentials["data"].items()}
+    assert set(data) == {"credentials.yaml", "admin-token", "client-token"}
+    principals = {p.name: p for p in parse(data["credentials.yaml"])}
+    assert principals["admin"].hashes == (token_hash(data["admin-token"].strip()),)
+    assert principals["client"].hashes == (token_hash(data["client-token"].strip()),)
+    kept = crds.get(f"secret/laminar-token-{uid}", "-n", "laminar-system")["data"]["token"]
+    operator_token = base64.b64decode(kept).decode()
+    assert principals["laminar-operator"].hashes == (token_hash(operator_token),)
+    assert operator_token not in json.dumps(credentials)
 
     status = wait_for(
         "the status",
@@ -116,6 +133,9 @@ def test_a_cluster_gets_its_objects_and_status(
     )
     assert rolled["spec"]["template"]["metadata"]["annotations"][hash_key] != before
     assert crds.get("secret/demo-secret", "-n", namespace)["data"]["hmac"] == key
+    again = crds.get("secret/demo-credentials", "-n", namespace)  # made once, left alone
+    assert again["data"] == credentials["data"]
+    assert again["metadata"]["resourceVersion"] == credentials["metadata"]["resourceVersion"]
     nodes = crds.get("configmap/demo-config", "-n", namespace)["data"]["LAMINAR_INITIAL_NODES"]
     assert nodes == "demo-0,demo-1,demo-2"
 
@@ -130,13 +150,48 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def describe(brokers: LocalCluster, topic: str) -> TopicDescription | None:
     async def run() -> TopicDescription | None:
-        async with AsyncClient(brokers.urls) as client:
+        async with AsyncClient(
+            brokers.urls, token=brokers.token, ca_file=brokers.ca_file
+        ) as client:
             try:
                 return await client.describe_topic(topic)
             except NotFound:
                 return None
 
     return asyncio.run(run())
+
+
+def trust_operator(kube: KubeApi, namespace: str, brokers: LocalCluster, name: str = "demo") -> str:
+    """Give local `brokers` what a broker pod of LaminarCluster `name` mounts: the credentials
+    file of the Secret `<name>-credentials` the operator made (with its own token's hash), next
+    to the local cluster's admin; the brokers re-read it (SIGHUP). The Secret's admin token,
+    which then works."""
+    secret = wait_for(
+        f"secret/{name}-credentials", lambda: found(kube, f"secret/{name}-credentials", namespace)
+    )
+    data = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    made = yaml.safe_load(data["credentials.yaml"])["principals"]
+    path = brokers.credentials_path()
+    local = [p for p in yaml.safe_load(path.read_text())["principals"]
+             if token_hash(brokers.token) in p["tokens"]]  # fmt: skip
+    replace_file(path, dump([*({**p, "name": "local-admin"} for p in local), *made]))
+    for node in brokers.nodes.values():
+        if node.pid is not None and node.alive():
+            os.kill(node.pid, signal.SIGHUP)
+    admin = data["admin-token"].strip()
+
+    async def works() -> bool:
+        async with AsyncClient(
+            brokers.urls, token=admin, ca_file=brokers.ca_file, timeout_s=5
+        ) as client:
+            try:
+                await client.topics()
+            except Unauthorized:
+                return False
+            return True
+
+    wait_for("the brokers admitting the Secret's tokens", lambda: asyncio.run(works()))
+    return admin
 
 
 def local_cluster_object(namespace: str, urls: list[str]) -> dict[str, Any]:
@@ -150,6 +205,7 @@ def test_topics_follow_their_objects(
     crds: KubeApi, namespace: str, operator: Any, brokers: LocalCluster
 ) -> None:
     crds.apply(local_cluster_object(namespace, brokers.urls))
+    trust_operator(crds, namespace, brokers)  # as its pods would mount it
     topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
     topic["metadata"] = {"name": f"orders-{namespace}", "namespace": namespace}
     name = topic["metadata"]["name"]
@@ -242,6 +298,7 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         cluster["spec"]["config"]["replicationFactor"] = 2  # the schema allows 2 replicas then
         cluster["metadata"]["annotations"]["laminarmq.io/node-ids"] = ",".join(four.nodes)
         crds.apply(cluster)
+        trust_operator(crds, namespace, four)
 
         def sts_replicas() -> int | None:
             found = crds.kubectl(
@@ -256,7 +313,7 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         wait_for("4 replicas", lambda: sts_replicas() == 4)
 
         async def topic() -> None:
-            async with AsyncClient(four.urls) as client:
+            async with AsyncClient(four.urls, token=four.token) as client:
                 await client.create_topic("events", partitions=4, replication_factor=3)
                 await client.wait_for_leaders("events")
 
@@ -265,7 +322,7 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
 
         def hosted(node: str) -> int:
             async def ask() -> int:
-                async with AsyncClient(four.urls) as client:
+                async with AsyncClient(four.urls, token=four.token) as client:
                     return len((await client.node_partitions(node)).partitions)
 
             return asyncio.run(ask())
@@ -301,7 +358,7 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
 
         def draining() -> bool:
             async def ask() -> bool:
-                async with AsyncClient(four.urls) as client:
+                async with AsyncClient(four.urls, token=four.token) as client:
                     return any(m.draining for m in (await client.cluster()).members if
                                m.id == last)  # fmt: skip
 
@@ -476,3 +533,102 @@ def test_the_network_policy_is_owned_and_follows_the_spec(
 
     crds.kubectl("delete", "laminarcluster/demo", "-n", namespace)
     wait_for("the NetworkPolicy collected", lambda: not policy(), timeout_s=120)
+
+
+def test_tls_a_ca_per_cluster_a_certificate_renewed_in_place_and_admin_calls_verified(
+    crds: KubeApi, namespace: str, identity: OperatorIdentity, tmp_path: Path
+) -> None:
+    """spec.tls.enabled (the default): the cluster's CA made once (its key in the operator's
+    namespace only), the brokers' certificate mounted and renewed in place once a third of
+    its (here one minute) lifetime is left, without rolling the pods; the probes and the
+    preStop hook over HTTPS; and the operator's calls to the brokers verified with the CA
+    (brokers of another CA are refused)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from laminar.certs import KeyPair, names_of
+
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    with run_operator(identity, LAMINAR_CERT_LIFETIME_S="60"):
+        crds.apply(cluster)
+        uid = crds.get("laminarcluster/demo", "-n", namespace)["metadata"]["uid"]
+        sts = wait_for("the StatefulSet", lambda: found(crds, "statefulset/demo", namespace))
+        (broker,) = sts["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in broker["env"]}
+        assert env["LAMINAR_TLS_CERT_FILE"] == "/etc/laminar/tls/tls.crt"
+        assert env["LAMINAR_TLS_CA_FILE"] == "/etc/laminar/tls/ca.crt"
+        assert broker["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        assert broker["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        hook = broker["lifecycle"]["preStop"]["exec"]["command"]
+        assert "https://127.0.0.1:7070" in hook and "/etc/laminar/tls/ca.crt" in hook
+
+        ca_key = found(crds, f"secret/laminar-ca-{uid}", "laminar-system")
+        assert ca_key is not None  # in the operator's namespace, not the cluster's
+        ca = KeyPair(*(base64.b64decode(ca_key["data"][k]) for k in ("ca.crt", "ca.key")))
+        public = crds.get("secret/demo-ca", "-n", namespace)["data"]
+        assert set(public) == {"ca.crt"} and base64.b64decode(public["ca.crt"]) == ca.cert_pem
+
+        def certificate() -> x509.Certificate:
+            data = crds.get("secret/demo-tls", "-n", namespace)["data"]
+            assert base64.b64decode(data["ca.crt"]) == ca.cert_pem
+            return x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+
+        first = certificate()
+        assert first.issuer == ca.certificate.subject
+        names = names_of(first.public_bytes(serialization.Encoding.PEM))
+        for name in ("demo", f"demo.{namespace}.svc", f"demo.{namespace}.svc.cluster.local",
+                     f"*.demo-peers.{namespace}.svc", "127.0.0.1"):  # fmt: skip
+            assert name in names, names
+        status = wait_for(
+            "status.tls",
+            lambda: crds.get("laminarcluster/demo", "-n", namespace).get("status", {}).get("tls"),
+        )
+        assert int(status["serial"], 16) == first.serial_number
+        generation = sts["metadata"]["generation"]
+        renewed = wait_for(
+            "the certificate renewed",
+            lambda: (c := certificate()).serial_number != first.serial_number and c,
+            timeout_s=120,
+        )
+        assert renewed.issuer == ca.certificate.subject
+        assert found(crds, "statefulset/demo", namespace)["metadata"]["generation"] == generation
+
+        # The operator's calls verify the brokers with the cluster's CA: brokers whose
+        # certificates it signed are used; brokers of another CA are not.
+        data_dir = tmp_path / "brokers"
+        (data_dir / "tls").mkdir(parents=True)
+        (data_dir / "tls" / "ca.crt").write_bytes(ca.cert_pem)
+        (data_dir / "tls" / "ca.key").write_bytes(ca.key_pem)
+        trusted = make_cluster(data_dir, 1, tls=True)
+        trust_operator(crds, namespace, trusted)  # (its pods' credentials)
+        stranger = make_cluster(tmp_path / "stranger", 1, tls=True)
+        try:
+            for topic, brokers in (("tls-trusted", trusted), ("tls-stranger", stranger)):
+                crds.kubectl(
+                    "annotate", "laminarcluster/demo", "-n", namespace, "--overwrite",
+                    f"laminarmq.io/brokers={','.join(brokers.urls)}",
+                    f"laminarmq.io/node-ids={','.join(brokers.nodes)}",
+                )  # fmt: skip
+                if brokers is trusted:  # as its pods would mount them
+                    trust_operator(crds, namespace, trusted)
+                crds.apply({
+                    "apiVersion": "laminarmq.io/v1alpha1", "kind": "Topic",
+                    "metadata": {"name": topic, "namespace": namespace},
+                    "spec": {"cluster": "demo", "partitions": 1, "replicationFactor": 1},
+                })  # fmt: skip
+
+                def ready(name: str = topic) -> dict[str, Any] | None:
+                    return condition(crds, f"topic.laminarmq.io/{name}", namespace, "Ready")
+
+                state = wait_for(f"{topic}'s Ready condition", ready)
+                if brokers is trusted:
+                    state = wait_for(f"{topic} Ready", lambda: (r := ready()) and
+                                     r["status"] == "True" and r)  # fmt: skip
+                    assert describe(trusted, topic) is not None
+                else:
+                    assert state["status"] == "False", state
+                    assert "certificate" in state["message"], state
+        finally:
+            trusted.stop()
+            stranger.stop()

@@ -18,7 +18,7 @@ from laminar.local_cluster import LocalCluster
 
 from ..integration.conftest import make_cluster
 from .conftest import ROOT, KubeApi, OperatorIdentity, operator_identity, run_operator
-from .test_operator import found, wait_for
+from .test_operator import found, trust_operator, wait_for
 
 WATCHED = ("rbac-watched-a", "rbac-watched-b")
 UNWATCHED = "rbac-unwatched"
@@ -26,7 +26,8 @@ OWNED = [
     ("statefulset", "demo"), ("service", "demo"), ("service", "demo-peers"),
     ("configmap", "demo-config"), ("secret", "demo-secret"), ("poddisruptionbudget", "demo"),
     ("networkpolicy", "demo"), ("serviceaccount", "demo-broker"), ("role", "demo-broker"),
-    ("rolebinding", "demo-broker"),
+    ("rolebinding", "demo-broker"), ("secret", "demo-ca"), ("secret", "demo-tls"),
+    ("secret", "demo-credentials"),
 ]  # fmt: skip
 
 
@@ -53,9 +54,15 @@ def test_cluster_wide_the_operator_reads_no_secret_and_deletes_nothing_it_owns(
     assert can(crds, "patch", "laminarclusters.laminarmq.io", "--subresource=status", "-n", "x")
     assert not can(crds, "get", "topics.laminarmq.io", "-n", "default")  # only lists them
     assert can(crds, "create", "secrets", "-n", "default")  # the HMAC key, made once
-    for verb in ("get", "list", "watch", "patch", "update", "delete"):
+    assert can(crds, "patch", "secrets", "-n", "default")  # the TLS Secrets, renewed in place
+    for verb in ("get", "list", "watch", "update", "delete"):
         assert not can(crds, verb, "secrets", "-n", "kube-system"), verb
         assert not can(crds, verb, "secrets", "--all-namespaces"), verb
+    # the clusters' CA keys: read back by name in the operator's own namespace, nowhere else
+    for verb in ("get", "create", "delete"):
+        assert can(crds, verb, "secrets", "-n", "laminar-system"), verb
+    for verb in ("list", "watch"):
+        assert not can(crds, verb, "secrets", "-n", "laminar-system"), verb
     for what in ("statefulsets", "services", "configmaps", "roles", "rolebindings", "secrets"):
         assert not can(crds, "delete", what, "-n", "default"), what  # the GC collects them
     assert not can(crds, "create", "pods", "-n", "default")
@@ -70,13 +77,18 @@ def test_scoped_the_operator_may_act_in_its_namespaces_only(
     crds: KubeApi, scoped: OperatorIdentity
 ) -> None:
     assert {d["kind"] for d in scoped.objects} == {"ServiceAccount", "Role", "RoleBinding"}
+    roles = sorted(d["metadata"]["namespace"] for d in scoped.objects if d["kind"] == "Role")
+    assert roles == sorted([*WATCHED, "scoped-system"])  # the last: the CA keys
     assert "--all-namespaces" not in scoped.args
     can = scoped.can
     for namespace in WATCHED:
         assert can(crds, "create", "statefulsets", "-n", namespace)
         assert can(crds, "watch", "laminarclusters.laminarmq.io", "-n", namespace)
         assert not can(crds, "get", "secrets", "-n", namespace)
-    for namespace in (UNWATCHED, "default", "kube-system", "scoped-system"):
+    # its own namespace: the clusters' CA keys (and nothing else of the operator's rights)
+    assert can(crds, "get", "secrets", "-n", "scoped-system")
+    assert not can(crds, "create", "statefulsets", "-n", "scoped-system")
+    for namespace in (UNWATCHED, "default", "kube-system"):
         assert not can(crds, "get", "secrets", "-n", namespace), namespace
         assert not can(crds, "create", "statefulsets", "-n", namespace), namespace
         assert not can(crds, "create", "roles", "-n", namespace), namespace
@@ -96,7 +108,7 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def _admin(brokers: LocalCluster, call: Any) -> Any:
     async def run() -> Any:
-        async with AsyncClient(brokers.urls) as client:
+        async with AsyncClient(brokers.urls, token=brokers.token) as client:
             return await call(client)
 
     return asyncio.run(run())
@@ -141,6 +153,7 @@ def test_scoped_operator_runs_a_cluster_and_a_topic_through_their_lifecycle(
     with run_operator(scoped, strict=True) as runner:
         crds.apply(ignored)
         crds.apply(cluster)
+        trust_operator(crds, namespace, brokers)  # what its broker pods would mount
         uid = crds.get("laminarcluster/demo", "-n", namespace)["metadata"]["uid"]
         wait_for("the StatefulSet of 3", lambda: sts_replicas() == 3)
         for kind, name in OWNED:
@@ -149,6 +162,14 @@ def test_scoped_operator_runs_a_cluster_and_a_topic_through_their_lifecycle(
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid, (kind, name)
         pod = found(crds, "statefulset/demo", namespace)["spec"]["template"]["spec"]
         assert "initContainers" not in pod
+        # TLS: the brokers' certificate mounted, signed by the cluster's CA, whose key is kept
+        # in the operator's namespace only
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "demo-tls"
+        ca_key = found(crds, f"secret/laminar-ca-{uid}", "scoped-system")
+        assert ca_key is not None and "ca.key" in ca_key["data"]
+        assert set(found(crds, "secret/demo-ca", namespace)["data"]) == {"ca.crt"}
+        assert found(crds, "secret/demo-tls", namespace)["type"] == "kubernetes.io/tls"
 
         def xdp_refused() -> list[Any]:
             events = crds.get("events", "-n", namespace)["items"]
@@ -198,6 +219,14 @@ def test_scoped_operator_runs_a_cluster_and_a_topic_through_their_lifecycle(
             "everything the cluster owned collected",
             lambda: not any(found(crds, f"{k}/{n}", namespace) for k, n in OWNED),
             timeout_s=120,
+        )
+        wait_for(
+            "the operator's token deleted with its cluster",
+            lambda: found(crds, f"secret/laminar-token-{uid}", "scoped-system") is None,
+        )
+        wait_for(
+            "the CA key deleted with its cluster",
+            lambda: found(crds, f"secret/laminar-ca-{uid}", "scoped-system") is None,
         )
         # a cluster outside the watched namespaces is not the operator's
         assert found(crds, "statefulset/demo", UNWATCHED) is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from laminar.credentials import Role, new_token, parse, token_hash
 from laminar_operator import manifests as m
 
 CLUSTER: dict[str, Any] = {
@@ -199,6 +200,53 @@ def test_secret_carries_the_given_key() -> None:
     assert base64.b64decode(secret["data"]["hmac"]) == b"k" * 32
 
 
+def test_the_credentials_secret_holds_hashes_for_the_brokers_and_two_tokens() -> None:
+    """<name>-credentials: the brokers' credentials file (the operator's and the admin's
+    tokens as admins, the client's as producer and consumer of every topic; hashes only) and
+    the admin's and client's tokens, never the operator's (kept in its own namespace)."""
+    operator, admin, client = (new_token() for _ in range(3))
+    secret = m.credentials_secret(
+        CLUSTER, operator_token=operator, admin_token=admin, client_token=client
+    )
+    assert secret["metadata"]["name"] == "demo-credentials"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert set(data) == {"credentials.yaml", "admin-token", "client-token"}
+    assert (data["admin-token"].strip(), data["client-token"].strip()) == (admin, client)
+    assert operator not in str(secret) and operator not in data["credentials.yaml"]
+    by_name = {p.name: p for p in parse(data["credentials.yaml"])}
+    assert by_name["laminar-operator"].hashes == (token_hash(operator),)
+    assert by_name["laminar-operator"].admin and by_name["admin"].admin
+    assert by_name["admin"].hashes == (token_hash(admin),)
+    assert by_name["client"].roles == {Role.PRODUCER, Role.CONSUMER}
+    assert by_name["client"].topics == ("*",) and not by_name["client"].admin
+    kept = m.operator_token_secret(CLUSTER, "laminar-system", operator)
+    assert kept["metadata"]["name"] == "laminar-token-1234-abcd"
+    assert kept["metadata"]["namespace"] == "laminar-system"
+    assert "ownerReferences" not in kept["metadata"]  # another namespace: deleted with it
+    assert base64.b64decode(kept["data"]["token"]).decode() == operator
+    same_namespace = m.operator_token_secret(CLUSTER, "prod", operator)
+    assert same_namespace["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
+
+
+def test_brokers_mount_the_credentials_file_and_the_admin_token_only() -> None:
+    pod = build()["StatefulSet"]["spec"]["template"]["spec"]
+    (broker,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in broker["env"]}
+    assert env["LAMINAR_CREDENTIALS_FILE"] == "/etc/laminar/credentials/credentials.yaml"
+    assert env["LAMINAR_TOKEN_FILE"] == "/etc/laminar/credentials/admin-token"  # preStop hook
+    assert "LAMINAR_ALLOW_ANONYMOUS" not in env and "LAMINAR_ADMIN_TOKEN_FILE" not in env
+    mount = next(v for v in broker["volumeMounts"] if v["name"] == "credentials")
+    assert mount == {
+        "name": "credentials",
+        "mountPath": "/etc/laminar/credentials",
+        "readOnly": True,
+    }  # fmt: skip  (no subPath: the kubelet refreshes it)
+    volume = next(v for v in pod["volumes"] if v["name"] == "credentials")
+    assert volume["secret"]["secretName"] == "demo-credentials"
+    assert [i["key"] for i in volume["secret"]["items"]] == ["credentials.yaml", "admin-token"]
+
+
 def test_broker_role_may_only_touch_status() -> None:
     assert build()["Role"]["rules"] == [
         {
@@ -219,6 +267,7 @@ def test_broker_role_may_only_touch_status() -> None:
         (lambda s: s.update(resources={"limits": {"memory": "2Gi"}}), True),
         (lambda s: s.update(networkPolicy={"enabled": False}), False),
         (lambda s: s.update(xdp={"enabled": True}), False),  # not allowed: the same pods
+        (lambda s: s.update(tls={"enabled": False}), True),
     ],
 )
 def test_spec_changes_roll_the_pods_but_scaling_does_not(change: Any, rolls: bool) -> None:
@@ -232,3 +281,53 @@ def test_spec_changes_roll_the_pods_but_scaling_does_not(change: Any, rolls: boo
 def test_selector_matches_the_pod_labels() -> None:
     pod_labels = build()["StatefulSet"]["spec"]["template"]["metadata"]["labels"]
     assert dict(part.split("=") for part in m.selector("demo").split(",")) == pod_labels
+
+
+def test_tls_mounts_the_certificate_and_probes_over_https() -> None:
+    pod = build()["StatefulSet"]["spec"]["template"]["spec"]
+    (broker,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in broker["env"]}
+    assert env["LAMINAR_TLS_CERT_FILE"] == f"{m.TLS_DIR}/tls.crt"
+    assert env["LAMINAR_TLS_KEY_FILE"] == f"{m.TLS_DIR}/tls.key"
+    assert env["LAMINAR_TLS_CA_FILE"] == f"{m.TLS_DIR}/ca.crt"
+    # the whole Secret as a directory (no subPath): the kubelet refreshes renewed certificates
+    assert {"name": "tls", "mountPath": m.TLS_DIR, "readOnly": True} in broker["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "demo-tls"}} in pod["volumes"]
+    assert broker["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert broker["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    hook = broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[hook.index("--brokers") + 1] == "https://127.0.0.1:7070"
+    assert hook[hook.index("--ca-file") + 1] == f"{m.TLS_DIR}/ca.crt"
+
+    plain = build(with_spec(tls={"enabled": False}))["StatefulSet"]["spec"]["template"]["spec"]
+    (broker,) = plain["containers"]
+    assert not any(e["name"].startswith("LAMINAR_TLS") for e in broker["env"])
+    assert "scheme" not in broker["readinessProbe"]["httpGet"]
+    assert "http://127.0.0.1:7070" in broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert all(v["name"] != "tls" for v in plain["volumes"])
+
+
+def test_tls_secrets_and_the_names_the_certificate_is_for() -> None:
+    names = m.broker_names("demo", "prod")
+    for name in ("demo", "demo.prod.svc", "demo.prod.svc.cluster.local",
+                 "*.demo-peers.prod.svc", "*.demo-peers.prod.svc.cluster.local"):  # fmt: skip
+        assert name in names
+    # what a broker advertises and its peers dial is one of them
+    assert m.pod_address("demo", "prod", 2).endswith(".demo-peers.prod.svc")
+    public = m.ca_secret(CLUSTER, b"CA")
+    assert public["metadata"]["name"] == "demo-ca" and public["data"] == {
+        "ca.crt": base64.b64encode(b"CA").decode()
+    }  # the certificate only: never the key
+    tls = m.tls_secret(CLUSTER, b"C", b"K", b"CA")
+    assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {
+        "tls.crt",
+        "tls.key",
+        "ca.crt",
+    }
+    for obj in (public, tls):
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
+    kept = m.ca_key_secret(CLUSTER, "laminar-system", b"CA", b"KEY")
+    assert kept["metadata"]["name"] == "laminar-ca-1234-abcd"
+    assert kept["metadata"]["namespace"] == "laminar-system"
+    assert "ownerReferences" not in kept["metadata"]  # no owner across namespaces
+    assert "ownerReferences" in m.ca_key_secret(CLUSTER, "prod", b"CA", b"KEY")["metadata"]

@@ -111,6 +111,23 @@ def test_v1_paths_need_the_bearer_token_and_health_paths_do_not(doc: dict[str, A
             assert effective == [], (method, path)
 
 
+def test_every_v1_operation_says_who_may_call_it_as_the_broker_enforces(
+    doc: dict[str, Any],
+) -> None:
+    """403 on every /v1 operation, and its `x-laminar-access` is the broker's own rule
+    (laminar/server/auth.py RULES), so that the document cannot drift from the code."""
+    from laminar.server.auth import RULES
+
+    for (method, path), op in operations(doc).items():
+        if not path.startswith("/v1/"):
+            assert "x-laminar-access" not in op, (method, path)
+            continue
+        forbidden = response(doc, method, path, "403")
+        assert "forbidden" in forbidden["description"], (method, path)
+        route = path.replace("{id}", "{node}").replace("{p}", "{partition}")
+        assert op["x-laminar-access"] == RULES[(method.upper(), route)].value, (method, path)
+
+
 def test_error_responses_carry_the_error_schema_and_their_headers(doc: dict[str, Any]) -> None:
     required_headers = {"307": "Location", "429": "Retry-After", "503": "Retry-After"}
     for (method, path), op in operations(doc).items():
@@ -312,3 +329,117 @@ def test_the_spec_is_as_strict_as_the_broker_on_bodies(doc: dict[str, Any]) -> N
         {"records": [{"value": "v"}] * (MAX_APPEND_RECORDS + 1)},
     ):
         assert not append.is_valid(bad), str(bad)[:80]
+
+
+def test_every_operation_declares_413_and_415(doc: dict[str, Any]) -> None:
+    """The broker answers a request with a compressed body 415, and one whose declared body is
+    over --max-request-bytes 413, before routing it: on every operation, bodiless ones too."""
+    for (method, path), op in operations(doc).items():
+        assert {"413", "415"} <= set(op["responses"]), (method, path)
+
+
+def test_commit_indexes_may_be_minus_one(doc: dict[str, Any]) -> None:
+    schemas = doc["components"]["schemas"]
+    assert schemas["CommitIndex"]["minimum"] == -1
+    for name in ("PartitionState", "HostedPartition", "ReadResult"):
+        commit = schemas[name]["properties"]["commit_index"]
+        assert commit == {"$ref": "#/components/schemas/CommitIndex"}, name
+    header = doc["components"]["headers"]["LaminarCommitIndex"]["schema"]
+    assert header == {"$ref": "#/components/schemas/CommitIndex"}
+    assert schema_validator(doc, "CommitIndex").is_valid(-1)
+    assert not schema_validator(doc, "CommitIndex").is_valid(-2)
+
+
+def test_the_spec_and_the_broker_agree_on_topics(doc: dict[str, Any]) -> None:
+    """Topic caps and the known config keys, their types and ranges, are the broker's own: the
+    same samples pass (or fail) the spec and the broker's checks of a proposal."""
+    from laminar.log.config import FsyncPolicy, LogConfig
+    from laminar.log.errors import LogConfigError
+    from laminar.metadata import AlterTopic, CreateTopic, MetadataError, validate_proposal
+    from laminar.metadata.state import (
+        INT_CONFIG_KEYS,
+        LOG_CONFIG_KEYS,
+        MAX_CONFIG_INT,
+        MAX_DELIVERIES_LIMIT,
+        MAX_PARTITIONS,
+        MAX_REPLICATION_FACTOR,
+        MIN_BATCH_LIMIT_BYTES,
+        NULLABLE_CONFIG_KEYS,
+        QUEUE_CONFIG_KEYS,
+    )
+
+    schemas = doc["components"]["schemas"]
+    create, alter = schemas["CreateTopicRequest"], schemas["AlterTopicRequest"]
+    for schema in (create, alter):
+        assert schema["additionalProperties"] is False
+        assert schema["properties"]["partitions"]["maximum"] == MAX_PARTITIONS
+    assert set(create["properties"]) == {"name", "partitions", "replication_factor", "config"}
+    assert create["properties"]["replication_factor"]["maximum"] == MAX_REPLICATION_FACTOR
+    summary = schemas["TopicSummary"]["properties"]
+    assert summary["partitions"]["maximum"] == MAX_PARTITIONS
+    assert summary["replication_factor"]["maximum"] == MAX_REPLICATION_FACTOR
+
+    config = schemas["TopicConfig"]
+    keys = config["properties"]
+    assert config["additionalProperties"] is False
+    assert set(keys) == LOG_CONFIG_KEYS | QUEUE_CONFIG_KEYS
+    for key in INT_CONFIG_KEYS:
+        nullable = key in NULLABLE_CONFIG_KEYS
+        assert keys[key]["type"] == (["integer", "null"] if nullable else "integer"), key
+        assert keys[key]["maximum"] == MAX_CONFIG_INT, key
+    for key in ("max_batch_bytes", "segment_overflow_bytes"):
+        assert keys[key]["minimum"] == MIN_BATCH_LIMIT_BYTES, key
+    for key in ("retention_bytes", "retention_ms", "segment_ms", "fsync_interval_ms"):
+        assert keys[key]["minimum"] == 1, key
+    assert keys["fsync"]["enum"] == [policy.value for policy in FsyncPolicy]
+    assert (keys["max_deliveries"]["minimum"], keys["max_deliveries"]["maximum"]) == (
+        1,
+        MAX_DELIVERIES_LIMIT,
+    )
+    floor = keys["segment_bytes"]["minimum"]
+    LogConfig(segment_bytes=floor)
+    with pytest.raises(LogConfigError):
+        LogConfig(segment_bytes=floor - 1)
+
+    def broker_takes(body: dict[str, Any]) -> bool:
+        command = CreateTopic(
+            "t",
+            body.get("partitions", 1),
+            body.get("replication_factor", 1),
+            body.get("config", {}),
+            assignment=((("n1",),) * p if isinstance(p := body.get("partitions", 1), int) else ()),
+        )
+        try:
+            validate_proposal(command)
+            validate_proposal(AlterTopic("t", None, body.get("config", {})))
+        except MetadataError:
+            return False
+        return True
+
+    request = schema_validator(doc, "CreateTopicRequest")
+    big = MAX_CONFIG_INT
+    samples: list[dict[str, Any]] = [
+        {"partitions": MAX_PARTITIONS, "replication_factor": MAX_REPLICATION_FACTOR},
+        {"partitions": MAX_PARTITIONS + 1},
+        {"partitions": 0},
+        {"replication_factor": MAX_REPLICATION_FACTOR + 1},
+        {"config": {"segment_bytes": floor, "retention_ms": 1, "retention_bytes": None}},
+        {"config": {"segment_bytes": floor - 1}},
+        {"config": {"segment_bytes": 4096.5}},
+        {"config": {"segment_bytes": True}},
+        {"config": {"segment_ms": big, "fsync_interval_ms": big, "retention_bytes": big}},
+        {"config": {"fsync_interval_ms": big + 1}},
+        {"config": {"retention_ms": 0}},
+        {"config": {"retention_ms": True}},
+        {"config": {"max_batch_bytes": MIN_BATCH_LIMIT_BYTES}},
+        {"config": {"max_batch_bytes": MIN_BATCH_LIMIT_BYTES - 1}},
+        {"config": {"segment_overflow_bytes": MIN_BATCH_LIMIT_BYTES - 1}},
+        {"config": {"fsync": "interval"}},
+        {"config": {"fsync": "sometimes"}},
+        {"config": {"max_deliveries": MAX_DELIVERIES_LIMIT}},
+        {"config": {"max_deliveries": MAX_DELIVERIES_LIMIT + 1}},
+        {"config": {"max_deliveries": None}},
+        {"config": {"unknown_key": 1}},
+    ]
+    for body in samples:
+        assert request.is_valid({"name": "t", **body}) == broker_takes(body), body

@@ -60,7 +60,8 @@ def test_weak_secrets_are_refused_with_the_reason(secret: bytes, problem: str) -
 )
 def test_random_secrets_of_the_usual_shapes_pass(secret: bytes) -> None:
     assert secret_problem(secret) is None
-    assert BrokerConfig("n1", Path("/nonexistent"), secret=secret).secret == secret
+    config = BrokerConfig("n1", Path("/nonexistent"), secret=secret, allow_anonymous=True)
+    assert config.secret == secret
 
 
 def test_there_is_no_default_secret_and_the_config_does_not_print_it() -> None:
@@ -75,7 +76,9 @@ def test_there_is_no_default_secret_and_the_config_does_not_print_it() -> None:
 def arguments(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return parser.parse_args(["--node-id", "n1", "--data-dir", "/nonexistent", *argv])
+    # (an open API: client credentials are tests/integration/test_auth.py's subject)
+    required = ["--node-id", "n1", "--data-dir", "/nonexistent", "--allow-anonymous"]
+    return parser.parse_args([*required, *argv])
 
 
 def test_serve_arguments_without_a_secret_file_are_refused() -> None:

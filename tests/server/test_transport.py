@@ -2,7 +2,8 @@
 folded heartbeats included), both directions, the authenticated handshake (wrong secret,
 wrong cluster, replays, a server that proves nothing to an unauthenticated client), hostile
 bytes, forged routing, floods of idle connections, reconnection, address changes, the queue
-bound and a clean stop. The raw peers here speak the handshake as docs/formats.md §7
+bound, a clean stop, and mutual TLS (another CA's peer, a plain peer and a certificate for
+another name refused). The raw peers here speak the handshake as docs/formats.md §7
 describes it, independently of the module's own helpers."""
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
 
+from laminar.certs import KeyPair, issue, make_ca
 from laminar.raft import Entry, EntryKind, Message, MessageType
 from laminar.raft.codec import MAX_FRAME_BYTES, encode
 from laminar.server import transport as transport_module
 from laminar.server.transport import PeerTransport
 from laminar.swim.runtime import parse_address
+from laminar.tls import CertificateStore, TlsFiles
 
 CLUSTER = "test-cluster"
 SECRET = b"test-secret-0123456789abcdef0123"
@@ -868,3 +872,61 @@ async def test_stop_is_clean() -> None:
         await asyncio.sleep(0)
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
     assert errors == []
+
+
+# ---- TLS --------------------------------------------------------------------------------------
+
+
+def tls_store(
+    directory: Path, ca: KeyPair, name: str, names: list[str] | None = None, *, trust: bytes = b""
+) -> CertificateStore:
+    """A CertificateStore for node `name`: a certificate of `ca` for `names` (default
+    127.0.0.1), trusting `trust` (default: `ca`)."""
+    pair = issue(ca, name, names or [HOST])
+    files = TlsFiles(directory / f"{name}.crt", directory / f"{name}.key", directory / f"{name}.ca")
+    files.cert.write_bytes(pair.cert_pem)
+    files.key.write_bytes(pair.key_pem)
+    files.ca.write_bytes(trust or ca.cert_pem)
+    return CertificateStore(files)
+
+
+async def test_mutual_tls_carries_large_appends_and_refuses_another_cas_peer(
+    tmp_path: Path,
+) -> None:
+    ca = make_ca("cluster")
+    a, _ = node("a", tls=tls_store(tmp_path, ca, "a"))
+    b, inbox = node("b", tls=tls_store(tmp_path, ca, "b"))
+    # the right secret, a certificate of another CA (c trusts b's CA: b's check refuses c)
+    c, _ = node("c", tls=tls_store(tmp_path, make_ca("other"), "c", trust=ca.cert_pem))
+    async with stopping(a, b, c):
+        address = await b.start(HOST, 0)
+        blocks = [os.urandom(256 << 10) for _ in range(4)]
+        sent = [append("a", "b", 4 * i, blocks) for i in range(20)]
+        sent += [vote("a", "b", term) for term in range(1, 101)]
+        assert a.send("b", address, sent)
+        await wait_for(lambda: len(inbox.messages) == len(sent), "all delivered over TLS")
+        assert inbox.messages == sent and a.peers() == {"b": True}
+        assert c.send("b", address, [vote("c", "b", 1)])
+        await wait_for(lambda: c.stats["auth_failures"] >= 1, "c's connection refused")
+        await asyncio.sleep(0.2)
+        assert len(inbox.messages) == len(sent)  # nothing from c
+        assert b.stats["accepts"] == 1
+        # a plain-TCP peer (no TLS) gets nowhere either
+        plain, _ = node("d")
+        async with stopping(plain):
+            assert plain.send("b", address, [vote("d", "b", 1)])
+            await wait_for(lambda: plain.stats["auth_failures"] >= 1, "a plain peer refused")
+        assert len(inbox.messages) == len(sent)
+
+
+async def test_the_dialling_peer_checks_the_certificate_names_the_address_it_dials(
+    tmp_path: Path,
+) -> None:
+    ca = make_ca("cluster")
+    a, _ = node("a", tls=tls_store(tmp_path, ca, "a"))
+    b, inbox = node("b", tls=tls_store(tmp_path, ca, "b", ["somewhere.else"]))
+    async with stopping(a, b):
+        address = await b.start(HOST, 0)
+        assert a.send("b", address, [vote("a", "b", 1)])
+        await wait_for(lambda: a.stats["auth_failures"] >= 1, "b's name does not match")
+        assert inbox.messages == [] and a.peers() == {"b": False}

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("pyarrow", reason="the Spark source needs pyarrow (pip install '.[spark]')")
 
 import itertools
+from pathlib import Path
 
 from laminar.spark.options import (
     Bounds,
@@ -30,6 +31,43 @@ def test_defaults_follow_the_kafka_connector() -> None:
     stream = Options.parse({**BROKERS, "topics": "a,b", "maxRecordsPerTrigger": "5"}, stream=True)
     assert stream.topics == ("a", "b") and stream.starting == "latest"
     assert stream.max_records_per_trigger == 5
+    assert batch.ca_file is None
+
+
+def test_https_brokers_take_a_ca_file() -> None:
+    options = {"brokers": "https://a:7070", "topic": "t", "caFile": "/etc/laminar/ca.crt"}
+    parsed = Options.parse(options, stream=False)
+    assert parsed.brokers == ("https://a:7070",) and parsed.ca_file == "/etc/laminar/ca.crt"
+
+
+def test_the_token_is_resolved_on_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`token`, else `tokenFile`'s, else `context`'s, else the environment's; what the
+    executors get is the token itself (never the file or the variable), and never printed."""
+    token_file = tmp_path / "token"
+    token_file.write_text("lmq_from-the-file\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("contexts: [{name: spark, token: lmq_from-the-context, ca-file: ca.pem}]\n")
+    monkeypatch.setenv("LAMINAR_CONFIG", str(config))
+    monkeypatch.setenv("LAMINAR_TOKEN", "lmq_from-the-environment")
+
+    def token(**options: str) -> str | None:
+        parsed = Options.parse({**BROKERS, "topic": "t", **options}, stream=False)
+        resolved = parsed.with_credentials()
+        assert resolved.token is None or resolved.token not in repr(resolved)
+        return resolved.token
+
+    assert token(token="lmq_given", tokenFile=str(token_file)) == "lmq_given"
+    assert token(tokenFile=str(token_file), context="spark") == "lmq_from-the-file"
+    assert token(context="spark") == "lmq_from-the-context"
+    assert token() == "lmq_from-the-environment"
+    in_context = Options.parse({**BROKERS, "topic": "t", "context": "spark"}, stream=False)
+    assert in_context.with_credentials().ca_file == str(tmp_path / "ca.pem")
+    with pytest.raises(OptionError, match="cannot read the token file"):
+        token(tokenFile=str(tmp_path / "missing"))
+    with pytest.raises(OptionError, match="no context 'nope'"):
+        token(context="nope")
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def produce(cluster: LocalCluster, topic: str, partitions: int, per_partition: i
             start: int = 0) -> list[tuple[int, bytes | None, bytes]]:  # fmt: skip
     """Known records into every partition: (partition, key, value) of each."""
     made = []
-    with Client(cluster.urls) as client:
+    with Client(cluster.urls, token=cluster.token) as client:
         for p in range(partitions):
             records = [
                 Record(
@@ -90,12 +90,13 @@ def produce(cluster: LocalCluster, topic: str, partitions: int, per_partition: i
 
 
 def create(cluster: LocalCluster, topic: str, partitions: int, **config: Any) -> None:
-    with Client(cluster.urls) as client:
+    with Client(cluster.urls, token=cluster.token) as client:
         client.create_topic(topic, partitions=partitions, replication_factor=3, config=config)
 
 
 def source(spark: SparkSession, cluster: LocalCluster, topic: str, **options: str) -> Any:
     reader = spark.read.format("laminar").option("brokers", ",".join(cluster.urls))
+    reader = reader.option("tokenFile", str(cluster.token_file))  # read on the driver
     for name, value in {"topic": topic, **options}.items():
         reader = reader.option(name, value)
     return reader
@@ -137,7 +138,8 @@ def test_a_range_read_waits_for_records_its_replica_has_not_yet_committed(
     # not have learned it yet. Here the last 100 records of the range arrive a second late.
     create(brokers, "lagging", 1)
     produce(brokers, "lagging", 1, 100)
-    options = Options.parse({"brokers": ",".join(brokers.urls), "topic": "lagging"}, stream=False)
+    raw = {"brokers": ",".join(brokers.urls), "topic": "lagging", "token": brokers.token}
+    options = Options.parse(raw, stream=False)
     bounds = bounds_of(options)["lagging"]["0"]
     late = threading.Timer(1.0, produce, (brokers, "lagging", 1, 100, 100))
     late.start()
@@ -153,6 +155,7 @@ def stream_once(spark: SparkSession, cluster: LocalCluster, topic: str, checkpoi
                 output: Path, **options: str) -> list[dict[str, Any]]:  # fmt: skip
     """Run a query from `topic` into parquet files until it has read all there is."""
     reader = spark.readStream.format("laminar").option("brokers", ",".join(cluster.urls))
+    reader = reader.option("token", cluster.token)
     for name, value in {"topic": topic, "startingOffsets": "earliest", **options}.items():
         reader = reader.option(name, value)
     query = (
@@ -178,7 +181,8 @@ def test_available_now_reads_everything_once_across_a_restart(
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
     stream_once(spark, brokers, "flow", checkpoint, output)
     assert spark.read.parquet(str(output)).count() == 300
-    with Client(brokers.urls) as client:  # a partition added while the query was stopped
+    # a partition added while the query was stopped
+    with Client(brokers.urls, token=brokers.token) as client:
         client.alter_topic("flow", partitions=3)
         client.run(client.async_client.wait_for_leaders("flow"))
     made = produce(brokers, "flow", 3, 100, start=150)
@@ -204,6 +208,7 @@ def test_max_records_per_trigger_makes_several_batches(
         query = (
             spark.readStream.format("laminar")
             .option("brokers", ",".join(brokers.urls))
+            .option("token", brokers.token)
             .option("topic", "paced")
             .option("startingOffsets", "earliest")
             .option("maxRecordsPerTrigger", "50")
@@ -235,7 +240,9 @@ def test_a_batch_write_routes_rows_by_their_topic_and_partition_columns(
         [("left", 1, "a"), ("right", 0, "b"), ("left", 0, "c"), ("right", 1, "d")],
         "topic string, partition int, value string",
     )
-    rows.write.format("laminar").option("brokers", ",".join(brokers.urls)).mode("append").save()
+    rows.write.format("laminar").option("brokers", ",".join(brokers.urls)).option(
+        "token", brokers.token
+    ).mode("append").save()
     for topic, want in (("left", [(0, "c"), (1, "a")]), ("right", [(0, "b"), (1, "d")])):
         got = source(spark, brokers, topic).load().selectExpr("partition", "string(value) v")
         assert sorted((r["partition"], r["v"]) for r in got.collect()) == want
@@ -253,12 +260,14 @@ def test_a_retried_micro_batch_does_not_duplicate_what_the_sink_wrote(
         query = (
             spark.readStream.format("laminar")
             .option("brokers", ",".join(brokers.urls))
+            .option("token", brokers.token)
             .option("topic", "orders-in")
             .option("startingOffsets", "earliest")
             .load()
             .selectExpr("key", "value")
             .writeStream.format("laminar")
             .option("brokers", ",".join(brokers.urls))
+            .option("token", brokers.token)
             .option("topic", "orders-out")
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
@@ -351,7 +360,7 @@ def test_the_example_pipeline_counts_keys_per_window(
     create(brokers, "clicks", 2)
     create(brokers, "click-counts", 1)
     base_ms = 1_800_000_000_000  # a window boundary (a multiple of 10 s)
-    with Client(brokers.urls) as client:
+    with Client(brokers.urls, token=brokers.token) as client:
         # b's event at 40 s moves the watermark (40 s - 10 s late) past the first two windows
         for p, (key, seconds) in enumerate([("a", (0, 1, 2, 12)), ("b", (3, 14, 15, 40))]):
             records = [
@@ -361,7 +370,7 @@ def test_the_example_pipeline_counts_keys_per_window(
             client.append("clicks", p, records)
     query = spark_pipeline.start(
         spark, ",".join(brokers.urls), "clicks", "click-counts", str(tmp_path / "checkpoint"),
-        available_now=True,
+        available_now=True, token_file=str(brokers.token_file),
     )  # fmt: skip
     query.awaitTermination(timeout=180)
     assert query.exception() is None, query.exception()

@@ -19,11 +19,13 @@ async with AsyncClient(["http://127.0.0.1:9001"]) as client:
 from laminar.log.batch import Record, StoredRecord
 
 from .client import AsyncClient, check_consumer, check_group, decode_read_body, read_replicas
+from .config import ClientConfigError
 from .consumer import Consumer, ConsumerTransport
 from .errors import (
     BadRequest,
     Conflict,
     CorruptData,
+    Forbidden,
     LaminarError,
     NotFound,
     OutOfRange,
@@ -62,12 +64,14 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "Client",
+    "ClientConfigError",
     "ClusterInfo",
     "Conflict",
     "Consumer",
     "ConsumerTransport",
     "CorruptData",
     "Delivery",
+    "Forbidden",
     "GroupConsumer",
     "GroupDescription",
     "GroupTransport",

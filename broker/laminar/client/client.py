@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import random
 import re
-from collections.abc import Mapping, Sequence
+import ssl
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -55,7 +57,9 @@ from laminar.log.batch import (
 from laminar.log.errors import BatchError, MalformedRecordsError
 from laminar.placement import Candidate, partition_key, rank
 from laminar.queue.wire import ACQUIRED_TYPE
+from laminar.tls import client_context
 
+from .config import resolve, resolve_token
 from .errors import (
     Conflict,
     CorruptData,
@@ -333,6 +337,10 @@ class AsyncClient:
     Use as `async with AsyncClient([...]) as client:` or call `close()`. One instance serves
     many concurrent calls (it keeps a pool of keep-alive connections) but belongs to the event
     loop that first used it.
+
+    Credentials: `token=`, else `token_file=`, else `context=` (a context of the client
+    configuration file), else $LAMINAR_TOKEN, $LAMINAR_TOKEN_FILE, the current context
+    (laminar.client.config). The token goes with every request, redirects included.
     """
 
     def __init__(
@@ -342,7 +350,27 @@ class AsyncClient:
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = 256,
+        ca_file: str | os.PathLike[str] | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        context: str | None = None,
     ) -> None:
+        if ca_file is not None and ssl_context is not None:
+            raise ValueError("give ca_file or ssl_context, not both")
+        #: the bearer token: `token`, else `token_file`'s, else `context`'s, else $LAMINAR_TOKEN,
+        #: $LAMINAR_TOKEN_FILE, the current context of ~/.config/laminar/config.yaml
+        #: (laminar.client.config; ClientConfigError, a ValueError, if one is unreadable)
+        if context:
+            settings = resolve(token=token, token_file=token_file, context=context)
+            token = settings.token
+            if ca_file is None and ssl_context is None and settings.ca_file:
+                ca_file = settings.ca_file
+        else:
+            token = resolve_token(token, token_file)
+        #: TLS for https:// brokers: their certificates verified against `ca_file`'s CAs (else
+        #: the system's), host names checked; or `ssl_context`, or a function giving the
+        #: context for each new connection (a broker's own client: reloaded certificates)
+        self._ssl = client_context(ca_file) if ca_file is not None else ssl_context
         if isinstance(brokers, str):
             brokers = [brokers]
         self._brokers = _dedupe([b.strip().rstrip("/") for b in brokers])
@@ -1059,6 +1087,7 @@ class AsyncClient:
             total=remaining, sock_connect=min(remaining, CONNECT_TIMEOUT_S)
         )
         session = self._get_session()
+        tls = self._ssl() if callable(self._ssl) else self._ssl
         try:
             async with session.request(
                 method,
@@ -1067,9 +1096,22 @@ class AsyncClient:
                 headers=headers,
                 allow_redirects=False,
                 timeout=timeout,
+                ssl=True if tls is None else tls,
             ) as response:
                 data = await response.read()
                 return _Answer(response.status, response.headers, data, url)
+        except aiohttp.ClientConnectorCertificateError as e:  # no retry can cure it
+            raise LaminarError(
+                0,
+                "tls_error",
+                f"{_origin(url)}'s certificate is not valid for it or not trusted: "
+                f"{e.certificate_error} (give the cluster's CA: ca_file=, --ca-file or "
+                "LAMINAR_CA_FILE)",
+            ) from e
+        except aiohttp.ClientConnectorSSLError as e:
+            raise LaminarError(
+                0, "tls_error", f"TLS with {_origin(url)} failed (a plain-HTTP broker?): {e}"
+            ) from e
         except _CONNECT_ERRORS as e:
             raise _NotConnected(str(e) or type(e).__name__) from e
         except (aiohttp.ClientError, TimeoutError, OSError) as e:

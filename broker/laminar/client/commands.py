@@ -4,7 +4,10 @@ cluster status and node administration, all through `AsyncClient` (docs/api.md).
 `add_commands(subparsers)` adds `topic`, `produce`, `consume`, `queue`, `cluster` and `node` to the
 `laminar` parser; `run(args)` runs one of them and returns its exit status (None when
 `args.command` is not one of these). Every command takes `--brokers URL,...` (default
-`$LAMINAR_BROKERS`, else http://127.0.0.11:7070), `--token-file` (default `$LAMINAR_TOKEN_FILE`),
+`$LAMINAR_BROKERS`, else the context's, else http://127.0.0.11:7070), `--token-file` (default
+`$LAMINAR_TOKEN`, `$LAMINAR_TOKEN_FILE`, else the context's), `--context NAME` (of the client
+configuration file, laminar.client.config, which says the precedence),
+`--ca-file` (for https:// brokers; default `$LAMINAR_CA_FILE`, else the system's CAs),
 `--timeout` and, when it prints data, `--json`.
 
 Exit status: 0 done; 1 the cluster answered with an error or could not be reached (one line on
@@ -27,14 +30,15 @@ import threading
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from laminar.log.batch import StoredRecord
+from laminar.tls import TlsError, client_context
 
 from .client import DEFAULT_LEASE_MS, MAX_LEASE_MS, AsyncClient, check_consumer, check_group
-from .errors import LaminarError, NotFound, OutOfRange, Unauthorized
+from .config import ClientConfigError, resolve
+from .errors import Forbidden, LaminarError, NotFound, OutOfRange, Unauthorized
 from .group import Delivery, GroupConsumer
 from .models import (
     GroupDescription,
@@ -49,7 +53,10 @@ from .producer import Producer
 
 DEFAULT_BROKERS = "http://127.0.0.11:7070"
 BROKERS_ENV = "LAMINAR_BROKERS"
+TOKEN_ENV = "LAMINAR_TOKEN"
 TOKEN_FILE_ENV = "LAMINAR_TOKEN_FILE"
+CONTEXT_ENV = "LAMINAR_CONTEXT"
+CA_FILE_ENV = "LAMINAR_CA_FILE"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WAIT_MS = 1000
 MAX_WAIT_MS = 60_000
@@ -188,7 +195,20 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     group.add_argument(
         "--token-file",
         metavar="FILE",
-        help=f"file holding the API bearer token (default: ${TOKEN_FILE_ENV})",
+        help=f"file holding the API bearer token (default: ${TOKEN_ENV}, ${TOKEN_FILE_ENV}, "
+        "else the context's)",
+    )
+    group.add_argument(
+        "--context",
+        metavar="NAME",
+        help=f"a context of the client configuration file (default: ${CONTEXT_ENV}, else its "
+        "current-context): brokers, token, CA file",
+    )
+    group.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="CA bundle (PEM) that https:// brokers' certificates are verified against "
+        f"(default: ${CA_FILE_ENV}, else the system's CAs)",
     )
     group.add_argument(
         "--timeout",
@@ -455,9 +475,18 @@ def run(args: argparse.Namespace) -> int | None:
     parser: argparse.ArgumentParser = getattr(args, _PARSER)
     brokers: list[str] = []
     try:
-        brokers = parse_brokers(args.brokers or os.environ.get(BROKERS_ENV) or DEFAULT_BROKERS)
-        token = read_token(args.token_file or os.environ.get(TOKEN_FILE_ENV) or None)
-        return asyncio.run(_main(handler, args, brokers, token))
+        try:  # explicit options, else the environment, else a context (laminar.client.config)
+            settings = resolve(
+                brokers=args.brokers,
+                token_file=args.token_file,
+                context=args.context,
+                ca_file=getattr(args, "ca_file", None),
+            )
+        except ClientConfigError as e:
+            raise CommandError(str(e)) from None
+        brokers = parse_brokers(",".join(settings.brokers) or DEFAULT_BROKERS)
+        args.ca_file = settings.ca_file  # (ca_file_of checks it)
+        return asyncio.run(_main(handler, args, brokers, settings.token))
     except UsageError as e:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
@@ -498,7 +527,8 @@ def _ends_by_interrupt(args: argparse.Namespace) -> bool:
 async def _main(
     handler: Handler, args: argparse.Namespace, brokers: list[str], token: str | None
 ) -> int:
-    async with AsyncClient(brokers, token=token, timeout_s=args.timeout) as client:
+    ca_file = ca_file_of(args)
+    async with AsyncClient(brokers, token=token, timeout_s=args.timeout, ca_file=ca_file) as client:
         return await handler(client, args)
 
 
@@ -523,19 +553,15 @@ def parse_brokers(text: str) -> list[str]:
     return urls
 
 
-def read_token(path: str | None) -> str | None:
-    """The bearer token in `path` (surrounding whitespace stripped). Raises CommandError."""
-    if path is None:
-        return None
-    try:
-        token = Path(path).read_bytes().strip().decode()
-    except OSError as e:
-        raise CommandError(f"cannot read the token file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise CommandError(f"the token file {path} is not UTF-8 text") from None
-    if not token:
-        raise CommandError(f"the token file {path} is empty")
-    return token
+def ca_file_of(args: argparse.Namespace) -> str | None:
+    """--ca-file, else $LAMINAR_CA_FILE (None: neither). Raises CommandError if unreadable."""
+    path: str | None = getattr(args, "ca_file", None) or os.environ.get(CA_FILE_ENV) or None
+    if path is not None:
+        try:
+            client_context(path)
+        except TlsError as e:
+            raise CommandError(f"the CA file {path}: {e}") from None
+    return path
 
 
 def describe_error(error: LaminarError) -> str:
@@ -545,7 +571,9 @@ def describe_error(error: LaminarError) -> str:
         return message
     text = f"{message} ({error.status} {error.code})"
     if isinstance(error, Unauthorized):
-        text += f"; give the token with --token-file or ${TOKEN_FILE_ENV}"
+        text += f"; give the token with --token-file, ${TOKEN_ENV} or ${TOKEN_FILE_ENV}"
+    elif isinstance(error, Forbidden):
+        text += "; the token's principal lacks the role, or the topic is not in its scope"
     return text
 
 

@@ -48,6 +48,11 @@ class Unauthorized(LaminarError):
     """401: the bearer token is missing or wrong."""
 
 
+class Forbidden(LaminarError):
+    """403 `forbidden`: the token's principal may not do this (its role, or the topic is not
+    in its scope)."""
+
+
 class NotFound(LaminarError):
     """404: unknown topic, partition, node or route."""
 
@@ -121,6 +126,7 @@ class Timeout(LaminarError):
 _BY_STATUS: dict[int, type[LaminarError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     405: BadRequest,
     409: Conflict,

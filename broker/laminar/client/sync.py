@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -56,8 +57,18 @@ class Client:
         *,
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        ca_file: str | os.PathLike[str] | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        context: str | None = None,
     ) -> None:
-        self._async = AsyncClient(brokers, token=token, timeout_s=timeout_s)
+        self._async = AsyncClient(
+            brokers,
+            token=token,
+            timeout_s=timeout_s,
+            ca_file=ca_file,
+            token_file=token_file,
+            context=context,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="laminar-client", daemon=True

@@ -14,6 +14,7 @@ from .state import (
     decode_command,
     encode_command,
     validate,
+    validate_proposal,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "encode_command",
     "metadata_voters",
     "validate",
+    "validate_proposal",
 ]

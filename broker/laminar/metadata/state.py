@@ -27,6 +27,14 @@ LOG_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
 QUEUE_CONFIG_KEYS = frozenset({"max_deliveries"})
 MAX_DELIVERIES_LIMIT = 1_000_000
 TOPIC_CONFIG_KEYS = LOG_CONFIG_KEYS | QUEUE_CONFIG_KEYS
+#: the log's integer knobs (LogConfig checks their ranges), and those of them that take null
+INT_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig) if f.type in ("int", "int | None"))
+NULLABLE_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig) if f.type == "int | None")
+MAX_CONFIG_INT = 2**63 - 1
+#: The smallest max_batch_bytes and segment_overflow_bytes a topic may be given (so that its
+#: batch limit is never below): room for the control batches the broker itself writes into
+#: every partition's log (a new leader's no-op, a membership change naming a node id).
+MIN_BATCH_LIMIT_BYTES = 1024
 SNAPSHOT_VERSION = 1
 
 
@@ -142,6 +150,30 @@ def _check_config(config: object) -> dict[str, Any]:
     return dict(sorted(config.items()))
 
 
+def _check_config_values(config: Mapping[str, Any]) -> None:
+    """Every integer setting a JSON integer (not a bool, not 5.0) of at most 2^63-1, or null
+    where it may be, and batch limits of at least MIN_BATCH_LIMIT_BYTES. Checked on proposals
+    only (`validate_proposal`): LogConfig compares the values without checking their types,
+    and entries committed before this check must still apply as they did."""
+    for key in sorted(INT_CONFIG_KEYS & set(config)):
+        value = config[key]
+        if value is None and key in NULLABLE_CONFIG_KEYS:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value > MAX_CONFIG_INT:
+            kind = "an integer or null" if key in NULLABLE_CONFIG_KEYS else "an integer"
+            raise MetadataError(
+                "invalid", f"invalid config: {key}={value!r} must be {kind} up to 2^63-1"
+            )
+    for key in ("max_batch_bytes", "segment_overflow_bytes"):
+        value = config.get(key)
+        if value is not None and value < MIN_BATCH_LIMIT_BYTES:
+            raise MetadataError(
+                "invalid",
+                f"invalid config: {key}={value} is below {MIN_BATCH_LIMIT_BYTES} (the broker's "
+                "own control batches must fit in a batch)",
+            )
+
+
 def _check_assignment(assignment: object, partitions: int, replication_factor: int) -> None:
     if not isinstance(assignment, tuple) or len(assignment) != partitions:
         raise MetadataError("invalid", f"assignment must list voters for {partitions} partitions")
@@ -179,6 +211,14 @@ def validate(command: Command) -> None:
         _check_node(command.node)
         if not isinstance(command.draining, bool):
             raise MetadataError("invalid", "draining must be true or false")
+
+
+def validate_proposal(command: Command) -> None:
+    """`validate`, and the checks that only what a client proposes now must pass (entries
+    committed before them must still apply as they did). MetadataError."""
+    validate(command)
+    if isinstance(command, CreateTopic | AlterTopic) and command.config is not None:
+        _check_config_values(command.config)
 
 
 def encode_command(command: Command) -> bytes:

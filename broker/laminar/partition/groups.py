@@ -41,6 +41,7 @@ from ..queue import (
     Expire,
     Granted,
     QueueCommand,
+    QueueError,
     QueueState,
     Result,
 )
@@ -146,10 +147,20 @@ class ConsumerGroups:
         if raft.role is not Role.LEADER:
             raise NotLeader(raft.lead)
         validate(command)  # a committed command must apply on every replica
+        entry = encode_entry(command)
+        limit = self.log.config.batch_limit_bytes
+        if len(entry) > limit:
+            # the log refuses a batch over its limit, Raft entries included: an entry proposed
+            # anyway would fail every persist of the broker's driver
+            raise QueueError(
+                "invalid",
+                f"{raft.group}: the queue command takes {len(entry)} bytes, over the topic's "
+                f"max_batch_bytes={limit}: name fewer indexes (or ask for fewer messages)",
+            )
         if len(self._waiters) >= MAX_QUEUE_WAITERS:
             raise Overloaded(f"{raft.group}: {len(self._waiters)} queue commands await commit")
         try:
-            index = raft.propose(encode_entry(command), 1)
+            index = raft.propose(entry, 1)
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
         future: asyncio.Future[Result] = answer_future(asyncio.get_running_loop())

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hmac
 import logging
 import re
 import time
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from ..credentials import internal_token
 from ..log.batch import (
     BATCH_HEADER_BYTES,
     MAX_HEADERS_PER_RECORD,
@@ -58,6 +58,7 @@ from ..partition.errors import (
     SequenceConflict,
 )
 from ..partition.replica import Replica
+from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .groups_api import GroupsApi
 from .http import (
     ApiError,
@@ -129,7 +130,20 @@ class Api:
     def __init__(self, broker: Broker, metrics: BrokerMetrics) -> None:
         self.broker = broker
         self.metrics = metrics
-        self.token = broker.config.token
+        config = broker.config
+        #: who may call what (server/auth.py); the brokers' own calls carry `internal_token`
+        self.auth = Authenticator(
+            internal_token=internal_token(config.secret, config.cluster_id),
+            credentials_file=config.credentials_file,
+            token=config.token,
+            allow_anonymous=config.allow_anonymous,
+        )
+        if config.allow_anonymous:
+            log.warning(
+                "--allow-anonymous: requests without a token are served as an admin; anyone "
+                "who can reach the API may read, write and delete every topic"
+            )
+        self._watching: asyncio.Task[None] | None = None
         self.timeout_s = broker.config.request_timeout_ms / 1000
         self.body_timeout_s = broker.config.body_timeout_ms / 1000
         self._decoding = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="laminar-decode")
@@ -163,18 +177,21 @@ class Api:
         r.add_post("/v1/topics/{topic}/partitions/{partition}/records", self.append)
         r.add_get("/v1/topics/{topic}/partitions/{partition}/records", self.read)
         GroupsApi(self).add_routes(r)
+        check_routes(r)  # every /v1 route has its authorization rule
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
 
     async def _startup(self, _: web.Application) -> None:
         self._collector = asyncio.create_task(self._collect_removed())
+        self._watching = asyncio.create_task(self.auth.watch())
 
     async def _cleanup(self, _: web.Application) -> None:
-        if self._collector is not None:
-            self._collector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._collector
+        for task in (self._collector, self._watching):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._session is not None:
             await self._session.close()
         self._decoding.shutdown(wait=False, cancel_futures=True)
@@ -194,8 +211,8 @@ class Api:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if request.path.startswith("/v1/") and self.token is not None:
-                self._authorize(request)
+            if request.path.startswith("/v1/"):
+                request[PRINCIPAL_KEY] = self.auth.authorize(request)  # 401, 403
             if request.body_exists:
                 self._check_body_headers(request)
             return await handler(request)
@@ -261,18 +278,6 @@ class Api:
             return decode(body)
         return await asyncio.get_running_loop().run_in_executor(self._decoding, decode, body)
 
-    def _authorize(self, request: web.Request) -> None:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        expected = self.token or ""
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), expected):
-            raise ApiError(
-                401,
-                "unauthorized",
-                "missing or wrong bearer token",
-                headers={"WWW-Authenticate": 'Bearer realm="laminar"'},
-            )
-
     # ---- health ----------------------------------------------------------------------------
 
     async def healthz(self, _: web.Request) -> web.Response:
@@ -302,14 +307,14 @@ class Api:
         address = self.broker.api_address_of(node)
         if node is None or address is None or node == self.broker.id:
             return unavailable(f"no leader known for {what}; retry shortly")
-        url = f"http://{address}{request.path_qs}"
+        base = self.broker.api_url(address)
         return ApiError(
             307,
             "not_leader",
             f"{self.broker.id} is not the leader of {what}; the leader is {node}",
-            headers={"Location": url},
+            headers={"Location": base + request.path_qs},
             leader=node,
-            leader_url=f"http://{address}",
+            leader_url=base,
         )
 
     def _topic_name(self, request: web.Request) -> str:
@@ -375,7 +380,7 @@ class Api:
             members.append(
                 {
                     "id": node,
-                    "api_url": f"http://{api}",
+                    "api_url": broker.api_url(api),
                     "peer_addr": peer,
                     "state": status.name.lower(),
                     "weight": broker.state.weight(node),
@@ -406,10 +411,14 @@ class Api:
     async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
         if self._session is None:
             self._session = ClientSession(timeout=ClientTimeout(total=2))
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {"Authorization": f"Bearer {self.auth.internal_token}"}
+        tls = self.broker.tls
         try:
             async with self._session.get(
-                f"http://{address}/v1/nodes/{node}/partitions", headers=headers
+                f"{self.broker.api_url(address)}/v1/nodes/{node}/partitions",
+                headers=headers,
+                # the cluster's CA (the current bundle: a new context, new connections)
+                ssl=True if tls is None else tls.client(),
             ) as response:
                 if response.status != 200:
                     return None
@@ -490,8 +499,10 @@ class Api:
             "config": dict(topic.config),
         }
 
-    async def list_topics(self, _: web.Request) -> web.Response:
-        names = sorted(self.broker.state.topics)
+    async def list_topics(self, request: web.Request) -> web.Response:
+        """Every topic for an admin; for others, the topics in their scope."""
+        principal = request[PRINCIPAL_KEY]
+        names = sorted(n for n in self.broker.state.topics if principal.in_scope(n))
         return json_response({"topics": [self._topic_body(n) for n in names]})
 
     async def create_topic(self, request: web.Request) -> web.Response:
@@ -540,7 +551,7 @@ class Api:
                 {
                     "partition": partition,
                     "leader": leader,
-                    "leader_url": f"http://{address}" if address else None,
+                    "leader_url": self.broker.api_url(address) if address else None,
                     "replicas": (source["voters"] if source else list(topic.assignment[partition])),
                     "learners": source["learners"] if source else [],
                     "in_sync": best["in_sync"] if best else [],

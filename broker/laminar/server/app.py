@@ -11,14 +11,12 @@ import logging
 import signal
 import sys
 
-from aiohttp import web
-
 from .. import allocator
 from ..kube import KubeError
 from ..swim.runtime import format_address
 from .api import Api
 from .config import BrokerConfig
-from .http import ApiRunner, ConnectionLimits
+from .http import ApiRunner, ApiSite, ConnectionLimits
 from .kube_status import KubeStatusReporter
 from .metrics import BrokerMetrics
 from .node import Broker, BrokerError
@@ -36,7 +34,14 @@ async def serve(config: BrokerConfig) -> None:
     )
     runner = ApiRunner(api.app(), limits)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.api_port, reuse_address=True, backlog=1024)
+    site = ApiSite(
+        runner,
+        config.host,
+        config.api_port,
+        # HTTPS only when TLS is on; the certificate in use follows its files (broker.tls)
+        ssl_context=None if broker.tls is None else broker.tls.api_listener,
+        handshake_timeout_s=config.header_timeout_ms / 1000,
+    )
     try:
         await site.start()
     except OSError:
@@ -49,6 +54,15 @@ async def serve(config: BrokerConfig) -> None:
     reporting: asyncio.Task[None] | None = None
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    tls = broker.tls
+
+    def reload() -> None:
+        """SIGHUP: re-read the credentials file and the TLS files now (both are polled too)."""
+        api.auth.reload()
+        if tls is not None:
+            tls.reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await broker.start()
         # Long-lived objects made at start leave the collector's view, and young objects
@@ -56,7 +70,7 @@ async def serve(config: BrokerConfig) -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
-        print(f"laminar {config.node_id}: api http://{broker.api_addr}", flush=True)
+        print(f"laminar {config.node_id}: api {broker.api_url(broker.api_addr)}", flush=True)
         if config.kube_namespace and config.kube_cluster:
             try:
                 reporter = KubeStatusReporter(
@@ -68,7 +82,7 @@ async def serve(config: BrokerConfig) -> None:
         await stop.wait()
         log.info("%s: shutting down", config.node_id)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         if reporting is not None:
             reporting.cancel()

@@ -8,8 +8,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..credentials import CredentialsError, token_problem
+from ..credentials import load as load_credentials
 from ..log.config import FsyncPolicy
 from ..metadata.state import NODE_ID
+from ..tls import TlsFiles
 
 DEFAULT_API_PORT = 7070
 DEFAULT_PEER_PORT = 7071
@@ -27,6 +30,14 @@ GENERATED_SECRET_BYTES = 32
 HOW_TO_MAKE_A_SECRET = (
     "make one with `laminar secret FILE` (or `head -c 32 /dev/urandom | base64 > FILE`), give "
     "every broker of the cluster the same file"
+)
+
+
+NO_CREDENTIALS = (
+    "no client credentials: every /v1 request needs a bearer token. Give --credentials-file "
+    "FILE (or LAMINAR_CREDENTIALS_FILE; make one with `laminar credentials add FILE --name "
+    "admin --role admin`, which prints the token), or --token-file FILE (one admin token); "
+    "--allow-anonymous serves the API to anyone without a token, as an admin (insecure)"
 )
 
 
@@ -52,7 +63,21 @@ class BrokerConfig:
     #: the cluster secret: brokers authenticate each other with it (peer handshake, SWIM
     #: MACs); required, see `secret_problem`
     secret: bytes = field(default=b"", repr=False)
+    #: client credentials (docs/security.md, "Clients: authentication and authorization"):
+    #: the credentials file (principals, their token hashes, roles and topics; re-read on
+    #: SIGHUP and when it changes), one admin token (`--token-file`, for compatibility), or
+    #: neither with `allow_anonymous` (an open API: requests without a token act as an admin);
+    #: one of the three is required
+    credentials_file: Path | None = None
     token: str | None = field(default=None, repr=False)
+    allow_anonymous: bool = False
+    #: TLS (docs/security.md, "TLS"): this broker's certificate and key, and the CA bundle its
+    #: peers' certificates are verified against; all three, or none (plain HTTP and TCP). With
+    #: them the API is HTTPS only and the peer transport mutual TLS; the files are re-read
+    #: when they change
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     fsync_interval_ms: int = 100
     tick_ms: int = 100
@@ -107,15 +132,38 @@ class BrokerConfig:
             raise ConfigError("tick_ms must be >= 5 and election_ticks >= 3")
         if (self.kube_namespace is None) != (self.kube_cluster is None):
             raise ConfigError("--kube-namespace and --kube-cluster go together")
+        tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+        if any(f is not None for f in tls) and not all(f is not None for f in tls):
+            raise ConfigError(
+                "--tls-cert-file, --tls-key-file and --tls-ca-file go together (the CA bundle "
+                "verifies the other brokers' certificates: mutual TLS between brokers)"
+            )
         if not self.secret:
             raise ConfigError(f"no cluster secret: {HOW_TO_MAKE_A_SECRET}")
         problem = secret_problem(self.secret)
         if problem is not None:
             raise ConfigError(f"the cluster secret {problem}; {HOW_TO_MAKE_A_SECRET}")
+        if self.credentials_file is None and self.token is None and not self.allow_anonymous:
+            raise ConfigError(NO_CREDENTIALS)
 
     @property
     def public_host(self) -> str:
         return self.advertise_host or self.host
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def tls_files(self) -> TlsFiles | None:
+        if self.tls_cert_file is None or self.tls_key_file is None or self.tls_ca_file is None:
+            return None
+        return TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+
+    @property
+    def api_scheme(self) -> str:
+        """The scheme of this cluster's API URLs (redirects, leader_url, api_url)."""
+        return "https" if self.tls else "http"
 
 
 def secret_problem(secret: bytes) -> str | None:
@@ -208,7 +256,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="file with the cluster secret, the same on every broker (required; make one with "
         "`laminar secret FILE`)",
     )
-    add("--token-file", default=env("token-file"), help="file with the client API bearer token")
+    add(
+        "--credentials-file",
+        default=env("credentials-file"),
+        help="YAML file of the principals that may use the API: token hashes, roles, topics "
+        "(re-read on SIGHUP and when it changes; `laminar credentials add` writes it)",
+    )
+    add(
+        "--token-file",
+        # not LAMINAR_TOKEN_FILE: that is the clients' (the `laminar` commands in a broker's
+        # pod read it), and must not make a client's token a broker's admin token
+        default=env("admin-token-file"),
+        help="file with one admin bearer token (compatibility; read once at start; env "
+        "LAMINAR_ADMIN_TOKEN_FILE)",
+    )
+    add(
+        "--allow-anonymous",
+        action="store_true",
+        default=(env("allow-anonymous") or "").strip().lower() in ("1", "true", "yes"),
+        help="INSECURE: serve requests without a token, as an admin (env "
+        "LAMINAR_ALLOW_ANONYMOUS=true)",
+    )
+    add(
+        "--tls-cert-file",
+        default=env("tls-cert-file"),
+        help="this broker's certificate (PEM, chain): the API serves HTTPS only, peers use "
+        "mutual TLS (with --tls-key-file and --tls-ca-file; re-read when it changes)",
+    )
+    add("--tls-key-file", default=env("tls-key-file"), help="the certificate's private key (PEM)")
+    add(
+        "--tls-ca-file",
+        default=env("tls-ca-file"),
+        help="CA bundle (PEM) the brokers' certificates are verified against",
+    )
     add("--fsync", default=env("fsync", "always"), choices=[p.value for p in FsyncPolicy])
     add("--fsync-interval-ms", type=int, default=int(env("fsync-interval-ms", "100") or 100))
     add("--tick-ms", type=int, default=int(env("tick-ms", "100") or 100))
@@ -266,6 +346,10 @@ def _read_secret(path: str, what: str) -> bytes:
     return data
 
 
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (value or "").split(",") if part.strip())
 
@@ -282,6 +366,17 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         )
     secret = read_secret_file(args.secret_file)
     token = _read_secret(args.token_file, "token").decode() if args.token_file else None
+    if token is not None and (problem := token_problem(token)) is not None:
+        raise ConfigError(
+            f"the token in {args.token_file} {problem}; make one with `laminar credentials "
+            "token FILE`"
+        )
+    credentials_file = _path(args.credentials_file)
+    if credentials_file is not None:
+        try:
+            load_credentials(credentials_file)  # refused now, with the reason, if unusable
+        except CredentialsError as e:
+            raise ConfigError(str(e)) from None
     return BrokerConfig(
         node_id=args.node_id,
         data_dir=Path(args.data_dir),
@@ -294,7 +389,12 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         initial_nodes=_split(args.initial_nodes),
         cluster_id=args.cluster_id,
         secret=secret,
+        credentials_file=credentials_file,
         token=token,
+        allow_anonymous=bool(args.allow_anonymous),
+        tls_cert_file=_path(args.tls_cert_file),
+        tls_key_file=_path(args.tls_key_file),
+        tls_ca_file=_path(args.tls_ca_file),
         fsync=FsyncPolicy(args.fsync),
         fsync_interval_ms=args.fsync_interval_ms,
         tick_ms=args.tick_ms,

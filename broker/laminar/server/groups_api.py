@@ -23,7 +23,15 @@ from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
 from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
 from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
-from .http import ApiError, damaged, json_response, outcome_unknown, record_json, unavailable
+from .http import (
+    ApiError,
+    accepts,
+    damaged,
+    json_response,
+    outcome_unknown,
+    record_json,
+    unavailable,
+)
 
 if TYPE_CHECKING:
     from .api import Api
@@ -126,7 +134,7 @@ class GroupsApi:
         task = groups.acquire(group, consumer, max_messages, lease_ms, wait_ms / 1000, max_bytes)
         with self._answers(request, replica):
             deliveries = await asyncio.wait_for(task, wait_ms / 1000 + self.api.timeout_s)
-        if ACQUIRED_TYPE in request.headers.get("Accept", ""):
+        if accepts(request, ACQUIRED_TYPE):
             answer = encode_deliveries(consumer, deliveries)
             return web.Response(body=answer, content_type=ACQUIRED_TYPE)
         messages = []
@@ -169,6 +177,8 @@ class GroupsApi:
                 raise ApiError(400, "bad_request", "reason must be a string of 1..200 characters")
             command = Reject(group, consumer, tuple(indexes), reason, now)
         else:
+            if "lease_ms" not in body:  # (the spec requires it: no default lease on a renew)
+                raise ApiError(400, "bad_request", "lease_ms is required (the new lease)")
             lease_ms = _int(body, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
             command = Renew(group, consumer, tuple(indexes), lease_ms, now)
         result = await self._commit(request, replica, command)

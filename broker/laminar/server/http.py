@@ -9,6 +9,7 @@ import asyncio
 import base64
 import ipaddress
 import re
+import ssl
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -298,6 +299,44 @@ class ApiRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         return _ApiServer(await super()._make_server(), self.limits)
+
+
+class ApiSite(web.TCPSite):
+    """`web.TCPSite` whose TLS handshakes (with `ssl_context`) must be over within
+    `handshake_timeout_s`: a connection stuck in its handshake is not counted per client (that
+    starts once it is made) and would otherwise be held for asyncio's default minute."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_timeout_s: float = 10.0,
+        backlog: int = 1024,
+    ) -> None:
+        super().__init__(
+            runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_address=True
+        )
+        self.handshake_timeout_s = handshake_timeout_s
+
+    async def start(self) -> None:
+        if self._ssl_context is None:
+            await super().start()
+            return
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self.handshake_timeout_s,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+        )
 
 
 class _ApiServer(web.Server):

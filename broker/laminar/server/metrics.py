@@ -122,6 +122,7 @@ class _BrokerCollector(Collector):
             counter = CounterMetricFamily(f"laminar_peer_{key}", f"peer transport {key}")
             counter.add_metric([], stats[key])
             yield counter
+        yield from _tls_metrics(broker)
 
 
 class BrokerMetrics:
@@ -152,6 +153,28 @@ class BrokerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _tls_metrics(broker: Broker) -> Iterator[Metric]:
+    """The certificate in use (alert well before it expires) and its reloads (with TLS)."""
+    tls = broker.tls
+    if tls is None:
+        return
+    expiry = GaugeMetricFamily(
+        "laminar_tls_certificate_expiry_timestamp_seconds",
+        "when the certificate in use expires (Unix time)",
+    )
+    expiry.add_metric([], tls.not_after)
+    reloads = CounterMetricFamily(
+        "laminar_tls_reloads", "new certificate, key and CA files loaded since start"
+    )
+    reloads.add_metric([], tls.reloads)
+    failing = GaugeMetricFamily(
+        "laminar_tls_reload_failing",
+        "1 while the newest TLS files do not load (the previous ones stay in use)",
+    )
+    failing.add_metric([], 1.0 if tls.error else 0.0)
+    yield from (expiry, reloads, failing)
 
 
 _xdp_warned: set[str] = set()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..client import AsyncClient
+from ..credentials import internal_token
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
 from ..log.errors import CorruptBatchError
@@ -48,7 +49,7 @@ from ..metadata import (
     decode_command,
     encode_command,
     metadata_voters,
-    validate,
+    validate_proposal,
 )
 from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
 from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
@@ -65,6 +66,7 @@ from ..raft.raft import ProposalDropped, Raft, Ready, Role
 from ..raft.storage import StorageUnavailable, stored_entries
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
 from ..swim.runtime import SwimNode, format_address
+from ..tls import CertificateStore, TlsError
 from .config import BrokerConfig
 from .dead_letters import DeadLetterMover
 from .transport import PeerTransport
@@ -123,11 +125,20 @@ class Broker:
         self.replicas: dict[str, Replica] = {}  # data partitions, by group
         self.meta: Replica | None = None
         self.state = ClusterState()
+        #: TLS (config.tls): the contexts of the API, the peer transport and this broker's
+        #: own calls to other brokers, reloaded when their files change
+        self.tls: CertificateStore | None = None
+        if config.tls_files is not None:
+            try:
+                self.tls = CertificateStore(config.tls_files)
+            except TlsError as e:
+                raise BrokerError(f"TLS: {e}") from e
         self.transport = PeerTransport(
             self.id,
             cluster_id=config.cluster_id,
             secret=config.secret,
             on_messages=self._on_messages,
+            tls=self.tls,
         )
         self.swim: SwimNode | None = None
         self.api_addr = format_address(config.public_host, config.api_port)
@@ -202,6 +213,8 @@ class Broker:
             on_event=self._on_member_event,
         )
         await self.swim.start()
+        if self.tls is not None:
+            self.tls.start()
         self._running = True
         self._tasks = [
             asyncio.create_task(self._drive(), name=f"drive-{self.id}"),
@@ -233,6 +246,8 @@ class Broker:
                 await task
         if self._client is not None:
             await self._client.close()
+        if self.tls is not None:
+            await self.tls.stop()
         await self.transport.stop()
         for replica in self._all_replicas():
             replica.close()
@@ -318,7 +333,7 @@ class Broker:
             return
         for topic_dir in sorted(root.iterdir()):
             for part_dir in sorted(topic_dir.iterdir()):
-                if not part_dir.name.isdigit():
+                if not (part_dir.name.isascii() and part_dir.name.isdigit()):
                     continue
                 topic, partition = topic_dir.name, int(part_dir.name)
                 created = topic_identity(part_dir)
@@ -516,7 +531,9 @@ class Broker:
     def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
         topic_name, _, number = group.rpartition("/")
         topic = self.state.topics.get(topic_name)
-        if topic is None or not number.isdigit() or int(number) >= len(topic.assignment):
+        if topic is None or not (number.isascii() and number.isdigit()):
+            return None
+        if int(number) >= len(topic.assignment):
             return None  # (the assignment lists every partition of a topic it knows)
         partition = int(number)
         return topic_name, partition, ConfState(tuple(sorted(topic.assignment[partition])))
@@ -591,6 +608,11 @@ class Broker:
                 )
             )
         return out
+
+    def api_url(self, address: str) -> str:
+        """The base URL of the API at `address` ("host:port"): https when TLS is on (every
+        broker of a cluster serves the same scheme)."""
+        return f"{self.config.api_scheme}://{address}"
 
     def api_address_of(self, node: str | None) -> str | None:
         if node is None:
@@ -859,7 +881,7 @@ class Broker:
             if topic is not None and command.partitions > topic.partitions:
                 extra = self._assign(command.name, topic.partitions, command)
                 command = replace(command, assignment=extra)
-        validate(command)
+        validate_proposal(command)
         batch = encode_batch([Record(value=encode_command(command))])
         try:
             index = meta.raft.propose(batch, 1)
@@ -988,7 +1010,12 @@ class Broker:
     def internal_client(self) -> AsyncClient:
         """A client of this cluster (through this broker's API) for the broker's own needs."""
         if self._client is None:
-            self._client = AsyncClient([f"http://{self.api_addr}"], token=self.config.token)
+            self._client = AsyncClient(
+                [self.api_url(self.api_addr)],
+                # principal laminar-broker (an admin): its token derives from the secret
+                token=internal_token(self.config.secret, self.config.cluster_id),
+                ssl_context=None if self.tls is None else self.tls.client,
+            )
         return self._client
 
     def _apply_retention(self, replica: Replica) -> None:
@@ -1093,13 +1120,12 @@ class Broker:
         raft: Raft = replica.raft
         in_sync = [self.id] if raft.role is not Role.LEADER else []
         if raft.role is Role.LEADER:
-            last = raft.log.last_index()
             alive = self.swim_alive()
             in_sync = sorted(
                 n
-                for n, p in raft.progress.items()
+                for n in raft.progress
                 if n in raft.conf.voters
-                and (n == self.id or (n in alive and p.match >= last - CATCH_UP_LAG_INDEXES))
+                and (n == self.id or (n in alive and raft.caught_up(n, CATCH_UP_LAG_INDEXES)))
             )
         return {
             "topic": replica.topic,

@@ -13,6 +13,13 @@ guess the secret against offline. Pending (unauthenticated) incoming connections
 per source address and in all, and one that sends nothing is closed after a second
 (docs/security.md, "Peer traffic").
 
+With TLS (`tls`, a `CertificateStore`: docs/security.md, "TLS"), every connection is mutual
+TLS first: the server requires the client's certificate and both verify the other's chain
+against the cluster's CA bundle (the client also checks the server's name against the address
+it dialled); the HMAC handshake then runs inside the TLS channel as the membership check, and
+the frames after it are encrypted and integrity-protected by TLS. Without TLS the frames are
+neither (a network that carries them must be trusted).
+
 After the handshake, the client sends frames: a u32 little-endian length and one
 `laminar.raft.codec` message body. The writer task of a peer takes what is queued (whole
 frames, up to WRITE_BATCH_BYTES) and hands it to the socket in one `writelines` call, never
@@ -36,6 +43,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -45,6 +53,7 @@ from ..raft.codec import MAX_FRAME_BYTES, FrameError, decode, encode
 from ..raft.messages import Message
 from ..swim.codec import cluster_hash
 from ..swim.runtime import format_address, parse_address
+from ..tls import CertificateStore
 
 log = logging.getLogger(__name__)
 
@@ -563,6 +572,7 @@ class PeerTransport:
         on_messages: Callable[[list[Message]], None],
         max_queue_bytes: int = 64 << 20,
         connect_timeout_s: float = 2.0,
+        tls: CertificateStore | None = None,
     ) -> None:
         if not node_id or len(node_id.encode()) > MAX_ID_BYTES:
             raise ValueError(f"node id must be 1 to {MAX_ID_BYTES} bytes: {node_id!r}")
@@ -579,6 +589,8 @@ class PeerTransport:
         self._on_messages = on_messages
         self._max_queue_bytes = max_queue_bytes
         self._connect_timeout_s = connect_timeout_s
+        #: mutual TLS on every connection (None: plain TCP)
+        self._tls = tls
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         #: The address `start` bound ("" before).
         self.address = ""
@@ -607,6 +619,8 @@ class PeerTransport:
             port,
             reuse_address=True,
             backlog=LISTEN_BACKLOG,
+            ssl=None if self._tls is None else self._tls.peer_listener,
+            ssl_handshake_timeout=None if self._tls is None else HANDSHAKE_TIMEOUT_S,
         )
         bound_port = int(self._server.sockets[0].getsockname()[1])
         self.address = format_address(host, bound_port)
@@ -778,11 +792,18 @@ class PeerTransport:
         """An authenticated connection to `node` at `address`, or None (counted, logged)."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if self._tls is not None:  # the current certificate and CA bundle, for each connection
+            tls = {"ssl": self._tls.client(), "server_hostname": host}
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self, incoming=False, peer=node), host, port
+                    lambda: _Connection(self, incoming=False, peer=node), host, port, **tls
                 )
+        except ssl.SSLError as e:  # the peer's certificate is not valid for it, or ours for it
+            self.stats["auth_failures"] += 1
+            self._warn(f"tls:{node}", "TLS with %s at %s failed: %s", node, address, e)
+            return None
         except (OSError, TimeoutError) as e:
             self._warn(f"connect:{node}", "cannot connect to %s at %s: %r", node, address, e)
             return None
@@ -824,7 +845,10 @@ class PeerTransport:
                 await peer.wakeup.wait()
                 continue
             frames, count, size = peer.take(WRITE_BATCH_BYTES)
-            transport.writelines(frames)
+            if self._tls is None:
+                transport.writelines(frames)
+            else:  # one buffer: TLS records of up to 16 KiB, not one per length prefix
+                transport.write(b"".join(frames))
             del frames
             stats["frames_sent"] += count
             stats["bytes_sent"] += size

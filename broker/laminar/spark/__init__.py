@@ -35,16 +35,16 @@ class LaminarDataSource(DataSource):
         return f"{SCHEMA_DDL}, {HEADERS_DDL}" if include else SCHEMA_DDL
 
     def reader(self, schema: Any) -> BatchReader:
-        return BatchReader(Options.parse(self.options, stream=False))
+        return BatchReader(Options.parse(self.options, stream=False).with_credentials())
 
     def streamReader(self, schema: Any) -> StreamReader:
-        return StreamReader(Options.parse(self.options, stream=True))
+        return StreamReader(Options.parse(self.options, stream=True).with_credentials())
 
     def writer(self, schema: Any, overwrite: bool) -> BatchWriter:
-        return BatchWriter(Options.parse(self.options, stream=False, sink=True))
+        return BatchWriter(Options.parse(self.options, stream=False, sink=True).with_credentials())
 
     def streamWriter(self, schema: Any, overwrite: bool) -> StreamWriter:
-        return StreamWriter(Options.parse(self.options, stream=True, sink=True))
+        return StreamWriter(Options.parse(self.options, stream=True, sink=True).with_credentials())
 
 
 def register(spark: SparkSession) -> None:

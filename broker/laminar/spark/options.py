@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 EARLIEST, LATEST = -2, -1
@@ -20,6 +20,7 @@ Offsets = dict[str, dict[str, int]]
 KNOWN = {
     "brokers", "topic", "topics", "startingoffsets", "endingoffsets", "maxrecordspertrigger",
     "minpartitions", "failondataloss", "includeheaders", "token", "path", "checkpointlocation",
+    "cafile", "tokenfile", "context",
 }  # fmt: skip
 
 
@@ -59,7 +60,26 @@ class Options:
     min_partitions: int | None
     fail_on_data_loss: bool
     include_headers: bool
-    token: str | None
+    token: str | None = field(repr=False)
+    #: CA bundle (PEM) for https:// brokers, at this path on the driver and every executor
+    ca_file: str | None = None
+    #: where the token comes from when `token` is not given (read on the driver, by
+    #: `with_credentials`: the executors get the token itself)
+    token_file: str | None = None
+    context: str | None = None
+
+    def with_credentials(self) -> Options:
+        """These options with the token resolved, on the driver: `token`, else `tokenFile`'s,
+        else `context`'s, else $LAMINAR_TOKEN, $LAMINAR_TOKEN_FILE, the current context
+        (laminar.client.config). OptionError if a file is unreadable."""
+        from laminar.client.config import ClientConfigError, resolve
+
+        try:
+            settings = resolve(token=self.token, token_file=self.token_file, context=self.context)
+        except ClientConfigError as e:
+            raise OptionError(str(e)) from None
+        ca_file = self.ca_file or (settings.ca_file if self.context else None)
+        return replace(self, token=settings.token, ca_file=ca_file)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, stream: bool, sink: bool = False) -> Options:
@@ -95,6 +115,9 @@ class Options:
             fail_on_data_loss=_flag(options, "failondataloss", True),
             include_headers=_flag(options, "includeheaders", False),
             token=options.get("token") or None,
+            token_file=options.get("tokenfile") or None,
+            context=options.get("context") or None,
+            ca_file=options.get("cafile") or None,
         )
 
 

@@ -72,7 +72,7 @@ class _Appender:
     def __init__(self, options: Options, producer: int) -> None:
         self.options = options
         self.producer = producer
-        self.client = Client(list(options.brokers), token=options.token)
+        self.client = Client(list(options.brokers), token=options.token, ca_file=options.ca_file)
         self.pending: dict[tuple[str, int], list[Record]] = {}
         self.pending_bytes: dict[tuple[str, int], int] = {}
         self.sequence: dict[tuple[str, int], int] = {}

@@ -63,7 +63,7 @@ class DataLossError(RuntimeError):
 def bounds_of(options: Options) -> dict[str, dict[str, Bounds]]:
     """Every partition's first stored index and next index to commit, per topic."""
     out: dict[str, dict[str, Bounds]] = {}
-    with Client(list(options.brokers), token=options.token) as client:
+    with Client(list(options.brokers), token=options.token, ca_file=options.ca_file) as client:
         for topic in options.topics:
             try:
                 described = client.describe_topic(topic)
@@ -108,7 +108,7 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
     mapped between reads (`allocator`)."""
     allocator.keep_read_buffers()
     builder = ColumnBuilder(part.topic, part.partition, options.include_headers)
-    with Client(list(options.brokers), token=options.token) as client:
+    with Client(list(options.brokers), token=options.token, ca_file=options.ca_file) as client:
 
         def fetch(at: int) -> concurrent.futures.Future[RawRead | ReadResult]:
             return client.submit(

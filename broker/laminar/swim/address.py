@@ -28,7 +28,7 @@ def parse_address(address: str) -> tuple[str, int]:
         host, sep, port = address[1:].partition("]:")
     else:
         host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+    if not sep or not host or not _ascii_digits(port) or not 0 < int(port) < 65_536:
         raise ValueError(f"not a host:port address: {address!r}")
     return host, int(port)
 
@@ -66,3 +66,8 @@ def sender_matches(declared: str, source: str, check_host: HostCheck | None) -> 
     if check_host is None:
         return False
     return check_host(declared_host.lower().rstrip("."), str(source_ip))
+
+
+def _ascii_digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit also takes "²" or "٣", which int() refuses or reads)."""
+    return text.isascii() and text.isdigit()
