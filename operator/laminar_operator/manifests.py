@@ -600,7 +600,7 @@ def stateful_set(
         pod["initContainers"] = [xdp_init_container(cluster)]
         volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
         # the broker reads its pod's counters (the map file is world-readable), nothing more
-        broker["env"] = [*env, {"name": "LAMINAR_XDP_PIN_DIR", "value": XDP_PIN_MOUNT}]
+        broker["env"] = [*broker["env"], {"name": "LAMINAR_XDP_PIN_DIR", "value": XDP_PIN_MOUNT}]
         broker["volumeMounts"] = [
             *broker["volumeMounts"],
             {

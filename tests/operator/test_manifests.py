@@ -111,6 +111,10 @@ def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivilege
     broker_env = {e["name"]: e.get("value") for e in broker["env"]}
     assert broker_env["LAMINAR_XDP_PIN_DIR"] == pins["mountPath"]
     assert "LAMINAR_XDP_PIN_DIR" not in {e["name"] for e in plain_broker["env"]}
+    # nothing else of the broker's is lost (regression, the kind e2e: the TLS settings were,
+    # and the XDP pods served plain HTTP to HTTPS probes)
+    assert plain_broker["env"] == broker["env"][:-1]
+    assert broker_env["LAMINAR_TLS_CERT_FILE"] == f"{m.TLS_DIR}/tls.crt"
 
 
 def test_xdp_the_operator_does_not_allow_renders_nothing_privileged() -> None:
