@@ -311,31 +311,10 @@ def credentials_secret(
 
 def operator_token_secret(cluster: Object, namespace: str, token: str) -> Object:
     """The operator's token for a cluster's brokers, in `namespace`, the operator's own (read
-    back by name): only its hash is in the cluster's `<name>-credentials`. In the cluster's own
-    namespace (an operator that does not know its namespace) it is owned by the cluster, else
-    it is deleted with it."""
-    cluster_name, cluster_namespace = names(cluster)
-    uid = cluster["metadata"]["uid"]
-    metadata: Object = {
-        "name": operator_token_secret_name(uid),
-        "namespace": namespace,
-        "labels": {
-            "app.kubernetes.io/name": "laminar",
-            "app.kubernetes.io/component": "operator-token",
-            "app.kubernetes.io/managed-by": "laminar-operator",
-            f"{API_GROUP}/cluster-uid": uid,
-        },
-        "annotations": {f"{API_GROUP}/cluster": f"{cluster_namespace}/{cluster_name}"},
-    }
-    if namespace == cluster_namespace:
-        metadata["ownerReferences"] = [owner_reference(cluster)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": metadata,
-        "type": "Opaque",
-        "data": {"token": base64.b64encode(token.encode()).decode()},
-    }
+    back by name): only its hash is in the cluster's `<name>-credentials`."""
+    data = {"token": base64.b64encode(token.encode()).decode()}
+    return _operator_secret(cluster, namespace, operator_token_secret_name(
+        cluster["metadata"]["uid"]), "operator-token", data)  # fmt: skip
 
 
 def ca_secret(cluster: Object, ca_pem: bytes) -> Object:
@@ -368,16 +347,29 @@ def tls_secret(cluster: Object, cert_pem: bytes, key_pem: bytes, ca_pem: bytes) 
 
 def ca_key_secret(cluster: Object, namespace: str, cert_pem: bytes, key_pem: bytes) -> Object:
     """A cluster's CA (key included) in `namespace`, the operator's own: the operator reads
-    it back (by name) to sign renewals. In the cluster's own namespace (an operator that does
-    not know its namespace) it is owned by the cluster, else it is deleted with it."""
+    it back (by name) to sign renewals."""
+    data = {
+        CA_CERT_KEY: base64.b64encode(cert_pem).decode(),
+        "ca.key": base64.b64encode(key_pem).decode(),
+    }
+    return _operator_secret(cluster, namespace, ca_key_secret_name(cluster["metadata"]["uid"]),
+                            "ca", data)  # fmt: skip
+
+
+def _operator_secret(
+    cluster: Object, namespace: str, name: str, component: str, data: dict[str, str]
+) -> Object:
+    """A Secret of a cluster's that the operator keeps in `namespace`, its own, and reads back
+    by name. In the cluster's own namespace (an operator that does not know its namespace) it
+    is owned by the cluster; elsewhere the operator deletes it with the cluster."""
     cluster_name, cluster_namespace = names(cluster)
     uid = cluster["metadata"]["uid"]
     metadata: Object = {
-        "name": ca_key_secret_name(uid),
+        "name": name,
         "namespace": namespace,
         "labels": {
             "app.kubernetes.io/name": "laminar",
-            "app.kubernetes.io/component": "ca",
+            "app.kubernetes.io/component": component,
             "app.kubernetes.io/managed-by": "laminar-operator",
             f"{API_GROUP}/cluster-uid": uid,
         },
@@ -385,16 +377,8 @@ def ca_key_secret(cluster: Object, namespace: str, cert_pem: bytes, key_pem: byt
     }
     if namespace == cluster_namespace:
         metadata["ownerReferences"] = [owner_reference(cluster)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": metadata,
-        "type": "Opaque",
-        "data": {
-            CA_CERT_KEY: base64.b64encode(cert_pem).decode(),
-            "ca.key": base64.b64encode(key_pem).decode(),
-        },
-    }
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque",
+            "data": data}  # fmt: skip
 
 
 def broker_settings(cluster: Object, initial_replicas: int) -> dict[str, str]:

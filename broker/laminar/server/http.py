@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import re
 import ssl
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from ..log.errors import CorruptBatchError, MalformedRecordsError
+from ..swim.address import source_key
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -376,7 +376,7 @@ class _ApiConnection(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self._peer = client_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
+        self._peer = source_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
         clients = self._api_server.clients
         clients[self._peer] = held = clients.get(self._peer, 0) + 1
         limit = self._api_server.limits.max_connections_per_client
@@ -470,21 +470,6 @@ class _ApiConnection(web.RequestHandler):
         response = json_response(body, status=status)
         response.force_close()
         return response
-
-
-def client_key(host: str) -> str:
-    """What connections are capped per: an IPv4 address, or the /64 of an IPv6 one (one
-    machine commonly has a whole /64); an IPv4-mapped IPv6 address counts as IPv4 (the peer
-    transport bounds its handshakes per source the same way)."""
-    try:
-        address = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 def _raw_error(status: int, code: str, message: str, *, retry_after: bool = False) -> bytes:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import logging
 import os
 import random
@@ -51,6 +50,7 @@ from typing import Any, cast
 
 from ..raft.codec import MAX_FRAME_BYTES, FrameError, decode, encode
 from ..raft.messages import Message
+from ..swim.address import source_key
 from ..swim.codec import cluster_hash
 from ..swim.runtime import format_address, parse_address
 from ..tls import CertificateStore
@@ -195,20 +195,6 @@ def proof(
         )
     )
     return hmac.digest(secret, transcript, "sha256")
-
-
-def source_key(host: str) -> str:
-    """What pending handshakes are bounded per: the IPv4 address, or the /64 of an IPv6 one
-    (one machine commonly has a whole /64); an IPv4-mapped IPv6 address counts as IPv4."""
-    try:
-        address = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 def _tune_socket(sock: Any) -> None:

@@ -71,3 +71,18 @@ def sender_matches(declared: str, source: str, check_host: HostCheck | None) -> 
 def _ascii_digits(text: str) -> bool:
     """ASCII digits only (str.isdigit also takes "²" or "٣", which int() refuses or reads)."""
     return text.isascii() and text.isdigit()
+
+
+def source_key(host: str) -> str:
+    """What a broker bounds per client (API connections, pending peer handshakes): an IPv4
+    address, or the /64 of an IPv6 one (one machine commonly has a whole /64); an
+    IPv4-mapped IPv6 address counts as IPv4."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
