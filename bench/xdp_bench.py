@@ -161,7 +161,8 @@ def broker_cpu_under_flood(
     broker = subprocess.Popen(
         ["ip", "netns", "exec", receiver.netns, sys.executable, "-m", "laminar", "serve",
          "--node-id", "b", "--data-dir", str(data), "--host", receiver.address,
-         "--initial-nodes", "b", "--cluster-id", CLUSTER, "--secret-file", str(secret)],
+         "--initial-nodes", "b", "--cluster-id", CLUSTER, "--secret-file", str(secret),
+         "--allow-anonymous"],  # its metrics only are read
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

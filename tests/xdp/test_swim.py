@@ -75,6 +75,8 @@ def brokers(
                     "--seeds", f"{peer.address}:{GOSSIP}", "--initial-nodes", "a,b",
                     "--cluster-id", CLUSTER, "--secret-file", str(secret),
                     "--xdp-pin-dir", str(pins),
+                    # the API is only read for membership and counters here (no tokens)
+                    "--allow-anonymous",
                 ]  # fmt: skip
                 with open(tmp_path / f"{node}.log", "wb") as log:
                     processes.append(
