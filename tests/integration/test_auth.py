@@ -235,8 +235,14 @@ async def test_the_brokers_call_each_other_with_their_own_principal(secured: Sec
             for node in cluster.nodes:
                 hosted = await client.node_partitions(node)
                 assert hosted.node_id == node
-            described = await client.describe_topic("t")
-            assert all(p.leader and len(p.in_sync) == 3 for p in described.partition_states)
+
+            async def in_sync(client: AsyncClient = client) -> object:
+                # every broker describes the topic, from every broker's replicas (a follower
+                # counts in sync once it acknowledged its leader's own entries)
+                states = (await client.describe_topic("t")).partition_states
+                return all(p.leader and len(p.in_sync) == 3 for p in states)
+
+            await wait_until("t described in sync", in_sync)
     async with AsyncClient(cluster.urls, token=secured.tokens["writer"]) as writer:
         leader = (await writer.describe_topic("t")).partition_states[0].leader_url
         follower = next(u for u in cluster.urls if u != (leader or "").rstrip("/"))
