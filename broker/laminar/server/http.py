@@ -1,13 +1,15 @@
 """HTTP pieces shared by the API's handlers: JSON errors and the JSON rendering of records,
 bounded JSON parsing and body reads, content negotiation, and the HTTP server's connection
 rules (`ApiRunner`: JSON errors even for requests aiohttp cannot parse, head and idle
-timeouts, a cap on connections per client address)."""
+timeouts, a cap on connections per client address; `ApiSite`: with TLS, that cap applies from
+TCP accept, before the TLS handshake, which has to be over within a short bound)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -18,6 +20,7 @@ from aiohttp import web
 
 from ..log.errors import CorruptBatchError, MalformedRecordsError
 from ..swim.address import source_key
+from .listener import AcceptedSocket, Listener
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -302,9 +305,11 @@ class ApiRunner(web.AppRunner):
 
 
 class ApiSite(web.TCPSite):
-    """`web.TCPSite` whose TLS handshakes (with `ssl_context`) must be over within
-    `handshake_timeout_s`: a connection stuck in its handshake is not counted per client (that
-    starts once it is made) and would otherwise be held for asyncio's default minute."""
+    """`web.TCPSite` that, with TLS (`ssl_context`), counts a connection against its client
+    address's cap (`ConnectionLimits.max_connections_per_client`) from TCP accept: one over the
+    cap is closed at once, before any TLS work (no 429 can be sent without TLS), and the TLS
+    handshake of one within it must be over within `handshake_timeout_s`. Otherwise a flood of
+    connections that never send a ClientHello would be held, uncounted, until they time out."""
 
     def __init__(
         self,
@@ -320,23 +325,59 @@ class ApiSite(web.TCPSite):
             runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_address=True
         )
         self.handshake_timeout_s = handshake_timeout_s
+        #: TLS handshakes under way (connections counted, not handed to aiohttp yet)
+        self._handshakes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         if self._ssl_context is None:
             await super().start()
             return
         await web.BaseSite.start(self)  # registers the site with its runner
+        listener = Listener(self._accepted)
+        await listener.start(self._host, self._port, backlog=self._backlog)
+        self._server = listener
+        self._bound_port = int(listener.sockets[0].getsockname()[1])
+
+    def _accepted(self, sock: socket.socket, address: object) -> None:
+        """A TCP connection to the HTTPS port: counted, or closed at once if its client holds
+        its cap already; then its TLS handshake."""
         server = self._runner.server
-        assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            server,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self.handshake_timeout_s,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
+        assert isinstance(server, _ApiServer) and self._ssl_context is not None
+        client = source_key(str(address[0]) if isinstance(address, tuple) else str(address))
+        if not server.hold(client):
+            sock.close()
+            return
+        connection = server.connection(client)
+        accepted = AcceptedSocket(sock)
+        task = asyncio.get_running_loop().create_task(
+            self._handshake(accepted, connection, self._ssl_context)
         )
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+        # cancelled before it ran (the site stopped): close the socket, release the count
+        task.add_done_callback(lambda _: accepted.close() and connection.release())
+
+    async def _handshake(
+        self, accepted: AcceptedSocket, connection: _ApiConnection, context: ssl.SSLContext
+    ) -> None:
+        """The TLS handshake (the api_listener context: its SNI callback switches to the
+        current certificate); then `connection` serves HTTP on it and releases the count when
+        it closes. A handshake that fails, or is not over in time, releases it here."""
+        try:
+            await accepted.start_tls(connection, context, self.handshake_timeout_s)
+        except OSError:  # not TLS, a refused handshake, too slow, or the client went away
+            connection.release()
+        except BaseException:  # cancelled (the site stops)
+            connection.release()
+            raise
+
+    async def stop(self) -> None:
+        handshakes = list(self._handshakes)
+        for task in handshakes:
+            task.cancel()
+        await super().stop()
+        if handshakes:
+            await asyncio.gather(*handshakes, return_exceptions=True)
 
 
 class _ApiServer(web.Server):
@@ -352,10 +393,30 @@ class _ApiServer(web.Server):
             **base._kwargs,  # the RequestHandler arguments the application gave it
         )
         self.limits = limits
+        #: connections held per client address (`source_key`)
         self.clients: dict[str, int] = {}
 
     def __call__(self) -> web.RequestHandler:
         return _ApiConnection(self, loop=self._loop, **self._kwargs)
+
+    def connection(self, client: str) -> _ApiConnection:
+        """A connection of `client` that `hold` counted already (TLS: at TCP accept)."""
+        return _ApiConnection(self, client=client, loop=self._loop, **self._kwargs)
+
+    def hold(self, client: str) -> bool:
+        """Count one more connection of `client`, unless it holds its cap already."""
+        held = self.clients.get(client, 0)
+        if held >= self.limits.max_connections_per_client:
+            return False
+        self.clients[client] = held + 1
+        return True
+
+    def release(self, client: str) -> None:
+        held = self.clients.get(client, 1) - 1
+        if held > 0:
+            self.clients[client] = held
+        else:
+            self.clients.pop(client, None)
 
 
 class _ApiConnection(web.RequestHandler):
@@ -365,43 +426,46 @@ class _ApiConnection(web.RequestHandler):
     time between requests is aiohttp's keep-alive timeout); and errors aiohttp answers
     itself (a request it cannot parse: 400) are the API's JSON error."""
 
-    def __init__(self, server: _ApiServer, **kwargs: Any) -> None:
+    def __init__(self, server: _ApiServer, *, client: str | None = None, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self._api_server = server
-        self._peer: str | None = None
+        #: the client address this connection is counted for (None: not counted, or released)
+        self._client = client
         self._head_timer: asyncio.TimerHandle | None = None
         #: the body of the last request parsed (until it ends, bytes received are body bytes)
         self._last_body: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        peer = transport.get_extra_info("peername")
-        self._peer = source_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
-        clients = self._api_server.clients
-        clients[self._peer] = held = clients.get(self._peer, 0) + 1
-        limit = self._api_server.limits.max_connections_per_client
-        if held > limit:
-            self._answer_and_close(
-                429,
-                "overloaded",
-                f"{self._peer} has {limit} connections open to this broker already, as many "
-                "as one client address may (--max-connections-per-client); retry later",
-                retry_after=True,
-            )
-            return
+        if self._client is None:  # plain HTTP: counted now (TLS: at TCP accept, by ApiSite)
+            peer = transport.get_extra_info("peername")
+            client = source_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
+            if not self._api_server.hold(client):
+                limit = self._api_server.limits.max_connections_per_client
+                self._answer_and_close(
+                    429,
+                    "overloaded",
+                    f"{client} has {limit} connections open to this broker already, as many "
+                    "as one client address may (--max-connections-per-client); retry later",
+                    retry_after=True,
+                )
+                return
+            self._client = client
         self._arm_head_timer()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_head_timer()
-        if self._peer is not None:
-            clients = self._api_server.clients
-            held = clients.get(self._peer, 1) - 1
-            if held > 0:
-                clients[self._peer] = held
-            else:
-                clients.pop(self._peer, None)
-            self._peer = None
+        self.release()
         super().connection_lost(exc)
+
+    def release(self) -> bool:
+        """Stop counting this connection against its client's cap (once; later calls do
+        nothing). True if this call released it."""
+        client, self._client = self._client, None
+        if client is None:
+            return False
+        self._api_server.release(client)
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._force_close or self._close:

@@ -18,7 +18,10 @@ TLS first: the server requires the client's certificate and both verify the othe
 against the cluster's CA bundle (the client also checks the server's name against the address
 it dialled); the HMAC handshake then runs inside the TLS channel as the membership check, and
 the frames after it are encrypted and integrity-protected by TLS. Without TLS the frames are
-neither (a network that carries them must be trusted).
+neither (a network that carries them must be trusted). A TLS listener (`Listener`) admits a
+connection at TCP accept, before any TLS work: it is a pending handshake from then until the
+HMAC handshake is over, and TLS and HMAC handshakes together must be over within
+HANDSHAKE_TIMEOUT_S of the accept.
 
 After the handshake, the client sends frames: a u32 little-endian length and one
 `laminar.raft.codec` message body. The writer task of a peer takes what is queued (whole
@@ -54,6 +57,7 @@ from ..swim.address import source_key
 from ..swim.codec import cluster_hash
 from ..swim.runtime import format_address, parse_address
 from ..tls import CertificateStore
+from .listener import AcceptedSocket, Listener
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +75,11 @@ MAX_ID_BYTES = 255  # node ids are str8, as in the Raft codec
 #: Labels that make a server's proof useless as a client's proof and the other way round.
 SERVER_LABEL = b"LMQP/2 server"
 CLIENT_LABEL = b"LMQP/2 client"
-#: A handshake must be complete this long after the connection was accepted (or opened).
+#: A handshake must be complete this long after the connection was accepted (or opened); with
+#: TLS, the TLS handshake and the HMAC handshake in it together.
 HANDSHAKE_TIMEOUT_S = 5.0
 #: An accepted connection that has sent no byte this long is closed (a client sends its
-#: HELLO as soon as it is connected).
+#: HELLO as soon as it is connected; with TLS: as soon as the TLS handshake is over).
 IDLE_HANDSHAKE_TIMEOUT_S = 1.0
 #: Largest handshake body accepted (a HELLO with two 255-byte ids is 520 bytes).
 MAX_HANDSHAKE_BODY = 1024
@@ -236,6 +241,8 @@ class _Connection(asyncio.BufferedProtocol):
         #: What pending handshakes are bounded per (`source_key` of the remote host).
         self.source = "?"
         self.pending_since = 0.0  # loop time it became a pending handshake (incoming)
+        #: Incoming: the task running its handshakes (TLS too, until `transport` is set).
+        self.handshake: asyncio.Task[None] | None = None
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.lost = False
@@ -259,13 +266,16 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not derive from asyncio.Transport but have its methods.
         self.transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        if isinstance(peername, tuple) and len(peername) >= 2:
-            self.remote = format_address(str(peername[0]), int(peername[1]))
-            self.source = source_key(str(peername[0]))
+        self.set_remote(transport.get_extra_info("peername"))
         _tune_socket(transport.get_extra_info("socket"))
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self._owner._connection_made(self)
+
+    def set_remote(self, peername: Any) -> None:
+        """`remote` and `source` from a socket's peer address."""
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.remote = format_address(str(peername[0]), int(peername[1]))
+            self.source = source_key(str(peername[0]))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._large_view is not None:
@@ -347,11 +357,22 @@ class _Connection(asyncio.BufferedProtocol):
         """Close after flushing what the transport holds."""
         if self.transport is not None:
             self.transport.close()
+        else:
+            self._end_tls_handshake()
 
     def abort(self) -> None:
         """Close now, discarding anything unsent."""
         if self.transport is not None:
             self.transport.abort()
+        else:
+            self._end_tls_handshake()
+
+    def _end_tls_handshake(self) -> None:
+        """Closing before the TLS handshake is over: end the task that runs it (it closes the
+        socket), unless this is that task."""
+        task = self.handshake
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
 
     # ---- handshake -----------------------------------------------------------------------
 
@@ -580,7 +601,7 @@ class PeerTransport:
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         #: The address `start` bound ("" before).
         self.address = ""
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._stopped = False
         self._peers: dict[str, _Peer] = {}
         self._retired: set[asyncio.Task[None]] = set()  # tasks of removed peers
@@ -598,17 +619,22 @@ class PeerTransport:
         """Listen on host:port (port 0: an ephemeral one); the bound "host:port"."""
         if self._server is not None or self._stopped:
             raise RuntimeError("PeerTransport.start called twice or after stop")
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self, incoming=True),
-            host,
-            port,
-            reuse_address=True,
-            backlog=LISTEN_BACKLOG,
-            ssl=None if self._tls is None else self._tls.peer_listener,
-            ssl_handshake_timeout=None if self._tls is None else HANDSHAKE_TIMEOUT_S,
-        )
-        bound_port = int(self._server.sockets[0].getsockname()[1])
+        if self._tls is None:
+            server = await asyncio.get_running_loop().create_server(
+                lambda: _Connection(self, incoming=True),
+                host,
+                port,
+                reuse_address=True,
+                backlog=LISTEN_BACKLOG,
+            )
+            sockets: tuple[Any, ...] = tuple(server.sockets)
+            self._server = server
+        else:  # connections are admitted at TCP accept, before any TLS work
+            listener = Listener(self._tls_accepted)
+            await listener.start(host, port, backlog=LISTEN_BACKLOG)
+            sockets = listener.sockets
+            self._server = listener
+        bound_port = int(sockets[0].getsockname()[1])
         self.address = format_address(host, bound_port)
         log.info("peer transport %s listening on %s", self.node_id, self.address)
         return self.address
@@ -847,18 +873,46 @@ class PeerTransport:
             connection.abort()
             return
         self._connections.add(connection)
-        if not connection.incoming:
-            return
+        if not connection.incoming or connection.handshake is not None:
+            return  # outgoing; or over TLS, admitted at TCP accept and in its handshake task
         if not self._admit(connection):
             self.stats["handshakes_refused"] += 1
             connection.abort()
             return
+        self._start_handshake(connection, None)
+
+    def _tls_accepted(self, sock: socket.socket, address: Any) -> None:
+        """The TLS listener accepted `sock`: admitted as a pending handshake (its TLS one
+        included) or closed at once, before any TLS work."""
+        if self._stopped:
+            sock.close()
+            return
+        connection = _Connection(self, incoming=True)
+        connection.set_remote(address)
+        if not self._admit(connection):
+            self.stats["handshakes_refused"] += 1
+            sock.close()
+            return
+        self._start_handshake(connection, AcceptedSocket(sock))
+
+    def _start_handshake(self, connection: _Connection, accepted: AcceptedSocket | None) -> None:
+        """The task that authenticates an admitted incoming connection (`accepted`: TLS to
+        run on that socket first)."""
         task = asyncio.get_running_loop().create_task(
-            self._accept_connection(connection), name=f"peer-{self.node_id}<-{connection.remote}"
+            self._accept_connection(connection, accepted),
+            name=f"peer-{self.node_id}<-{connection.remote}",
         )
+        connection.handshake = task
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
         task.add_done_callback(self._task_done)
+        if accepted is not None:
+            task.add_done_callback(lambda _: self._tls_handshake_done(connection, accepted))
+
+    def _tls_handshake_done(self, connection: _Connection, accepted: AcceptedSocket) -> None:
+        """Its task cancelled before it ran (evicted, stop): close the socket, unpend it."""
+        if accepted.close():
+            self._unpend(connection)
 
     def _admit(self, connection: _Connection) -> bool:
         """Count `connection` as a pending handshake if the bounds allow (making room by
@@ -908,19 +962,44 @@ class PeerTransport:
         if not pending:
             del self._pending[connection.source]
 
-    async def _accept_connection(self, connection: _Connection) -> None:
+    async def _accept_connection(
+        self, connection: _Connection, accepted: AcceptedSocket | None
+    ) -> None:
         try:
-            await self._accept_handshake(connection)
+            await self._accept_handshake(connection, accepted)
         finally:
             self._unpend(connection)
 
-    async def _accept_handshake(self, connection: _Connection) -> None:
-        started = asyncio.get_running_loop().time()
+    async def _accept_handshake(
+        self, connection: _Connection, accepted: AcceptedSocket | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            async with asyncio.timeout(IDLE_HANDSHAKE_TIMEOUT_S) as deadline:
+            async with asyncio.timeout(
+                IDLE_HANDSHAKE_TIMEOUT_S if accepted is None else HANDSHAKE_TIMEOUT_S
+            ) as deadline:
+                if accepted is not None:
+                    assert self._tls is not None
+                    # the peer_listener context: its SNI callback switches to the current one
+                    await accepted.start_tls(
+                        connection, self._tls.peer_listener, HANDSHAKE_TIMEOUT_S
+                    )
+                    deadline.reschedule(
+                        min(loop.time() + IDLE_HANDSHAKE_TIMEOUT_S, started + HANDSHAKE_TIMEOUT_S)
+                    )
                 await connection.wait_for_bytes()
                 deadline.reschedule(started + HANDSHAKE_TIMEOUT_S)
                 client = await self._server_handshake(connection)
+        except ssl.SSLError as e:  # no certificate of the cluster's CA, not TLS at all, ...
+            self.stats["auth_failures"] += 1
+            self._warn(
+                f"accept-tls:{connection.source}",
+                "TLS handshake from %s failed: %s",
+                connection.remote,
+                e,
+            )
+            return  # the connection is closed (it never reached the protocol)
         except (HandshakeError, TimeoutError) as e:
             if connection.received_any:  # not a bare TCP probe
                 self.stats["auth_failures"] += 1
@@ -931,6 +1010,9 @@ class PeerTransport:
                     connection.remote,
                     reason,
                 )
+            connection.abort()
+            return
+        except OSError:  # gone during its TLS handshake (or asyncio's bound on it hit first)
             connection.abort()
             return
         previous = self._incoming.get(client)
