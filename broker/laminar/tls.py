@@ -28,6 +28,10 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 log = logging.getLogger(__name__)
 
@@ -110,27 +114,38 @@ class _Contexts:
     client: ssl.SSLContext
     digest: bytes
     not_after: float  # Unix time the certificate expires
+    fingerprint: str  # SHA-256 of the certificate in use (DER), hex
+    trusted: tuple[str, ...]  # the CA bundle's certificates' fingerprints, in its order
 
 
-def _not_after(cert_pem: bytes) -> float:
+def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
     from cryptography import x509  # only brokers that run TLS need it
 
     try:
-        return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp()
+        return x509.load_pem_x509_certificates(pem)
     except ValueError as e:
-        raise TlsError(f"unreadable certificate: {e}") from e
+        raise TlsError(f"unreadable {what}: {e}") from e
+
+
+def _fingerprint(cert: x509.Certificate) -> str:
+    from cryptography.hazmat.primitives import hashes
+
+    return cert.fingerprint(hashes.SHA256()).hex()
 
 
 def _load(files: TlsFiles) -> _Contexts:
     cert, key, ca = files.read()
     if not ca.strip():
         raise TlsError(f"the CA file {files.ca} is empty")
+    leaf = _certificates(cert, "certificate")[0]
     return _Contexts(
         api_server=server_context(files, require_client_cert=False),
         peer_server=server_context(files, require_client_cert=True),
         client=client_context(files.ca, cert_file=files.cert, key_file=files.key),
         digest=hashlib.sha256(cert + b"\0" + key + b"\0" + ca).digest(),
-        not_after=_not_after(cert),
+        not_after=leaf.not_valid_after_utc.timestamp(),
+        fingerprint=_fingerprint(leaf),
+        trusted=tuple(_fingerprint(c) for c in _certificates(ca, "CA bundle")),
     )
 
 
@@ -174,6 +189,16 @@ class CertificateStore:
     def not_after(self) -> float:
         """When the certificate in use expires (Unix time)."""
         return self._current.not_after
+
+    @property
+    def fingerprint(self) -> str:
+        """The certificate in use: SHA-256 of its DER encoding, hex."""
+        return self._current.fingerprint
+
+    @property
+    def trusted(self) -> tuple[str, ...]:
+        """The fingerprints of the CA certificates peers' certificates are verified against."""
+        return self._current.trusted
 
     def client(self) -> ssl.SSLContext:
         """For connections this broker opens (peers: mutual TLS; other brokers' API): the

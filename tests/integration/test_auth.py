@@ -49,6 +49,7 @@ CASES: list[tuple[str, str, str, str, Any]] = [
     ("GET", "/v1/cluster", ANY, "/v1/cluster", None),
     # n2's replicas, asked of n1: n1 fetches them from n2 with the brokers' own principal
     ("GET", "/v1/nodes/{node}/partitions", ADMIN, "/v1/nodes/n2/partitions", None),
+    ("GET", "/v1/nodes/{node}/tls", ADMIN, "/v1/nodes/n2/tls", None),
     ("POST", "/v1/nodes/{node}/drain", ADMIN, "/v1/nodes/n3/drain", None),
     ("DELETE", "/v1/nodes/{node}/drain", ADMIN, "/v1/nodes/n3/drain", None),
     ("PUT", "/v1/nodes/{node}/weight", ADMIN, "/v1/nodes/n3/weight", {"weight": 1}),

@@ -26,6 +26,7 @@ from laminar.client import (
     Client,
     Conflict,
     Consumer,
+    NodeTls,
     NotFound,
     OutOfRange,
     PayloadTooLarge,
@@ -121,6 +122,10 @@ async def test_topic_administration(cluster3: Any) -> None:
         hosted = await client.node_partitions(cluster.members[0].id)
         assert hosted.node_id == cluster.members[0].id
         assert {p.partition for p in hosted.partitions if p.topic == name} <= {0, 1, 2, 3}
+        for member in cluster.members:  # forwarded to each; no TLS here (test_tls: with)
+            assert await client.node_tls(member.id) == NodeTls(member.id, enabled=False)
+        with pytest.raises(NotFound):
+            await client.node_tls("n99")
 
         await client.delete_topic(name)
         with pytest.raises(NotFound):

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from laminar.certs import KeyPair, issue, make_ca
+from laminar.certs import KeyPair, fingerprint, issue, make_ca
 from laminar.client import AsyncClient, LaminarError, Producer
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
@@ -163,6 +163,17 @@ def test_peers_need_a_certificate_of_the_clusters_ca(
     assert _peer_answer(tls_cluster, None) == b""
 
 
+async def _trusting(client: AsyncClient, cluster: LocalCluster, cas: tuple[KeyPair, ...]) -> None:
+    """Until every broker says it verifies peers against `cas` (GET /v1/nodes/{id}/tls)."""
+    wanted = tuple(fingerprint(ca.cert_pem) for ca in cas)
+    for node in cluster.nodes:
+
+        async def loaded(n: str = node) -> bool:
+            return (await client.node_tls(n)).trusted_cas == wanted
+
+        await wait_until(f"{node} trusting {len(cas)} CA(s)", loaded, 30)
+
+
 def _serial(cert: dict[str, object]) -> int:
     return int(str(cert["serialNumber"]), 16)
 
@@ -219,6 +230,10 @@ async def _rotate(cluster: LocalCluster, old_ca: KeyPair, new_ca: KeyPair, bundl
             await wait_until(
                 f"{node} serving its new certificate", lambda n=node, p=pair: shows(n, p), 30
             )
+            state = await client.node_tls(node)  # what it says it serves: the same
+            assert state.enabled and state.node_id == node
+            assert state.fingerprint == fingerprint(pair.cert_pem)
+            assert state.trusted_cas == (fingerprint(old_ca.cert_pem),)
         # the broker says so in its metrics: one reload, and the new certificate's expiry
         async with (
             aiohttp.ClientSession() as session,
@@ -236,13 +251,13 @@ async def _rotate(cluster: LocalCluster, old_ca: KeyPair, new_ca: KeyPair, bundl
         assert expiry == pair.not_after.timestamp()
         # 2. the bundle old+new on every broker, then certificates of the new CA
         cluster.ca_file.write_bytes(old_ca.cert_pem + new_ca.cert_pem)
-        await asyncio.sleep(6)  # a reload period: every broker trusts the new CA
+        await _trusting(client, cluster, (old_ca, new_ca))
         for node in cluster.nodes:
             pair = cluster.renew_certificate(node, new_ca)
             await wait_until(f"{node} on the new CA", lambda n=node, p=pair: shows(n, p), 30)
         # 3. the old CA dropped; a restarted broker rejoins over mutual TLS of the new CA
         cluster.ca_file.write_bytes(new_ca.cert_pem)
-        await asyncio.sleep(6)
+        await _trusting(client, cluster, (new_ca,))
         before = acked
         cluster.kill("n3")
         cluster.start_node("n3")

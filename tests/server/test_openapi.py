@@ -23,6 +23,7 @@ API_SPEC = REPO / "docs" / "api.md"
 ENDPOINTS = {
     ("get", "/v1/cluster"),
     ("get", "/v1/nodes/{id}/partitions"),
+    ("get", "/v1/nodes/{id}/tls"),
     ("post", "/v1/nodes/{id}/drain"),
     ("delete", "/v1/nodes/{id}/drain"),
     ("put", "/v1/nodes/{id}/weight"),
@@ -211,6 +212,7 @@ def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> Non
     by_shape = {  # keys only that shape has
         ("members",): "Cluster",
         ("node_id", "partitions"): "NodePartitions",
+        ("node_id", "enabled"): "NodeTls",
         ("partition_states",): "TopicDescription",
         ("records", "producer_id"): "AppendRequest",
         ("records", "next_index"): "ReadResult",

@@ -78,6 +78,7 @@ from .models import (
     Member,
     NodeAdminState,
     NodePartitions,
+    NodeTls,
     PartitionState,
     RawRead,
     ReadResult,
@@ -450,6 +451,11 @@ class AsyncClient:
         """`GET /v1/nodes/{node}/partitions`: the partition replicas `node` hosts."""
         answer = await self._call("GET", f"/v1/nodes/{quote(node, safe='')}/partitions")
         return NodePartitions.from_json(answer.json() or {})
+
+    async def node_tls(self, node: str) -> NodeTls:
+        """`GET /v1/nodes/{node}/tls`: the certificate `node` serves and the CAs it trusts."""
+        answer = await self._call("GET", f"/v1/nodes/{quote(node, safe='')}/tls")
+        return NodeTls.from_json(answer.json() or {})
 
     async def drain(self, node: str) -> NodeAdminState:
         """`POST /v1/nodes/{node}/drain`: move every replica off `node`."""

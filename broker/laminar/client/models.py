@@ -227,6 +227,33 @@ class NodePartitions:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeTls:
+    """`GET /v1/nodes/{id}/tls`: what a broker's TLS has loaded (fingerprints are SHA-256 of
+    the DER encoding, hex; without TLS, `enabled` is False and the rest empty)."""
+
+    node_id: str
+    enabled: bool
+    fingerprint: str = ""
+    not_after: str = ""
+    trusted_cas: tuple[str, ...] = ()
+    reloads: int = 0
+    reload_error: str = ""
+
+    @classmethod
+    def from_json(cls, data: JSON) -> NodeTls:
+        certificate = data.get("certificate") or {}
+        return cls(
+            node_id=str(data.get("node_id", "")),
+            enabled=bool(data.get("enabled", False)),
+            fingerprint=str(certificate.get("fingerprint", "")),
+            not_after=str(certificate.get("not_after", "")),
+            trusted_cas=tuple(str(f) for f in data.get("trusted_cas", ())),
+            reloads=int(data.get("reloads", 0)),
+            reload_error=str(data.get("reload_error", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NodeAdminState:
     node: str
     draining: bool

@@ -35,6 +35,7 @@ from .models import (
     GroupDescription,
     NodeAdminState,
     NodePartitions,
+    NodeTls,
     ReadResult,
     RecordMetadata,
     Settled,
@@ -172,6 +173,9 @@ class Client:
 
     def node_partitions(self, node: str) -> NodePartitions:
         return self.run(self._async.node_partitions(node))
+
+    def node_tls(self, node: str) -> NodeTls:
+        return self.run(self._async.node_tls(node))
 
     def drain(self, node: str) -> NodeAdminState:
         return self.run(self._async.drain(node))

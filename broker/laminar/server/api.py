@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import datetime
 import logging
 import re
 import time
@@ -165,6 +166,7 @@ class Api:
         r.add_get("/metrics", self.metrics_text)
         r.add_get("/v1/cluster", self.cluster)
         r.add_get("/v1/nodes/{node}/partitions", self.node_partitions)
+        r.add_get("/v1/nodes/{node}/tls", self.node_tls)
         r.add_post("/v1/nodes/{node}/drain", self.drain)
         r.add_delete("/v1/nodes/{node}/drain", self.undrain)
         r.add_put("/v1/nodes/{node}/weight", self.weight)
@@ -408,14 +410,46 @@ class Api:
             raise unavailable(f"{node} did not answer")
         return json_response({"node_id": node, "partitions": hosted})
 
-    async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
+    def _tls_body(self) -> dict[str, Any]:
+        tls = self.broker.tls
+        if tls is None:
+            return {"node_id": self.broker.id, "enabled": False}
+        expires = datetime.datetime.fromtimestamp(tls.not_after, datetime.UTC)
+        return {
+            "node_id": self.broker.id,
+            "enabled": True,
+            "certificate": {
+                "fingerprint": tls.fingerprint,
+                "not_after": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+            "trusted_cas": list(tls.trusted),
+            "reloads": tls.reloads,
+            "reload_error": tls.error,
+        }
+
+    async def node_tls(self, request: web.Request) -> web.Response:
+        """The certificate node `{id}` serves and the CAs it trusts, as it loaded them (the
+        operator's CA rotation waits on these)."""
+        node = request.match_info["node"]
+        if node == self.broker.id:
+            return json_response(self._tls_body())
+        address = self.broker.api_address_of(node)
+        if address is None:
+            raise ApiError(404, "not_found", f"no member {node[:60]!r}")
+        body = await self._fetch(address, f"/v1/nodes/{node}/tls")
+        if body is None or body.get("node_id") != node:
+            raise unavailable(f"{node} did not answer")
+        return json_response(body)
+
+    async def _fetch(self, address: str, path: str) -> dict[str, Any] | None:
+        """GET `path` of the broker at API `address`, as this broker (None: no JSON object)."""
         if self._session is None:
             self._session = ClientSession(timeout=ClientTimeout(total=2))
         headers = {"Authorization": f"Bearer {self.auth.internal_token}"}
         tls = self.broker.tls
         try:
             async with self._session.get(
-                f"{self.broker.api_url(address)}/v1/nodes/{node}/partitions",
+                f"{self.broker.api_url(address)}{path}",
                 headers=headers,
                 # the cluster's CA (the current bundle: a new context, new connections)
                 ssl=True if tls is None else tls.client(),
@@ -425,7 +459,11 @@ class Api:
                 body = await response.json()
         except (OSError, TimeoutError, ValueError):
             return None
-        partitions = body.get("partitions")
+        return body if isinstance(body, dict) else None
+
+    async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
+        body = await self._fetch(address, f"/v1/nodes/{node}/partitions")
+        partitions = None if body is None else body.get("partitions")
         return partitions if isinstance(partitions, list) else None
 
     async def cluster_view(self, *, fresh: bool = False) -> View:

@@ -49,6 +49,7 @@ GROUP = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 RULES: dict[tuple[str, str], Action] = {
     ("GET", "/v1/cluster"): Action.CLUSTER,
     ("GET", "/v1/nodes/{node}/partitions"): Action.ADMIN,
+    ("GET", "/v1/nodes/{node}/tls"): Action.ADMIN,
     ("POST", "/v1/nodes/{node}/drain"): Action.ADMIN,
     ("DELETE", "/v1/nodes/{node}/drain"): Action.ADMIN,
     ("PUT", "/v1/nodes/{node}/weight"): Action.ADMIN,
