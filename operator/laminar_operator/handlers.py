@@ -17,8 +17,10 @@ read back by name to sign renewals: the operator reads no Secret elsewhere), its
 in `<name>-ca` for clients. The brokers' certificate (`<name>-tls`) is issued before the
 StatefulSet is applied, restored if deleted (on every reconcile), and renewed in place by the
 status timer once less than a third of its lifetime is left (the kubelet refreshes the
-mounted Secret and the brokers reload it: no restart). The operator's own calls to the brokers
-verify them with the cluster's CA.
+mounted Secret and the brokers reload it: no restart). The CA itself is rotated, one step per
+timer tick, when annotated `laminarmq.io/rotate-ca` or due (ca_rotation: the steps, each after
+what the brokers report having loaded). The operator's own calls to the brokers verify them
+with the cluster's CA bundle.
 
 Client credentials (docs/kubernetes.md "Client credentials"): each cluster's Secret
 `<name>-credentials` (the brokers' credentials file, an admin and a client token) is made
@@ -46,18 +48,20 @@ import os
 import secrets
 import ssl
 import time
+import urllib.parse
 from typing import Any
 
 import kopf
 
 from laminar import certs
-from laminar.client import AsyncClient
+from laminar.client import AsyncClient, NodeTls
 from laminar.client.errors import BadRequest, Forbidden, LaminarError, NotFound, Unauthorized
 from laminar.credentials import new_token
 from laminar.kube import Credentials, KubeClient, KubeError, topic_status
 from laminar.tls import client_context
 
-from . import manifests, topics
+from . import ca_rotation, manifests, topics
+from .ca_rotation import CaState
 
 GROUP, VERSION = "laminarmq.io", "v1alpha1"
 STATUS_INTERVAL_S = 10.0
@@ -78,6 +82,9 @@ CA_NAMESPACE_ENV = "LAMINAR_CA_NAMESPACE"
 CERT_LIFETIME_ENV = "LAMINAR_CERT_LIFETIME_S"
 #: A cluster's CA is read again from its Secret after this long (a CA replaced by hand).
 CA_CACHE_S = 300.0
+#: How long a CA rotation publishes the new CA before it signs (default: 10 minutes).
+CA_DWELL_ENV = "LAMINAR_CA_ROTATION_DWELL_S"
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 NOT_ADMITTED = (
     "the brokers do not admit the operator's token (its hash is in the Secret "
     '<cluster>-credentials the brokers mount; docs/kubernetes.md, "Client credentials")'
@@ -111,7 +118,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.cert_lifetime = (
         datetime.timedelta(seconds=float(lifetime)) if lifetime else certs.CERT_LIFETIME
     )
-    memo.cas = {}  # cluster uid -> (when read, CA key pair, client context)
+    dwell = os.environ.get(CA_DWELL_ENV)
+    memo.ca_dwell = datetime.timedelta(seconds=float(dwell)) if dwell else ca_rotation.DEFAULT_DWELL
+    memo.cas = {}  # cluster uid -> (when read, ca_rotation.CaState, client context)
     memo.tokens = {}  # cluster uid -> (when read, the operator's token for its brokers)
 
 
@@ -312,8 +321,9 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
         _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
     _placement_conditions(patch, body, reported, moving, joining)
     if manifests.tls_enabled(dict(body)) and sts is not None:
-        try:  # the brokers' certificate renewed in place once a third of its lifetime is left
-            await _ensure_tls(kube, memo, dict(body), body, patch, restore=False)
+        try:  # the CA rotated when asked or due; the brokers' certificate renewed in place
+            await _rotate_ca(kube, memo, dict(body), body, patch)  # once a third of its
+            await _ensure_tls(kube, memo, dict(body), body, patch, restore=False)  # life is left
         except KubeError as e:
             raise kopf.TemporaryError(f"renewing {namespace}/{name}'s certificate: {e}") from e
 
@@ -415,6 +425,16 @@ def brokers_of(cluster: dict[str, Any]) -> list[str]:
     return [f"{manifests.api_scheme(cluster)}://{name}.{namespace}.svc:{manifests.API_PORT}"]
 
 
+def _annotated_hosts(cluster: dict[str, Any]) -> list[str]:
+    """The hosts of the brokers' URLs BROKERS_ANNOTATION lists (the certificate names them too:
+    the operator verifies the brokers by the names it calls them by)."""
+    annotations = cluster["metadata"].get("annotations") or {}
+    if not annotations.get(BROKERS_ANNOTATION):
+        return []
+    hosts = (urllib.parse.urlsplit(url).hostname for url in brokers_of(cluster))
+    return sorted({host for host in hosts if host})
+
+
 async def _admin(memo: kopf.Memo, cluster: dict[str, Any]) -> AsyncClient:
     """A client of the cluster's brokers, verifying them with the cluster's CA (TLS on), as
     the operator's principal (an admin: its token, `_operator_token`)."""
@@ -474,9 +494,9 @@ async def forget_operator_token(body: kopf.Body, memo: kopf.Memo, **_: Any) -> N
 
 async def _cluster_ca(
     kube: KubeClient, memo: kopf.Memo, cluster: dict[str, Any]
-) -> tuple[certs.KeyPair, ssl.SSLContext]:
-    """The cluster's CA (made and kept the first time) and a client context trusting it.
-    Its Secret's ca.crt may be a bundle: the first certificate signs, all are trusted."""
+) -> tuple[CaState, ssl.SSLContext]:
+    """The cluster's CA (made and kept the first time; ca_rotation.CaState: the signer, and
+    what is trusted) and a client context trusting its bundle."""
     uid = cluster["metadata"]["uid"]
     cached = memo.cas.get(uid)
     if cached is not None and time.monotonic() - cached[0] < CA_CACHE_S:
@@ -486,31 +506,46 @@ async def _cluster_ca(
     secret_name = manifests.ca_key_secret_name(uid)
     found = await kube.get("v1", "Secret", where, secret_name)
     if found is None:
-        ca = certs.make_ca(f"laminar {namespace}/{name}")
-        made = manifests.ca_key_secret(cluster, where, ca.cert_pem, ca.key_pem)
+        state = CaState.new(certs.make_ca(f"laminar {namespace}/{name}"))
+        made = manifests.ca_key_secret(cluster, where, state.to_data())
         if await kube.create(made) is None:  # made meanwhile: that one is the CA
             found = await kube.get("v1", "Secret", where, secret_name)
             if found is None:
                 raise KubeError(404, f"the CA Secret {where}/{secret_name} vanished")
     if found is not None:
-        data = found.get("data") or {}
-        cert_pem = base64.b64decode(data.get(manifests.CA_CERT_KEY, ""))
-        ca = certs.KeyPair(cert_pem, base64.b64decode(data.get("ca.key", "")))
-    context = client_context(cadata=ca.cert_pem.decode())
-    memo.cas[uid] = (time.monotonic(), ca, context)
-    return ca, context
+        try:
+            state = CaState.from_data(found.get("data") or {})
+        except ValueError as e:
+            raise KubeError(422, f"the CA Secret {where}/{secret_name} is unusable: {e}") from e
+    return state, _remember_ca(memo, uid, state)
 
 
-def _certificate_due(state: Any, ca: certs.KeyPair) -> bool:
-    """Whether the brokers need a new certificate: none recorded, one of another CA, or less
-    than a third of its lifetime left."""
+def _remember_ca(memo: kopf.Memo, uid: str, state: CaState) -> ssl.SSLContext:
+    context = client_context(cadata=state.bundle.decode())
+    memo.cas[uid] = (time.monotonic(), state, context)
+    return context
+
+
+async def _store_ca(
+    kube: KubeClient, memo: kopf.Memo, cluster: dict[str, Any], state: CaState
+) -> None:
+    _, namespace = manifests.names(cluster)
+    where = memo.ca_namespace or namespace
+    await kube.apply(manifests.ca_key_secret(cluster, where, state.to_data()))
+    _remember_ca(memo, cluster["metadata"]["uid"], state)
+
+
+def _certificate_due(state: Any, ca: CaState) -> bool:
+    """Whether the brokers need a new certificate: none recorded, one of another CA, one
+    published with another CA bundle, or less than a third of its lifetime left."""
     try:
         not_before = datetime.datetime.fromisoformat(state["notBefore"].replace("Z", "+00:00"))
         not_after = datetime.datetime.fromisoformat(state["notAfter"].replace("Z", "+00:00"))
         fingerprint = state["caFingerprint"]
+        trusted = state.get("trustedCaFingerprints") or [fingerprint]
     except (KeyError, TypeError, AttributeError, ValueError):
         return True
-    if fingerprint != certs.fingerprint(ca.cert_pem):
+    if fingerprint != certs.fingerprint(ca.signer.cert_pem) or trusted != ca.fingerprints:
         return True
     return certs.renewal_due(not_before, not_after)
 
@@ -524,34 +559,118 @@ async def _ensure_tls(
     *,
     restore: bool,
 ) -> None:
-    """The cluster's CA and its brokers' certificate: issued when due (status.tls says what
-    the Secret holds; it is never read back), updated in place; with `restore` (reconciling)
-    the CA's public Secret applied and a missing certificate Secret made again."""
+    """The cluster's CA bundle and its brokers' certificate: issued when due (status.tls says
+    what the Secret holds; it is never read back), updated in place; with `restore`
+    (reconciling) the CA's public Secret applied and a missing certificate Secret made again."""
     name, namespace = manifests.names(cluster)
     ca, _ = await _cluster_ca(kube, memo, cluster)
     state = body.status.get("tls")
     due = _certificate_due(state, ca)
     if not (due or restore):
         return
-    await kube.apply(manifests.ca_secret(cluster, ca.cert_pem))
-    pair = certs.issue(
-        ca, f"{name}.{namespace}", manifests.broker_names(name, namespace), memo.cert_lifetime
-    )
-    secret = manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.cert_pem)
+    await kube.apply(manifests.ca_secret(cluster, ca.bundle))  # before a certificate needs it
+    names = [*manifests.broker_names(name, namespace), *_annotated_hosts(cluster)]
+    pair = certs.issue(ca.signer, f"{name}.{namespace}", names, memo.cert_lifetime)
+    secret = manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.bundle)
     if due:
         await kube.apply(secret)
     elif await kube.create(secret) is None:
         return  # there, and not due: left as it is
     cert = pair.certificate
-    patch.status["tls"] = {
-        "notBefore": cert.not_valid_before_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "notAfter": cert.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    issued = _patch_tls(patch, {
+        "notBefore": cert.not_valid_before_utc.strftime(TIME_FORMAT),
+        "notAfter": cert.not_valid_after_utc.strftime(TIME_FORMAT),
         "serial": format(cert.serial_number, "x"),
-        "caFingerprint": certs.fingerprint(ca.cert_pem),
-    }
+        "fingerprint": certs.fingerprint(pair.cert_pem),
+        "caFingerprint": certs.fingerprint(ca.signer.cert_pem),
+        "caNotAfter": ca.signer.not_after.strftime(TIME_FORMAT),
+        "trustedCaFingerprints": ca.fingerprints,
+    })  # fmt: skip
     if state:
-        message = f"the brokers' certificate renewed (until {patch.status['tls']['notAfter']})"
+        message = f"the brokers' certificate renewed (until {issued['notAfter']})"
         kopf.info(body, reason="CertificateRenewed", message=message)
+
+
+async def _rotate_ca(
+    kube: KubeClient, memo: kopf.Memo, cluster: dict[str, Any], body: kopf.Body, patch: kopf.Patch
+) -> None:
+    """One step of the CA's rotation when one is due or under way (ca_rotation: the states);
+    `_ensure_tls`, run next, publishes what the step changed."""
+    name, namespace = manifests.names(cluster)
+    ca, _ = await _cluster_ca(kube, memo, cluster)
+    tls = dict(body.status.get("tls") or {})
+    rotation = dict(tls.get("caRotation") or {})
+    now = datetime.datetime.now(datetime.UTC)
+    annotations = body.metadata.get("annotations") or {}
+    request = annotations.get(ca_rotation.ROTATE_ANNOTATION)
+    if ca.phase == ca_rotation.IDLE:
+        reason = ca_rotation.rotation_reason(ca, request, tls.get("rotateCaRequest"))
+        if reason is None:
+            if rotation:
+                _patch_tls(patch, {"caRotation": None})
+            return
+        ca = ca.begin(f"laminar {namespace}/{name}")
+        await _store_ca(kube, memo, cluster, ca)
+        _patch_tls(patch, {
+            "rotateCaRequest": request,
+            "caRotation": {"phase": ca.phase, "since": now.strftime(TIME_FORMAT)},
+        })  # fmt: skip
+        message = f"rotating the CA: {reason}; the new CA is trusted first"
+        kopf.info(body, reason="CaRotationStarted", message=message)
+        return
+    if rotation.get("phase") != ca.phase or "since" not in rotation:
+        # a step the status does not show yet (an operator restarted, a CA edited by hand)
+        _patch_tls(patch, {"caRotation": {"phase": ca.phase, "since": now.strftime(TIME_FORMAT)}})
+        return
+    since = datetime.datetime.fromisoformat(rotation["since"].replace("Z", "+00:00"))
+    if ca.phase == ca_rotation.TRUSTING and now - since < memo.ca_dwell:
+        return
+    issued = tls.get("fingerprint")
+    if tls.get("caFingerprint") != certs.fingerprint(ca.signer.cert_pem):
+        issued = None
+    pending = ca_rotation.waiting_for(ca, await _brokers_tls(memo, cluster), issued)
+    if pending:
+        waiting = "; ".join(pending)[:500]
+        if rotation.get("waitingFor") != waiting:
+            _patch_tls(patch, {"caRotation": {**rotation, "waitingFor": waiting}})
+        return
+    if ca.phase == ca_rotation.TRUSTING:
+        ca = ca.promote()
+        await _store_ca(kube, memo, cluster, ca)
+        _patch_tls(patch, {"caRotation": {"phase": ca.phase, "since": now.strftime(TIME_FORMAT)}})
+        message = "every broker trusts the new CA: it signs their certificate now"
+        kopf.info(body, reason="CaRotationSigning", message=message)
+    else:
+        ca = ca.retire()
+        await _store_ca(kube, memo, cluster, ca)
+        _patch_tls(patch, {"caRotation": None})
+        message = "every broker serves a certificate of the new CA: the old CA is dropped"
+        kopf.info(body, reason="CaRotated", message=message)
+
+
+def _patch_tls(patch: kopf.Patch, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` merged into the status.tls this patch sets (None deletes a field)."""
+    merged = {**(patch.status.get("tls") or {}), **fields}
+    patch.status["tls"] = merged
+    return merged
+
+
+async def _brokers_tls(memo: kopf.Memo, cluster: dict[str, Any]) -> list[NodeTls | str]:
+    """Each alive broker's TLS state, or why it could not be read."""
+    reports: list[NodeTls | str] = []
+    try:
+        async with await _admin(memo, cluster) as client:
+            members = (await client.cluster()).members
+            for member in members:
+                if member.state != "alive":
+                    continue
+                try:
+                    reports.append(await client.node_tls(member.id))
+                except LaminarError as e:
+                    reports.append(f"{member.id}: {e}")
+    except LaminarError as e:
+        reports.append(f"the brokers: {e}")
+    return reports
 
 
 @kopf.on.delete(GROUP, VERSION, "laminarclusters", optional=True)

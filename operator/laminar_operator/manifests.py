@@ -345,13 +345,9 @@ def tls_secret(cluster: Object, cert_pem: bytes, key_pem: bytes, ca_pem: bytes) 
     }
 
 
-def ca_key_secret(cluster: Object, namespace: str, cert_pem: bytes, key_pem: bytes) -> Object:
-    """A cluster's CA (key included) in `namespace`, the operator's own: the operator reads
-    it back (by name) to sign renewals."""
-    data = {
-        CA_CERT_KEY: base64.b64encode(cert_pem).decode(),
-        "ca.key": base64.b64encode(key_pem).decode(),
-    }
+def ca_key_secret(cluster: Object, namespace: str, data: dict[str, str]) -> Object:
+    """A cluster's CA (keys included; `data` as ca_rotation.CaState.to_data makes it) in
+    `namespace`, the operator's own: the operator reads it back (by name) to sign renewals."""
     return _operator_secret(cluster, namespace, ca_key_secret_name(cluster["metadata"]["uid"]),
                             "ca", data)  # fmt: skip
 

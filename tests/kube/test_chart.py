@@ -59,7 +59,7 @@ def _check_ca_keys_role(docs: list[dict[str, Any]], namespace: str) -> None:
     (role,) = [d for d in roles if d["metadata"]["name"].endswith("-ca-keys")]
     assert role["metadata"]["namespace"] == namespace
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]}
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch", "delete"]}
     ]
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"]
                   == role["metadata"]["name"]]  # fmt: skip

@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
+from laminar import certs
 from laminar.client import AsyncClient, NotFound, Unauthorized
+from laminar.client import Client as SyncClient
 from laminar.client.models import TopicDescription
 from laminar.credentials import dump, parse, replace_file, token_hash
 from laminar.local_cluster import LocalCluster
+from laminar.log.batch import Record
+from laminar_operator.ca_rotation import CaState, split_bundle
 
 from ..integration.conftest import loopback_prefix, make_cluster
 from .conftest import ROOT, KubeApi, OperatorIdentity, operator_identity, run_operator
@@ -632,3 +637,163 @@ def test_tls_a_ca_per_cluster_a_certificate_renewed_in_place_and_admin_calls_ver
         finally:
             trusted.stop()
             stranger.stop()
+
+
+class Kubelet:
+    """What the kubelet does for a broker pod, for local `brokers`: the Secret `<name>-tls`
+    mounted as each broker's certificate, key and CA bundle (each file replaced whole), and the
+    brokers told to look (SIGHUP), whenever the Secret changes."""
+
+    def __init__(self, kube: KubeApi, namespace: str, brokers: LocalCluster) -> None:
+        self.kube, self.namespace, self.brokers = kube, namespace, brokers
+        self._seen: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+
+    def sync(self) -> bool:
+        """Mount the Secret if it changed; False while there is none."""
+        secret = found(self.kube, "secret/demo-tls", self.namespace)
+        if secret is None:
+            return False
+        if secret["data"] == self._seen:
+            return True
+        data = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+        tls = self.brokers.data_dir / "tls"
+        tls.mkdir(parents=True, exist_ok=True)
+        replace_file(tls / "ca.crt", data["ca.crt"])
+        for node in self.brokers.nodes:
+            replace_file(tls / f"{node}.key", data["tls.key"])
+            replace_file(tls / f"{node}.crt", data["tls.crt"])
+        for node in self.brokers.nodes.values():
+            if node.pid is not None and node.alive():
+                os.kill(node.pid, signal.SIGHUP)
+        self._seen = secret["data"]
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.sync()
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class BackgroundProducer:
+    """Appends one record at a time to `topic` until stopped (in a thread); `failure` is the
+    first append that failed."""
+
+    def __init__(self, brokers: LocalCluster, topic: str, token: str, ca_file: Path) -> None:
+        self.args = (brokers, topic, token, ca_file)
+        self.acked = 0
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        brokers, topic, token, ca_file = self.args
+        try:
+            async with AsyncClient(brokers.urls, token=token, ca_file=ca_file) as client:
+                while not self._stop.is_set() and self.acked < 100_000:
+                    await client.append(topic, self.acked % 2, [Record(b"r%d" % self.acked)])
+                    self.acked += 1
+                    await asyncio.sleep(0.02)
+        except BaseException as e:  # reported by stop()
+            self.failure = e
+
+    def __enter__(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_the_ca_rotates_when_asked_without_downtime(
+    crds: KubeApi, namespace: str, identity: OperatorIdentity, tmp_path: Path
+) -> None:
+    """The annotation laminarmq.io/rotate-ca: a new CA trusted by every broker first, then
+    signing their certificate, then the old CA dropped; each step waits for what the brokers
+    report having loaded. Brokers mounting `<name>-tls` as the kubelet does, and a client
+    holding the published bundle, see no failure throughout; at the end every broker trusts
+    the new CA alone and serves its certificate."""
+    brokers = LocalCluster(tmp_path / "brokers", 3, prefix=loopback_prefix(), tls=True)
+    cluster = local_cluster_object(namespace, brokers.urls)
+    cluster["metadata"]["annotations"]["laminarmq.io/node-ids"] = ",".join(brokers.nodes)
+    with (
+        run_operator(identity, LAMINAR_CA_ROTATION_DWELL_S="2"),
+        Kubelet(crds, namespace, brokers) as kubelet,
+    ):
+        crds.apply(cluster)
+        uid = crds.get("laminarcluster/demo", "-n", namespace)["metadata"]["uid"]
+        wait_for("the brokers' certificate", kubelet.sync)
+        brokers.start()
+        try:
+            token = trust_operator(crds, namespace, brokers)
+            old = CaState.from_data(crds.get(f"secret/laminar-ca-{uid}", "-n", "laminar-system")
+                                    ["data"])  # fmt: skip
+            old_print = certs.fingerprint(old.signer.cert_pem)
+
+            def tls_status() -> dict[str, Any]:
+                status = crds.get("laminarcluster/demo", "-n", namespace).get("status") or {}
+                return status.get("tls") or {}
+
+            wait_for("status.tls", lambda: tls_status().get("caFingerprint") == old_print)
+            with SyncClient(brokers.urls, token=token, ca_file=brokers.ca_file) as admin:
+                admin.create_topic("rotating", partitions=2, replication_factor=3)
+                admin.run(admin.async_client.wait_for_leaders("rotating"))
+
+            crds.kubectl("annotate", "laminarcluster/demo", "-n", namespace,
+                         "laminarmq.io/rotate-ca=first")  # fmt: skip
+
+            def published() -> bytes | None:
+                pem = base64.b64decode(
+                    crds.get("secret/demo-ca", "-n", namespace)["data"]["ca.crt"]
+                )
+                return pem if len(split_bundle(pem)) == 2 else None
+
+            bundle = tmp_path / "client-ca.crt"
+            bundle.write_bytes(wait_for("the bundle old + new published", published))
+            with BackgroundProducer(brokers, "rotating", token, bundle) as producer:
+                wait_for("a record acknowledged over the bundle", lambda: producer.acked > 0)
+                done = wait_for(
+                    "the rotation done",
+                    lambda: (
+                        (s := tls_status()).get("caFingerprint") != old_print
+                        and "caRotation" not in s
+                        and s.get("trustedCaFingerprints") == [s["caFingerprint"]]
+                        and s
+                    ),
+                    timeout_s=180,
+                )
+                before = producer.acked
+                wait_for("records acknowledged after", lambda: producer.acked > before + 5)
+            assert producer.failure is None, repr(producer.failure)
+
+            reasons = [e["reason"] for e in crds.get("events", "-n", namespace)["items"]
+                       if e["involvedObject"]["name"] == "demo"]  # fmt: skip
+            for reason in ("CaRotationStarted", "CaRotationSigning", "CaRotated"):
+                assert reason in reasons, reasons
+            kept = crds.get(f"secret/laminar-ca-{uid}", "-n", "laminar-system")["data"]
+            assert set(kept) == {"ca.crt", "ca.key"}  # the rotation's next.* are gone
+            new = CaState.from_data(kept)
+            assert new.fingerprints == [done["caFingerprint"]]
+            with SyncClient(brokers.urls, token=token, ca_file=bundle) as admin:
+                for node in brokers.nodes:
+                    state = wait_for(
+                        f"{node} on the new CA alone",
+                        lambda n=node: (
+                            (s := admin.node_tls(n)).trusted_cas == (done["caFingerprint"],) and s
+                        ),
+                    )
+                    assert state.fingerprint == done["fingerprint"]
+                total = sum(len(admin.read("rotating", p, 0, max_records=100_000).records)
+                            for p in range(2))  # fmt: skip
+            assert total == producer.acked
+        finally:
+            brokers.stop()

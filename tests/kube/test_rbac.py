@@ -59,7 +59,7 @@ def test_cluster_wide_the_operator_reads_no_secret_and_deletes_nothing_it_owns(
         assert not can(crds, verb, "secrets", "-n", "kube-system"), verb
         assert not can(crds, verb, "secrets", "--all-namespaces"), verb
     # the clusters' CA keys: read back by name in the operator's own namespace, nowhere else
-    for verb in ("get", "create", "delete"):
+    for verb in ("get", "create", "patch", "delete"):
         assert can(crds, verb, "secrets", "-n", "laminar-system"), verb
     for verb in ("list", "watch"):
         assert not can(crds, verb, "secrets", "-n", "laminar-system"), verb
@@ -87,6 +87,7 @@ def test_scoped_the_operator_may_act_in_its_namespaces_only(
         assert not can(crds, "get", "secrets", "-n", namespace)
     # its own namespace: the clusters' CA keys (and nothing else of the operator's rights)
     assert can(crds, "get", "secrets", "-n", "scoped-system")
+    assert can(crds, "patch", "secrets", "-n", "scoped-system")  # a CA's rotation
     assert not can(crds, "create", "statefulsets", "-n", "scoped-system")
     for namespace in (UNWATCHED, "default", "kube-system"):
         assert not can(crds, "get", "secrets", "-n", namespace), namespace

@@ -330,8 +330,8 @@ def test_tls_secrets_and_the_names_the_certificate_is_for() -> None:
     }
     for obj in (public, tls):
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
-    kept = m.ca_key_secret(CLUSTER, "laminar-system", b"CA", b"KEY")
+    kept = m.ca_key_secret(CLUSTER, "laminar-system", {"ca.crt": "Q0E=", "ca.key": "S0VZ"})
     assert kept["metadata"]["name"] == "laminar-ca-1234-abcd"
     assert kept["metadata"]["namespace"] == "laminar-system"
     assert "ownerReferences" not in kept["metadata"]  # no owner across namespaces
-    assert "ownerReferences" in m.ca_key_secret(CLUSTER, "prod", b"CA", b"KEY")["metadata"]
+    assert "ownerReferences" in m.ca_key_secret(CLUSTER, "prod", {"ca.crt": "Q0E="})["metadata"]
