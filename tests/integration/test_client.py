@@ -38,6 +38,7 @@ from laminar.client import (
     Unauthorized,
     partition_for,
 )
+from laminar.contract import METADATA_INDEX_HEADER
 from laminar.log.batch import encode_batch
 
 pytestmark = pytest.mark.integration
@@ -145,6 +146,37 @@ async def test_node_admin_round_trip(cluster3: Any) -> None:
         assert (undrained.node, undrained.draining, undrained.weight) == (node, False, 1)
         member = (await client.cluster()).member(node)
         assert member is not None and not member.draining
+
+
+async def test_every_broker_shows_a_client_its_own_metadata_writes(cluster3: Any) -> None:
+    """Read-your-writes (docs/api.md): a drain, then an undrain, acknowledged by the metadata
+    leader, read back at once from each broker with the index the client saw (a follower not
+    there yet waits); an index no broker has reached is 503, a malformed one 400."""
+    async with client_for(cluster3) as client, aiohttp.ClientSession() as session:
+        node = (await client.cluster()).members[-1].id
+
+        async def member_on(url: str) -> dict[str, Any]:
+            headers = {**auth(cluster3), METADATA_INDEX_HEADER: str(client.metadata_index)}
+            async with session.get(f"{url}/v1/cluster", headers=headers) as answer:
+                assert answer.status == 200, await answer.text()
+                assert int(answer.headers[METADATA_INDEX_HEADER]) >= client.metadata_index
+                body = await answer.json()
+            return next(m for m in body["members"] if m["id"] == node)
+
+        for _ in range(3):
+            await client.drain(node)
+            for url in cluster3.urls:
+                assert (await member_on(url))["draining"] is True, url
+            await client.undrain(node)
+            for url in cluster3.urls:
+                assert (await member_on(url))["draining"] is False, url
+
+        ahead = str(client.metadata_index + 1_000_000)
+        for value, status in ((ahead, 503), ("x1", 400), ("\u00b2", 400), ("9" * 20, 400)):
+            headers = {**auth(cluster3), METADATA_INDEX_HEADER: value}
+            async with session.get(f"{cluster3.urls[0]}/v1/cluster", headers=headers) as answer:
+                assert answer.status == status, (value, await answer.text())
+                assert (await answer.json())["error"]["code"] in ("unavailable", "bad_request")
 
 
 async def test_produce_and_consume_10k_keyed_records_in_order(cluster3: Any) -> None:

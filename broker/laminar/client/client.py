@@ -47,6 +47,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from laminar.contract import METADATA_INDEX_HEADER
 from laminar.log.batch import (
     Record,
     StoredRecord,
@@ -380,6 +381,8 @@ class AsyncClient:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be positive")
         self._token = token
+        #: the highest cluster-metadata index answers showed (read-your-writes)
+        self._metadata_index = -1
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -403,6 +406,13 @@ class AsyncClient:
     @property
     def timeout_s(self) -> float:
         return self._timeout_s
+
+    @property
+    def metadata_index(self) -> int:
+        """The highest cluster-metadata index the brokers' answers showed (-1: none yet); sent
+        with every request, so that each broker serves it only once it has applied that far
+        (read-your-writes: docs/api.md)."""
+        return self._metadata_index
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -1002,6 +1012,8 @@ class AsyncClient:
             headers["Content-Type"] = content_type
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
+        if self._metadata_index >= 0:  # read-your-writes (laminar.contract)
+            headers[METADATA_INDEX_HEADER] = str(self._metadata_index)
         path_and_query = path + (f"?{urlencode(query)}" if query else "")
         ambiguous = False
         last: LaminarError | None = None
@@ -1059,6 +1071,10 @@ class AsyncClient:
             await asyncio.sleep(delay)
             attempt += 1
 
+    def _saw_metadata_index(self, value: str | None) -> None:
+        if value is not None and value.isascii() and value.isdigit() and len(value) <= 19:
+            self._metadata_index = max(self._metadata_index, int(value))
+
     async def _send(
         self,
         method: str,
@@ -1105,6 +1121,7 @@ class AsyncClient:
                 ssl=True if tls is None else tls,
             ) as response:
                 data = await response.read()
+                self._saw_metadata_index(response.headers.get(METADATA_INDEX_HEADER))
                 return _Answer(response.status, response.headers, data, url)
         except aiohttp.ClientConnectorCertificateError as e:  # no retry can cure it
             raise LaminarError(

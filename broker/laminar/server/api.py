@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from ..contract import MAX_METADATA_INDEX, METADATA_INDEX_HEADER, METADATA_WAIT_S
 from ..credentials import internal_token
 from ..log.batch import (
     BATCH_HEADER_BYTES,
@@ -212,12 +213,18 @@ class Api:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        versioned = request.path.startswith("/v1/")
         try:
-            if request.path.startswith("/v1/"):
+            if versioned:
                 request[PRINCIPAL_KEY] = self.auth.authorize(request)  # 401, 403
             if request.body_exists:
                 self._check_body_headers(request)
-            return await handler(request)
+            if versioned:
+                await self._metadata_seen(request)
+            response = await handler(request)
+            if versioned:
+                response.headers[METADATA_INDEX_HEADER] = str(self.broker.meta_applied_index)
+            return response
         except ApiError as e:
             error = e
         except ReplicaClosed as e:
@@ -248,7 +255,31 @@ class Api:
             error = ApiError(500, "internal", "internal error (the broker logged it)")
         if error.status != 307:
             self.metrics.request_errors.labels(str(error.status), error.code).inc()
-        return error.response()
+        response = error.response()
+        if versioned:
+            response.headers[METADATA_INDEX_HEADER] = str(self.broker.meta_applied_index)
+        return response
+
+    async def _metadata_seen(self, request: web.Request) -> None:
+        """Read-your-writes (laminar.contract): wait until this broker has applied the
+        metadata as far as the client has seen it; 503 if it does not in time."""
+        value = request.headers.get(METADATA_INDEX_HEADER)
+        if value is None:
+            return
+        if not (value.isascii() and value.isdigit() and len(value) <= 19):
+            raise ApiError(
+                400, "bad_request", f"{METADATA_INDEX_HEADER} must be a non-negative integer"
+            )
+        index = int(value)
+        if index > MAX_METADATA_INDEX:
+            raise ApiError(400, "bad_request", f"{METADATA_INDEX_HEADER} is out of range")
+        wait_s = min(METADATA_WAIT_S, self.timeout_s)
+        if not await self.broker.metadata_applied(index, wait_s):
+            raise unavailable(
+                f"this broker has applied the cluster metadata up to index "
+                f"{self.broker.meta_applied_index}, behind index {index} that the client has "
+                f"seen (not within {wait_s:g} s); retry, or ask another broker"
+            )
 
     def _check_body_headers(self, request: web.Request) -> None:
         """Refuse before reading it a body the broker never takes: one declared longer than

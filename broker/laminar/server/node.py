@@ -151,6 +151,8 @@ class Broker:
         self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix=f"fsync-{self.id}")
         self.meta_applied_index = -1  # last metadata-group index applied (no-ops included)
         self._meta_waiters: dict[int, tuple[int, asyncio.Future[MetadataError | None]]] = {}
+        #: set (and replaced) whenever meta_applied_index advances
+        self._meta_advanced = asyncio.Event()
         self._dead_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._was_member: set[str] = set()
@@ -830,6 +832,22 @@ class Broker:
                 self._after_metadata(command)
         self.meta_applied_index = max(self.meta_applied_index, last)
         self._control_due = True
+        self._meta_advanced.set()
+        self._meta_advanced = asyncio.Event()
+
+    async def metadata_applied(self, index: int, timeout_s: float) -> bool:
+        """Wait until this node has applied the metadata group up to `index` (False: not
+        within `timeout_s`)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.meta_applied_index < index:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._meta_advanced.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
     def _after_metadata(self, command: Command) -> None:
         """Host a created topic's partitions; a deleted topic's replicas go in `_control`."""
