@@ -29,15 +29,16 @@ import hashlib
 import json
 from typing import Any
 
-from laminar import credentials
+from laminar import credentials, settings
 from laminar.credentials import Role, token_hash
 
 API_GROUP = "laminarmq.io"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 KIND = "LaminarCluster"
-API_PORT = 7070
-PEER_PORT = 7071
-GOSSIP_PORT = 7072
+#: The brokers' ports: their defaults (laminar/settings.py), which the pods do not change.
+API_PORT = settings.API_PORT.default
+PEER_PORT = settings.PEER_PORT.default
+GOSSIP_PORT = settings.GOSSIP_PORT.default
 DATA_DIR = "/var/lib/laminar"
 SECRET_DIR = "/etc/laminar/secret"
 SECRET_KEY = "hmac"
@@ -57,7 +58,7 @@ TLS_CERT_KEY, TLS_KEY_KEY, CA_CERT_KEY = "tls.crt", "tls.key", "ca.crt"
 CLUSTER_DOMAIN = "cluster.local"
 BROKER_UID = 10001
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
-INITIAL_NODES_KEY = "LAMINAR_INITIAL_NODES"
+INITIAL_NODES_KEY = settings.variable(settings.INITIAL_NODES)
 TERMINATION_GRACE_S = 60
 #: The pod's network interface, where the XDP router is attached.
 POD_INTERFACE = "eth0"
@@ -74,13 +75,16 @@ OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "laminar-operator"}
 
 Object = dict[str, Any]
 
+#: The CRD's defaults (crds/laminarclusters.laminarmq.io.yaml; tests/test_settings.py holds
+#: them to it), and the operator's where the CRD has none (resources,
+#: networkPolicy.clientSelectors and metricsNamespaceSelector).
 DEFAULTS: Object = {
     "replicas": 3,
     "image": "laminar-broker:latest",
     "imagePullPolicy": "IfNotPresent",
     "storage": {"size": "10Gi"},
     "resources": {},
-    "config": {"replicationFactor": 3, "fsync": "always"},
+    "config": {"replicationFactor": 3, "fsync": settings.FSYNC.default.value},
     "xdp": {"enabled": False},
     "tls": {"enabled": True},
     "workersPerPod": 1,
@@ -378,22 +382,33 @@ def _operator_secret(
 
 
 def broker_settings(cluster: Object, initial_replicas: int) -> dict[str, str]:
-    """LAMINAR_* variables every broker of the cluster shares (`laminar serve` reads them).
+    """LAMINAR_* variables every broker of the cluster shares (`laminar serve` reads them):
+    the cluster id, initial nodes and seeds, and the settings the spec sets (`spec_settings`).
     `initial_replicas`: the replicas the cluster was created with (never changes after)."""
     name, namespace = names(cluster)
-    spec = spec_of(cluster)
-    config = spec["config"]
-    settings = {
-        "LAMINAR_CLUSTER_ID": f"{namespace}.{name}",
+    seeds = [f"{pod_address(name, namespace, i)}:{GOSSIP_PORT}" for i in range(initial_replicas)]
+    return {
+        settings.variable(settings.CLUSTER_ID): f"{namespace}.{name}",
         INITIAL_NODES_KEY: initial_nodes(name, initial_replicas),
-        "LAMINAR_SEEDS": ",".join(
-            f"{pod_address(name, namespace, i)}:{GOSSIP_PORT}" for i in range(initial_replicas)
-        ),
-        "LAMINAR_FSYNC": str(config.get("fsync", "always")),
+        settings.variable(settings.SEEDS): ",".join(seeds),
+        **spec_settings(spec_of(cluster)),
     }
-    if "segmentBytes" in config:
-        settings["LAMINAR_SEGMENT_BYTES"] = str(config["segmentBytes"])
-    return settings
+
+
+def spec_settings(spec: Object) -> dict[str, str]:
+    """The LAMINAR_* variables of the broker settings a LaminarCluster's spec sets (those of
+    laminar/settings.py with a CRD path), for those `spec` (with defaults) has; the brokers
+    keep their defaults for the others."""
+    out: dict[str, str] = {}
+    for setting in settings.SETTINGS:
+        if setting.crd_path is None:
+            continue
+        value: Any = spec
+        for key in setting.crd_path.split(".")[1:]:  # after "spec"
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            out[settings.variable(setting)] = settings.text(value)
+    return out
 
 
 def config_map(cluster: Object, initial_replicas: int) -> Object:
@@ -690,12 +705,12 @@ def network_policy(cluster: Object, operator_namespace: str | None = None) -> Ob
     brokers only. Egress is not restricted. (Traffic from the pod's own node, the kubelet's
     probes, is always allowed.)"""
     name, _ = names(cluster)
-    settings = spec_of(cluster)["networkPolicy"]
+    policy = spec_of(cluster)["networkPolicy"]
     brokers: Object = {"podSelector": {"matchLabels": _pod_selector(name)}}
     clients: list[Object] = [
         brokers,  # brokers ask each other's API (a node's partitions, through any broker)
         {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
-        *(settings.get("clientSelectors") or []),
+        *(policy.get("clientSelectors") or []),
     ]
     if operator_namespace:
         clients.append(
@@ -706,7 +721,7 @@ def network_policy(cluster: Object, operator_namespace: str | None = None) -> Ob
                 "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
             }
         )
-    clients.append({"namespaceSelector": settings["metricsNamespaceSelector"]})
+    clients.append({"namespaceSelector": policy["metricsNamespaceSelector"]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

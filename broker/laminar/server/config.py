@@ -1,24 +1,33 @@
-"""A broker's configuration: every knob is a `laminar serve` flag and a LAMINAR_* variable."""
+"""A broker's configuration: BrokerConfig, and the `laminar serve` flags (each with a LAMINAR_*
+variable) that make it. Both come from the one table of settings, laminar/settings.py: the
+fields' defaults, the flags, their variables and help; the fields are checked against it here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
+from .. import settings
 from ..credentials import CredentialsError, token_problem
 from ..credentials import load as load_credentials
 from ..log.config import FsyncPolicy
 from ..metadata.state import NODE_ID
 from ..tls import TlsFiles
 
-DEFAULT_API_PORT = 7070
-DEFAULT_PEER_PORT = 7071
-DEFAULT_GOSSIP_PORT = 7072
-DEFAULT_XDP_PIN_DIR = Path("/sys/fs/bpf/laminar")
-MIB = 1 << 20
+#: The ports and defaults are the settings table's (laminar/settings.py); these names stay
+#: for their importers.
+DEFAULT_API_PORT = settings.API_PORT.default
+DEFAULT_PEER_PORT = settings.PEER_PORT.default
+DEFAULT_GOSSIP_PORT = settings.GOSSIP_PORT.default
+DEFAULT_XDP_PIN_DIR = settings.XDP_PIN_DIR.default
+MIB = settings.MIB
 #: The cluster secret (docs/security.md, "Peer traffic"): at least this many bytes ...
 MIN_SECRET_BYTES = 32
 #: ... with at least this many distinct byte values (8, not 16: a hex secret has only 16
@@ -49,65 +58,66 @@ class ConfigError(ValueError):
 class BrokerConfig:
     node_id: str
     data_dir: Path
-    host: str = "127.0.0.1"  # bind address for all three ports
-    advertise_host: str | None = None  # what peers and clients use; default: host
-    api_port: int = DEFAULT_API_PORT
-    peer_port: int = DEFAULT_PEER_PORT
-    gossip_port: int = DEFAULT_GOSSIP_PORT
+    host: str = settings.HOST.default  # bind address for all three ports
+    #: what peers and clients use; default: host
+    advertise_host: str | None = settings.ADVERTISE_HOST.default
+    api_port: int = settings.API_PORT.default
+    peer_port: int = settings.PEER_PORT.default
+    gossip_port: int = settings.GOSSIP_PORT.default
     #: gossip addresses ("host:port") of nodes to join through
-    seeds: tuple[str, ...] = ()
+    seeds: tuple[str, ...] = settings.SEEDS.default
     #: node ids that form the cluster at its first start (the metadata group's first voters
     #: are chosen among them); give every node the same list
-    initial_nodes: tuple[str, ...] = ()
-    cluster_id: str = "laminar"
+    initial_nodes: tuple[str, ...] = settings.INITIAL_NODES.default
+    cluster_id: str = settings.CLUSTER_ID.default
     #: the cluster secret: brokers authenticate each other with it (peer handshake, SWIM
     #: MACs); required, see `secret_problem`
-    secret: bytes = field(default=b"", repr=False)
+    secret: bytes = field(default=settings.SECRET.default, repr=False)
     #: client credentials (docs/security.md, "Clients: authentication and authorization"):
     #: the credentials file (principals, their token hashes, roles and topics; re-read on
     #: SIGHUP and when it changes), one admin token (`--token-file`, for compatibility), or
     #: neither with `allow_anonymous` (an open API: requests without a token act as an admin);
     #: one of the three is required
-    credentials_file: Path | None = None
-    token: str | None = field(default=None, repr=False)
-    allow_anonymous: bool = False
+    credentials_file: Path | None = settings.CREDENTIALS_FILE.default
+    token: str | None = field(default=settings.TOKEN.default, repr=False)
+    allow_anonymous: bool = settings.ALLOW_ANONYMOUS.default
     #: TLS (docs/security.md, "TLS"): this broker's certificate and key, and the CA bundle its
     #: peers' certificates are verified against; all three, or none (plain HTTP and TCP). With
     #: them the API is HTTPS only and the peer transport mutual TLS; the files are re-read
     #: when they change
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_ca_file: Path | None = None
-    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    fsync_interval_ms: int = 100
-    tick_ms: int = 100
-    election_ticks: int = 10
-    max_request_bytes: int = 8 * MIB
-    request_timeout_ms: int = 10_000
+    tls_cert_file: Path | None = settings.TLS_CERT_FILE.default
+    tls_key_file: Path | None = settings.TLS_KEY_FILE.default
+    tls_ca_file: Path | None = settings.TLS_CA_FILE.default
+    fsync: FsyncPolicy = settings.FSYNC.default
+    fsync_interval_ms: int = settings.FSYNC_INTERVAL_MS.default
+    tick_ms: int = settings.TICK_MS.default
+    election_ticks: int = settings.ELECTION_TICKS.default
+    max_request_bytes: int = settings.MAX_REQUEST_BYTES.default
+    request_timeout_ms: int = settings.REQUEST_TIMEOUT_MS.default
     #: HTTP API connections (docs/api.md, "Limits"): a request's line and headers must arrive
     #: within header_timeout_ms, its body within body_timeout_ms once the broker reads it (else
     #: 408 and the connection is closed); a keep-alive connection idle for idle_timeout_ms is
     #: closed; one client address holds at most max_connections_per_client connections (more
     #: are answered 429 and closed)
-    header_timeout_ms: int = 10_000
-    body_timeout_ms: int = 30_000
-    idle_timeout_ms: int = 60_000
-    max_connections_per_client: int = 256
-    max_pending_bytes_per_partition: int = 64 * MIB
+    header_timeout_ms: int = settings.HEADER_TIMEOUT_MS.default
+    body_timeout_ms: int = settings.BODY_TIMEOUT_MS.default
+    idle_timeout_ms: int = settings.IDLE_TIMEOUT_MS.default
+    max_connections_per_client: int = settings.MAX_CONNECTIONS_PER_CLIENT.default
+    max_pending_bytes_per_partition: int = settings.MAX_PENDING_BYTES_PER_PARTITION.default
     #: a member SWIM reports dead or left still counts for placement this long (restarts
     #: should not move partitions)
-    dead_grace_ms: int = 30_000
-    default_replication_factor: int = 3
-    segment_bytes: int = 64 * MIB
+    dead_grace_ms: int = settings.DEAD_GRACE_MS.default
+    default_replication_factor: int = settings.DEFAULT_REPLICATION_FACTOR.default
+    segment_bytes: int = settings.SEGMENT_BYTES.default
     #: Kubernetes status reporting (docs/kubernetes.md): the LaminarCluster object this broker
     #: belongs to and its namespace (both, or neither: no reporting), and a kubeconfig (None:
     #: the pod's ServiceAccount)
-    kube_namespace: str | None = None
-    kube_cluster: str | None = None
-    kube_config: str | None = None
+    kube_namespace: str | None = settings.KUBE_NAMESPACE.default
+    kube_cluster: str | None = settings.KUBE_CLUSTER.default
+    kube_config: str | None = settings.KUBE_CONFIG.default
     #: where `laminar-xdp` pinned the XDP router's maps; its counters are exported as metrics
     #: when they are there and readable (without CAP_BPF: Linux >= 6.5)
-    xdp_pin_dir: Path = DEFAULT_XDP_PIN_DIR
+    xdp_pin_dir: Path = settings.XDP_PIN_DIR.default
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
@@ -226,114 +236,59 @@ def read_secret_file(path: str) -> bytes:
     return data
 
 
-ENV = "LAMINAR_"
+#: Settings whose flag names a file holding the value (read by `from_arguments`).
+FROM_FILES = (settings.SECRET, settings.TOKEN)
+
+
+def _check_against_the_table() -> None:
+    """BrokerConfig has a field per setting of the table (laminar/settings.py), in its order,
+    with its default; a required setting is a field without one."""
+    fields = dataclasses.fields(BrokerConfig)
+    if [f.name for f in fields] != [setting.name for setting in settings.SETTINGS]:
+        raise TypeError("BrokerConfig's fields are not laminar/settings.py's settings")
+    for f, setting in zip(fields, settings.SETTINGS, strict=True):
+        missing = f.default is dataclasses.MISSING
+        if setting.required != missing or (not missing and f.default != setting.default):
+            raise TypeError(f"BrokerConfig.{f.name}'s default is not laminar/settings.py's")
+
+
+_check_against_the_table()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`laminar serve` flags; each defaults to its LAMINAR_<NAME> environment variable."""
+    """`laminar serve` flags: one per setting of the table that has a flag; each defaults to
+    its LAMINAR_* environment variable (an empty one is as unset), else the table's default."""
+    for setting in settings.SETTINGS:
+        if setting.flag is None or setting.env is None:
+            continue
+        raw = os.environ.get(setting.env) or None
+        options: dict[str, Any] = {"help": _help(setting)}
+        if setting.type is bool:
+            truth = raw.strip().lower() in settings.TRUE_WORDS if raw else setting.default
+            options.update(action="store_true", default=truth)
+        elif issubclass(setting.type, Enum):
+            options.update(default=raw or setting.default.value)
+            options.update(choices=[member.value for member in setting.type])
+        elif setting.type is int:
+            # a variable's text is parsed as the flag's would be (a bad one: a usage error)
+            options.update(type=int, default=raw or setting.default)
+        elif raw is not None or setting in FROM_FILES or setting.default is None:
+            options.update(default=raw)
+        else:
+            options.update(default=settings.text(setting.default))
+        parser.add_argument(setting.flag, **options)
 
-    def env(name: str, default: str | None = None) -> str | None:
-        return os.environ.get(ENV + name.upper().replace("-", "_"), default)
 
-    add = parser.add_argument
-    add("--node-id", default=env("node-id"), help="this node's id (env LAMINAR_NODE_ID)")
-    add("--data-dir", default=env("data-dir"), help="where logs live (env LAMINAR_DATA_DIR)")
-    add("--host", default=env("host", "127.0.0.1"), help="bind address")
-    add("--advertise-host", default=env("advertise-host"), help="address peers/clients use")
-    add("--api-port", type=int, default=int(env("api-port", str(DEFAULT_API_PORT)) or 0))
-    add("--peer-port", type=int, default=int(env("peer-port", str(DEFAULT_PEER_PORT)) or 0))
-    add("--gossip-port", type=int, default=int(env("gossip-port", str(DEFAULT_GOSSIP_PORT)) or 0))
-    add("--seeds", default=env("seeds", ""), help="comma-separated gossip host:port of peers")
-    add(
-        "--initial-nodes",
-        default=env("initial-nodes", ""),
-        help="comma-separated node ids forming the cluster at first start (same on every node)",
-    )
-    add("--cluster-id", default=env("cluster-id", "laminar"))
-    add(
-        "--secret-file",
-        default=env("secret-file"),
-        help="file with the cluster secret, the same on every broker (required; make one with "
-        "`laminar secret FILE`)",
-    )
-    add(
-        "--credentials-file",
-        default=env("credentials-file"),
-        help="YAML file of the principals that may use the API: token hashes, roles, topics "
-        "(re-read on SIGHUP and when it changes; `laminar credentials add` writes it)",
-    )
-    add(
-        "--token-file",
-        # not LAMINAR_TOKEN_FILE: that is the clients' (the `laminar` commands in a broker's
-        # pod read it), and must not make a client's token a broker's admin token
-        default=env("admin-token-file"),
-        help="file with one admin bearer token (compatibility; read once at start; env "
-        "LAMINAR_ADMIN_TOKEN_FILE)",
-    )
-    add(
-        "--allow-anonymous",
-        action="store_true",
-        default=(env("allow-anonymous") or "").strip().lower() in ("1", "true", "yes"),
-        help="INSECURE: serve requests without a token, as an admin (env "
-        "LAMINAR_ALLOW_ANONYMOUS=true)",
-    )
-    add(
-        "--tls-cert-file",
-        default=env("tls-cert-file"),
-        help="this broker's certificate (PEM, chain): the API serves HTTPS only, peers use "
-        "mutual TLS (with --tls-key-file and --tls-ca-file; re-read when it changes)",
-    )
-    add("--tls-key-file", default=env("tls-key-file"), help="the certificate's private key (PEM)")
-    add(
-        "--tls-ca-file",
-        default=env("tls-ca-file"),
-        help="CA bundle (PEM) the brokers' certificates are verified against",
-    )
-    add("--fsync", default=env("fsync", "always"), choices=[p.value for p in FsyncPolicy])
-    add("--fsync-interval-ms", type=int, default=int(env("fsync-interval-ms", "100") or 100))
-    add("--tick-ms", type=int, default=int(env("tick-ms", "100") or 100))
-    add("--max-request-bytes", type=int, default=int(env("max-request-bytes", str(8 * MIB)) or 0))
-    add("--request-timeout-ms", type=int, default=int(env("request-timeout-ms", "10000") or 0))
-    add(
-        "--header-timeout-ms",
-        type=int,
-        default=int(env("header-timeout-ms", "10000") or 0),
-        help="a request's line and headers must arrive within this long (else 408)",
-    )
-    add(
-        "--body-timeout-ms",
-        type=int,
-        default=int(env("body-timeout-ms", "30000") or 0),
-        help="a request's body must arrive within this long once read (else 408)",
-    )
-    add(
-        "--idle-timeout-ms",
-        type=int,
-        default=int(env("idle-timeout-ms", "60000") or 0),
-        help="an idle keep-alive API connection is closed after this long",
-    )
-    add(
-        "--max-connections-per-client",
-        type=int,
-        default=int(env("max-connections-per-client", "256") or 0),
-        help="API connections one client address may hold at once (more: 429, closed)",
-    )
-    add(
-        "--max-pending-bytes",
-        type=int,
-        default=int(env("max-pending-bytes", str(64 * MIB)) or 0),
-        help="per partition: bytes of appends awaiting commit before 429",
-    )
-    add("--dead-grace-ms", type=int, default=int(env("dead-grace-ms", "30000") or 0))
-    add("--segment-bytes", type=int, default=int(env("segment-bytes", str(64 * MIB)) or 0))
-    add("--kube-namespace", default=env("kube-namespace"), help="report status to Kubernetes")
-    add("--kube-cluster", default=env("kube-cluster"), help="the LaminarCluster object's name")
-    add("--kube-config", default=env("kube-config"), help="kubeconfig (default: in-cluster)")
-    add(
-        "--xdp-pin-dir",
-        default=env("xdp-pin-dir", str(DEFAULT_XDP_PIN_DIR)),
-        help="the XDP router's pinned maps (laminar-xdp --pin-dir), exported as metrics",
-    )
+def _help(setting: settings.Setting[Any]) -> str:
+    """The flag's help: the table's, then its variable and its default (when it has one)."""
+    notes = ["required"] if setting.required else []
+    if setting.type is bool:
+        notes.append(f"env {setting.env}={'|'.join(settings.TRUE_WORDS)}")
+    else:
+        notes.append(f"env {setting.env}")
+    if setting.default not in (None, (), b"") and setting.type is not bool:
+        notes.append("default %(default)s")
+    return f"{setting.help.replace('%', '%%')} [{'; '.join(notes)}]"
 
 
 def _read_secret(path: str, what: str) -> bytes:
@@ -346,19 +301,29 @@ def _read_secret(path: str, what: str) -> bytes:
     return data
 
 
-def _path(value: str | None) -> Path | None:
-    return Path(value) if value else None
-
-
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (value or "").split(",") if part.strip())
 
 
+def _value(setting: settings.Setting[Any], parsed: Any) -> Any:
+    """A setting's value from what argparse parsed for its flag (ints and booleans are
+    parsed, the rest is text; empty text is the default)."""
+    if not isinstance(parsed, str):
+        return parsed
+    if not parsed:
+        return setting.default
+    if setting.type is tuple:
+        return _split(parsed)
+    try:
+        return setting.type(parsed)
+    except ValueError as e:
+        raise ConfigError(f"{setting.flag} (or {setting.env}) {parsed!r}: {e}") from None
+
+
 def from_arguments(args: argparse.Namespace) -> BrokerConfig:
-    if not args.node_id:
-        raise ConfigError("--node-id (or LAMINAR_NODE_ID) is required")
-    if not args.data_dir:
-        raise ConfigError("--data-dir (or LAMINAR_DATA_DIR) is required")
+    for setting in settings.SETTINGS:
+        if setting.required and not getattr(args, settings.dest(setting)):
+            raise ConfigError(f"{setting.flag} (or {setting.env}) is required")
     if not args.secret_file:
         raise ConfigError(
             f"--secret-file (or LAMINAR_SECRET_FILE) is required: the cluster secret "
@@ -371,44 +336,15 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
             f"the token in {args.token_file} {problem}; make one with `laminar credentials "
             "token FILE`"
         )
-    credentials_file = _path(args.credentials_file)
+    values = {
+        setting.name: _value(setting, getattr(args, settings.dest(setting)))
+        for setting in settings.SETTINGS
+        if setting.flag is not None and setting not in FROM_FILES
+    }
+    credentials_file = values["credentials_file"]
     if credentials_file is not None:
         try:
             load_credentials(credentials_file)  # refused now, with the reason, if unusable
         except CredentialsError as e:
             raise ConfigError(str(e)) from None
-    return BrokerConfig(
-        node_id=args.node_id,
-        data_dir=Path(args.data_dir),
-        host=args.host,
-        advertise_host=args.advertise_host,
-        api_port=args.api_port,
-        peer_port=args.peer_port,
-        gossip_port=args.gossip_port,
-        seeds=_split(args.seeds),
-        initial_nodes=_split(args.initial_nodes),
-        cluster_id=args.cluster_id,
-        secret=secret,
-        credentials_file=credentials_file,
-        token=token,
-        allow_anonymous=bool(args.allow_anonymous),
-        tls_cert_file=_path(args.tls_cert_file),
-        tls_key_file=_path(args.tls_key_file),
-        tls_ca_file=_path(args.tls_ca_file),
-        fsync=FsyncPolicy(args.fsync),
-        fsync_interval_ms=args.fsync_interval_ms,
-        tick_ms=args.tick_ms,
-        max_request_bytes=args.max_request_bytes,
-        request_timeout_ms=args.request_timeout_ms,
-        header_timeout_ms=args.header_timeout_ms,
-        body_timeout_ms=args.body_timeout_ms,
-        idle_timeout_ms=args.idle_timeout_ms,
-        max_connections_per_client=args.max_connections_per_client,
-        dead_grace_ms=args.dead_grace_ms,
-        max_pending_bytes_per_partition=args.max_pending_bytes,
-        segment_bytes=args.segment_bytes,
-        kube_namespace=args.kube_namespace or None,
-        kube_cluster=args.kube_cluster or None,
-        kube_config=args.kube_config or None,
-        xdp_pin_dir=Path(args.xdp_pin_dir),
-    )
+    return BrokerConfig(**values, secret=secret, token=token)
