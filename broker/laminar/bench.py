@@ -33,10 +33,10 @@ from typing import Any
 import aiohttp
 
 from .client import AsyncClient, LaminarError, NotFound
+from .contract import BATCH_TYPE, MAX_READ_RECORDS, NEXT_INDEX_HEADER, READ_RECORDS
 from .log.batch import Record, decode_batches, encode_batch, parse_header, split_batches
 from .tls import client_context
 
-BATCH_TYPE = "application/vnd.laminar.batch"
 DISTINCT_BATCHES = 8
 PROGRESS_INTERVAL_S = 0.5
 
@@ -222,18 +222,18 @@ async def consume(
         replicas = [r for r in state.in_sync if r in members] or [state.leader or ""]
         base = members.get(replicas[n % len(replicas)], state.leader_url or "")
         position, end, records = state.log_start, state.commit_index + 1, 0
-        url = f"{base}/v1/topics/{topic}/partitions/{n}/records"
+        url = base + READ_RECORDS.url(topic=topic, partition=n)
         while position < end:
             # wait_ms: a follower may not yet have learned the leader's commit index
             params = {
-                "from": str(position), "max_bytes": str(max_bytes), "max_records": "100000",
-                "wait_ms": "10000",
+                "from": str(position), "max_bytes": str(max_bytes),
+                "max_records": str(MAX_READ_RECORDS), "wait_ms": "10000",
             }  # fmt: skip
             async with session.get(url, params=params, headers=headers) as response:
                 if response.status != 200:
                     raise LaminarError(response.status, "read", await response.text())
                 body = await response.read()
-                next_index = int(response.headers["Laminar-Next-Index"])
+                next_index = int(response.headers[NEXT_INDEX_HEADER])
             total_bytes += len(body)
             got = 0
             for batch in split_batches(body):

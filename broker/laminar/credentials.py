@@ -68,7 +68,7 @@ class Role(StrEnum):
 
 
 class Action(StrEnum):
-    """What a request does, as authorization sees it (server/auth.py maps every route)."""
+    """What a request does, as authorization sees it (every route's `access`, laminar.contract)."""
 
     #: read the cluster's membership (`GET /v1/cluster`): any principal
     CLUSTER = "cluster"

@@ -5,6 +5,7 @@ connection refusals on loopback; nothing stands in for a broker)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 
 import pytest
@@ -93,3 +94,24 @@ async def test_the_sync_client_also_works_where_a_loop_is_running() -> None:
             client.describe_topic("t")  # blocks this loop briefly, but does not deadlock
     finally:
         client.close()
+
+
+def test_the_sync_client_has_every_call_of_the_async_one() -> None:
+    """Every public coroutine method of AsyncClient is a blocking method of Client with the same
+    signature and documentation (a new API call needs no change to the sync client)."""
+    calls = [
+        name
+        for name, member in vars(AsyncClient).items()
+        if not name.startswith("_") and inspect.iscoroutinefunction(member) and name != "close"
+    ]
+    assert {"cluster", "append", "read", "acquire", "renew", "describe_group"} <= set(calls)
+    with Client([closed_port_url()], timeout_s=0.2) as client:
+        for name in calls:
+            blocking, original = getattr(client, name), getattr(client.async_client, name)
+            assert not inspect.iscoroutinefunction(blocking), name
+            assert inspect.signature(blocking) == inspect.signature(original), name
+            assert blocking.__doc__ == original.__doc__, name
+        with pytest.raises(ValueError):
+            client.acquire("t", 0, "bad group")
+        with pytest.raises(Unavailable):
+            client.set_weight("n1", 5)

@@ -43,6 +43,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from laminar.contract import GROUP_NAME, TOPIC_NAME
 from laminar.local_cluster import LocalCluster
 from tests.integration.conftest import TOKEN, make_cluster
 
@@ -57,7 +58,6 @@ EXAMPLES = fuzz_examples(100)
 #: Seeded topics: (name, partitions, replication factor); the run never deletes them.
 SEEDED = (("fuzz-orders", 3, 3), ("fuzz-single", 1, 1))
 GROUP = "fuzz-group"
-TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 #: Clamps that keep the run bounded (a valid value above them is lowered to them).
 MAX_WAIT_MS = 100
 MAX_PARTITIONS = 4
@@ -251,7 +251,7 @@ def _steer(case: Any, api: Api) -> None:
         if chosen is not None:
             params["id"] = chosen
     group = params.get("group")
-    if isinstance(group, str) and TOPIC_NAME.fullmatch(group):
+    if isinstance(group, str) and GROUP_NAME.fullmatch(group):
         chosen = _pick(case, [GROUP], "group")
         if chosen is not None:
             params["group"] = chosen

@@ -55,6 +55,7 @@ CASES: list[tuple[str, str, str, str, Any]] = [
     ("PUT", "/v1/nodes/{node}/weight", ADMIN, "/v1/nodes/n3/weight", {"weight": 1}),
     ("POST", "/v1/nodes/{node}/handoff", ADMIN, "/v1/nodes/n1/handoff", None),
     ("GET", "/v1/topics", ANY, "/v1/topics", None),
+    ("GET", "/v1/partitions", ANY, "/v1/partitions", None),
     ("POST", "/v1/topics", ADMIN, "/v1/topics", {"name": "t-new", "replication_factor": 1}),
     ("GET", "/v1/topics/{topic}", DESCRIBE, "/v1/topics/t", None),
     ("PATCH", "/v1/topics/{topic}", ADMIN, "/v1/topics/t", {"config": {"retention_ms": 10**8}}),
@@ -137,8 +138,8 @@ def served_routes(tmp_path: Path) -> set[tuple[str, str]]:
 
 
 def test_every_route_is_open_or_has_a_case(tmp_path: Path) -> None:
-    """A new route must come with its rule (server/auth.py RULES: else the application is not
-    built) and its case here."""
+    """A new route must come with its rule (its access in laminar/contract.py: else the
+    application is not built) and its case here."""
     served = served_routes(tmp_path)
     cases = {(method, route) for method, route, *_ in CASES}
     assert {r for r in served if r[0] != "HEAD" and r[1].startswith("/v1/")} == cases
@@ -211,6 +212,12 @@ async def test_a_scoped_principal_lists_and_describes_its_topics_only(secured: S
     assert {"t", "other", "unrelated"} <= set(every)
     assert await listed("other-reader") == ["other"]
     assert set(await listed("reader")) == {t for t in every if t.startswith("t")}
+    async with AsyncClient(cluster.urls, token=secured.tokens["other-reader"]) as client:
+        assert {p.topic for p in await client.partitions()} == {"other"}  # the table, scoped
+        assert [p.topic for p in await client.partitions("other")] == ["other"]
+        for topic in ("unrelated", "no-such-topic"):
+            with pytest.raises(Forbidden):
+                await client.partitions(topic)
     async with AsyncClient(cluster.urls, token=secured.tokens["other-writer"]) as client:
         assert (await client.describe_topic("other")).partitions == 1
         with pytest.raises(Forbidden) as refused:

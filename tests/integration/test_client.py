@@ -128,6 +128,16 @@ async def test_topic_administration(cluster3: Any) -> None:
         with pytest.raises(NotFound):
             await client.node_tls("n99")
 
+        described = await client.wait_for_leaders(name)  # (the partitions just added)
+        table = [p for p in await client.partitions() if p.topic == name]
+        assert [p.partition for p in table] == [0, 1, 2, 3]
+        assert [p.partition for p in await client.partitions(name)] == [0, 1, 2, 3]
+        for row, state in zip(table, described.partition_states, strict=True):
+            assert (row.leader, row.replicas) == (state.leader, state.replicas)
+            assert row.term is not None and row.term >= 1 and row.leader is not None
+        with pytest.raises(NotFound):
+            await client.partitions("no-such-topic")
+
         await client.delete_topic(name)
         with pytest.raises(NotFound):
             await client.describe_topic(name)

@@ -1,7 +1,9 @@
 """broker/laminar/server/openapi.yaml is a valid OpenAPI 3.1 document and covers the API contract.
 
-The contract is the endpoint list below (DESIGN.md §5). docs/api.md, the guide with examples, is
-read too: its endpoints and JSON examples must match the document, so the two cannot drift.
+The contract is `laminar.contract` (DESIGN.md §5): its routes are exactly what a broker's
+application serves and what the document describes (operationId and access included), and
+its limits and name rules are the document's. docs/api.md, the guide with examples, is read
+too: its endpoints and JSON examples must match the document, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -16,37 +18,16 @@ import yaml
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
+from laminar import contract
+
 REPO = Path(__file__).resolve().parents[2]
 OPENAPI = REPO / "broker" / "laminar" / "server" / "openapi.yaml"
 API_SPEC = REPO / "docs" / "api.md"
 
-ENDPOINTS = {
-    ("get", "/v1/cluster"),
-    ("get", "/v1/nodes/{id}/partitions"),
-    ("get", "/v1/nodes/{id}/tls"),
-    ("post", "/v1/nodes/{id}/drain"),
-    ("delete", "/v1/nodes/{id}/drain"),
-    ("put", "/v1/nodes/{id}/weight"),
-    ("post", "/v1/nodes/{id}/handoff"),
-    ("get", "/v1/topics"),
-    ("post", "/v1/topics"),
-    ("get", "/v1/topics/{topic}"),
-    ("patch", "/v1/topics/{topic}"),
-    ("delete", "/v1/topics/{topic}"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/records"),
-    ("get", "/v1/topics/{topic}/partitions/{p}/records"),
-    ("get", "/v1/topics/{topic}/partitions/{p}/groups/{group}"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/acquire"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/accept"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/release"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/reject"),
-    ("post", "/v1/topics/{topic}/partitions/{p}/groups/{group}/renew"),
-    ("get", "/healthz"),
-    ("get", "/readyz"),
-    ("get", "/metrics"),
-}
+#: (method, path) of every operation, as the spec spells them
+ENDPOINTS = {(route.method.lower(), route.spec_path) for route in contract.ROUTES}
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
-BATCH_TYPE = "application/vnd.laminar.batch"
+BATCH_TYPE = contract.BATCH_TYPE
 ENDPOINT_IN_MARKDOWN = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/[^\s`?]*)")
 
 
@@ -89,8 +70,45 @@ def test_the_document_is_valid_openapi_3_1(doc: dict[str, Any]) -> None:
     validate(doc)
 
 
-def test_every_contract_endpoint_is_described(doc: dict[str, Any]) -> None:
-    assert set(operations(doc)) == ENDPOINTS
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
+    """(method, route) of every route a broker's application serves (built, never started)."""
+    from laminar.server.api import Api
+    from laminar.server.config import BrokerConfig, new_secret
+    from laminar.server.metrics import BrokerMetrics
+    from laminar.server.node import Broker
+
+    path = tmp_path_factory.mktemp("openapi") / "n1"
+    broker = Broker(BrokerConfig("n1", path, secret=new_secret(), allow_anonymous=True))
+    app = Api(broker, BrokerMetrics(broker)).app()
+    return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+
+
+def test_the_broker_serves_the_contract_routes(served: set[tuple[str, str]]) -> None:
+    """The broker registers exactly the contract's routes (each GET with its HEAD)."""
+    routes = [(route.method, route.path) for route in contract.ROUTES]
+    assert len(set(routes)) == len(routes)
+    heads = {("HEAD", path) for method, path in routes if method == "GET"}
+    assert served == set(routes) | heads
+    operation_ids = [route.operation for route in contract.ROUTES]
+    assert len(set(operation_ids)) == len(operation_ids)
+
+
+def test_the_spec_describes_exactly_what_the_broker_serves(
+    doc: dict[str, Any], served: set[tuple[str, str]]
+) -> None:
+    spec_path = {route.path: route.spec_path for route in contract.ROUTES}
+    served_operations = {
+        (method.lower(), spec_path.get(path, path)) for method, path in served if method != "HEAD"
+    }
+    assert set(operations(doc)) == served_operations == ENDPOINTS
+
+
+def test_every_operation_has_the_contract_operation_id(doc: dict[str, Any]) -> None:
+    ops = operations(doc)
+    for route in contract.ROUTES:
+        op = ops[(route.method.lower(), route.spec_path)]
+        assert op["operationId"] == route.operation, (route.method, route.path)
 
 
 def test_every_endpoint_of_the_spec_file_is_described(doc: dict[str, Any]) -> None:
@@ -115,18 +133,22 @@ def test_v1_paths_need_the_bearer_token_and_health_paths_do_not(doc: dict[str, A
 def test_every_v1_operation_says_who_may_call_it_as_the_broker_enforces(
     doc: dict[str, Any],
 ) -> None:
-    """403 on every /v1 operation, and its `x-laminar-access` is the broker's own rule
-    (laminar/server/auth.py RULES), so that the document cannot drift from the code."""
+    """403 on every /v1 operation, and its `x-laminar-access` is the access of its contract
+    route, which the broker enforces (laminar/server/auth.py RULES): the document cannot drift
+    from the code."""
     from laminar.server.auth import RULES
 
-    for (method, path), op in operations(doc).items():
-        if not path.startswith("/v1/"):
-            assert "x-laminar-access" not in op, (method, path)
+    ops = operations(doc)
+    for route in contract.ROUTES:
+        method, path = route.method.lower(), route.spec_path
+        op = ops[(method, path)]
+        if route.access is None:
+            assert not path.startswith("/v1/") and "x-laminar-access" not in op, (method, path)
             continue
         forbidden = response(doc, method, path, "403")
         assert "forbidden" in forbidden["description"], (method, path)
-        route = path.replace("{id}", "{node}").replace("{p}", "{partition}")
-        assert op["x-laminar-access"] == RULES[(method.upper(), route)].value, (method, path)
+        assert op["x-laminar-access"] == route.access.value, (method, path)
+        assert RULES[(route.method, route.path)] is route.access, (method, path)
 
 
 def test_error_responses_carry_the_error_schema_and_their_headers(doc: dict[str, Any]) -> None:
@@ -213,7 +235,8 @@ def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> Non
         ("members",): "Cluster",
         ("node_id", "partitions"): "NodePartitions",
         ("node_id", "enabled"): "NodeTls",
-        ("partition_states",): "TopicDescription",
+        ("name", "partition_states"): "TopicDescription",
+        ("partitions",): "PartitionList",
         ("records", "producer_id"): "AppendRequest",
         ("records", "next_index"): "ReadResult",
         ("lease_ms", "wait_ms"): "AcquireRequest",
@@ -223,7 +246,9 @@ def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> Non
     }
     seen = set()
     for example in json_examples(API_SPEC.read_text()):
-        names = [name for keys, name in by_shape.items() if all(k in example for k in keys)]
+        fits = [keys for keys in by_shape if all(k in example for k in keys)]
+        most = max(map(len, fits), default=0)  # the shape with the most keys that fits
+        names = [by_shape[keys] for keys in fits if len(keys) == most]
         assert len(names) == 1, example
         schema_validator(doc, names[0]).validate(example)
         seen.add(names[0])
@@ -301,8 +326,9 @@ def test_queue_bodies_of_the_contract_validate(doc: dict[str, Any]) -> None:
 def test_the_spec_is_as_strict_as_the_broker_on_bodies(doc: dict[str, Any]) -> None:
     """The body limits of the spec are the broker's own constants; every operation that takes a
     body lists what reading one may answer (408 too slow, 413 too big, 415 wrong type)."""
+    from laminar.contract import MAX_APPEND_RECORDS
     from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
-    from laminar.server.api import MAX_APPEND_RECORDS, MAX_HEADER_NAME_BYTES
+    from laminar.server.api import MAX_HEADER_NAME_BYTES
     from laminar.server.http import MAX_JSON_DEPTH, MAX_JSON_VALUES
 
     for (method, path), op in operations(doc).items():
@@ -445,3 +471,52 @@ def test_the_spec_and_the_broker_agree_on_topics(doc: dict[str, Any]) -> None:
     ]
     for body in samples:
         assert request.is_valid({"name": "t", **body}) == broker_takes(body), body
+
+
+def test_the_spec_states_the_contract_limits_and_names(doc: dict[str, Any]) -> None:
+    """What both ends check (laminar.contract) is what the document says."""
+    from laminar.queue.state import MAX_SCAN
+
+    schemas = doc["components"]["schemas"]
+    for schema, rule in (
+        ("TopicName", contract.TOPIC_NAME),
+        ("GroupName", contract.GROUP_NAME),
+        ("ConsumerId", contract.CONSUMER_ID),
+    ):
+        assert schemas[schema]["pattern"] == f"^{rule.pattern}$", schema
+    assert schemas["Index"]["maximum"] == contract.MAX_INDEX
+    assert schemas["WeightRequest"]["properties"]["weight"]["maximum"] == contract.MAX_WEIGHT
+    acquire = schemas["AcquireRequest"]["properties"]
+    assert (acquire["max"]["default"], acquire["max"]["maximum"]) == (
+        contract.DEFAULT_ACQUIRE,
+        contract.MAX_ACQUIRE,
+    )
+    assert (acquire["lease_ms"]["default"], acquire["lease_ms"]["maximum"]) == (
+        contract.DEFAULT_LEASE_MS,
+        contract.MAX_LEASE_MS,
+    )
+    assert acquire["wait_ms"]["maximum"] == contract.MAX_WAIT_MS
+    assert acquire["max_bytes"]["maximum"] == contract.MAX_ACQUIRE_BYTES
+    assert schemas["RenewRequest"]["properties"]["lease_ms"]["maximum"] == contract.MAX_LEASE_MS
+    assert schemas["IndexList"]["maxItems"] == contract.MAX_SETTLE_INDEXES <= MAX_SCAN
+    reason = schemas["RejectRequest"]["properties"]["reason"]
+    assert reason["maxLength"] == contract.MAX_REASON_CHARS
+    read = operations(doc)[("get", contract.READ_RECORDS.spec_path)]
+    query = {p["name"]: p["schema"] for p in read["parameters"]}
+    assert (query["max_records"]["default"], query["max_records"]["maximum"]) == (
+        contract.DEFAULT_READ_RECORDS,
+        contract.MAX_READ_RECORDS,
+    )
+    assert (query["max_bytes"]["default"], query["max_bytes"]["maximum"]) == (
+        contract.DEFAULT_READ_BYTES,
+        contract.MAX_READ_BYTES,
+    )
+    assert query["wait_ms"]["maximum"] == contract.MAX_WAIT_MS
+    ok = read["responses"]["200"]
+    assert set(ok["headers"]) == {
+        contract.NEXT_INDEX_HEADER,
+        contract.COMMIT_INDEX_HEADER,
+        contract.LOG_START_HEADER,
+    }
+    acquired = operations(doc)[("post", contract.ACQUIRE.spec_path)]["responses"]["200"]
+    assert set(acquired["content"]) == {contract.JSON_TYPE, contract.ACQUIRED_TYPE}

@@ -35,19 +35,40 @@ import asyncio
 import base64
 import os
 import random
-import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
 from yarl import URL
 
-from laminar.contract import METADATA_INDEX_HEADER
+from laminar import contract
+from laminar.contract import (
+    ACQUIRED_TYPE,
+    BATCH_TYPE,
+    COMMIT_INDEX_HEADER,
+    CONSUMER_ID,
+    DEFAULT_ACQUIRE,
+    DEFAULT_LEASE_MS,
+    DEFAULT_READ_BYTES,
+    DEFAULT_READ_RECORDS,
+    GROUP_NAME,
+    JSON_TYPE,
+    LOG_START_HEADER,
+    MAX_ACQUIRE,
+    MAX_ACQUIRE_BYTES,
+    MAX_INDEX,
+    MAX_LEASE_MS,
+    MAX_REASON_CHARS,
+    MAX_SETTLE_INDEXES,
+    MAX_WAIT_MS,
+    METADATA_INDEX_HEADER,
+    NEXT_INDEX_HEADER,
+)
 from laminar.log.batch import (
     Record,
     StoredRecord,
@@ -57,7 +78,6 @@ from laminar.log.batch import (
 )
 from laminar.log.errors import BatchError, MalformedRecordsError
 from laminar.placement import Candidate, partition_key, rank
-from laminar.queue.wire import ACQUIRED_TYPE
 from laminar.tls import client_context
 
 from .config import resolve, resolve_token
@@ -88,8 +108,6 @@ from .models import (
     TopicInfo,
 )
 
-BATCH_CONTENT_TYPE = "application/vnd.laminar.batch"
-JSON_CONTENT_TYPE = "application/json"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 5
 INITIAL_BACKOFF_S = 0.05
@@ -97,20 +115,6 @@ MAX_BACKOFF_S = 1.0
 CONNECT_TIMEOUT_S = 3.0
 ROUTE_REFRESH_S = 0.2
 CLUSTER_TTL_S = 10.0
-MAX_INDEX = 2**63 - 1
-DEFAULT_MAX_RECORDS = 1000
-DEFAULT_MAX_BYTES = 1 << 20
-# Shared queues (docs/api.md, "Shared queues").
-GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
-DEFAULT_ACQUIRE_MAX = 100
-MAX_ACQUIRE = 10_000
-DEFAULT_LEASE_MS = 30_000
-MAX_LEASE_MS = 3_600_000
-MAX_WAIT_MS = 60_000
-MAX_ACQUIRE_BYTES = 16 << 20
-MAX_SETTLE_INDEXES = 100_000
-MAX_REASON_CHARS = 200
 
 RecordsOrBatch = Sequence[Record] | bytes | bytearray | memoryview
 
@@ -452,51 +456,48 @@ class AsyncClient:
 
     async def cluster(self) -> ClusterInfo:
         """`GET /v1/cluster`: members, this node, the metadata leader."""
-        answer = await self._call("GET", "/v1/cluster")
+        answer = await self._call(*contract.GET_CLUSTER.at())
         info = ClusterInfo.from_json(answer.json() or {})
         self._remember_cluster(info)
         return info
 
     async def node_partitions(self, node: str) -> NodePartitions:
         """`GET /v1/nodes/{node}/partitions`: the partition replicas `node` hosts."""
-        answer = await self._call("GET", f"/v1/nodes/{quote(node, safe='')}/partitions")
+        answer = await self._call(*contract.GET_NODE_PARTITIONS.at(node=node))
         return NodePartitions.from_json(answer.json() or {})
 
     async def node_tls(self, node: str) -> NodeTls:
         """`GET /v1/nodes/{node}/tls`: the certificate `node` serves and the CAs it trusts."""
-        answer = await self._call("GET", f"/v1/nodes/{quote(node, safe='')}/tls")
+        answer = await self._call(*contract.GET_NODE_TLS.at(node=node))
         return NodeTls.from_json(answer.json() or {})
 
     async def drain(self, node: str) -> NodeAdminState:
         """`POST /v1/nodes/{node}/drain`: move every replica off `node`."""
-        path = f"/v1/nodes/{quote(node, safe='')}/drain"
-        answer = await self._call("POST", path, target=_META)
+        answer = await self._call(*contract.DRAIN_NODE.at(node=node), target=_META)
         return NodeAdminState.from_json(answer.json() or {})
 
     async def undrain(self, node: str) -> NodeAdminState:
         """`DELETE /v1/nodes/{node}/drain`."""
-        path = f"/v1/nodes/{quote(node, safe='')}/drain"
-        answer = await self._call("DELETE", path, target=_META)
+        answer = await self._call(*contract.UNDRAIN_NODE.at(node=node), target=_META)
         return NodeAdminState.from_json(answer.json() or {})
 
     async def handoff(self, node: str) -> int:
         """`POST /v1/nodes/{node}/handoff`: `node` hands its leaderships to caught-up replicas
         (before it stops); returns how many groups it still leads."""
-        path = f"/v1/nodes/{quote(node, safe='')}/handoff"
-        answer = await self._call("POST", path)
+        answer = await self._call(*contract.HANDOFF_NODE.at(node=node))
         return int((answer.json() or {}).get("leading", 0))
 
     async def set_weight(self, node: str, weight: int) -> NodeAdminState:
         """`PUT /v1/nodes/{node}/weight` (0..1000000; 0 = hosts nothing)."""
-        path = f"/v1/nodes/{quote(node, safe='')}/weight"
-        answer = await self._call("PUT", path, json_body={"weight": weight}, target=_META)
+        call = contract.SET_NODE_WEIGHT.at(node=node)
+        answer = await self._call(*call, json_body={"weight": weight}, target=_META)
         return NodeAdminState.from_json(answer.json() or {})
 
     # ------------------------------------------------------------------ topics
 
     async def topics(self) -> list[TopicInfo]:
         """`GET /v1/topics`."""
-        answer = await self._call("GET", "/v1/topics")
+        answer = await self._call(*contract.LIST_TOPICS.at())
         return [TopicInfo.from_json(t) for t in (answer.json() or {}).get("topics", ())]
 
     async def create_topic(
@@ -513,7 +514,7 @@ class AsyncClient:
         if config is not None:
             body["config"] = dict(config)
         try:
-            answer = await self._call("POST", "/v1/topics", json_body=body, target=_META)
+            answer = await self._call(*contract.CREATE_TOPIC.at(), json_body=body, target=_META)
         except Conflict as e:
             if e.ambiguous:  # an earlier attempt of ours created it
                 return await self.describe_topic(name)
@@ -522,8 +523,17 @@ class AsyncClient:
 
     async def describe_topic(self, name: str) -> TopicDescription:
         """`GET /v1/topics/{name}`: partitions with leader, replicas, in-sync set, indexes."""
-        answer = await self._call("GET", f"/v1/topics/{quote(name, safe='')}")
+        answer = await self._call(*contract.DESCRIBE_TOPIC.at(topic=name))
         return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+
+    async def partitions(self, topic: str | None = None) -> list[PartitionState]:
+        """`GET /v1/partitions`: the partition status table, every topic's in this client's
+        scope (or `topic`'s): each partition with its topic, leader, term, replicas, in-sync
+        set and indexes."""
+        query = None if topic is None else {"topic": topic}
+        answer = await self._call(*contract.LIST_PARTITIONS.at(), query=query)
+        rows = (answer.json() or {}).get("partitions", ())
+        return [PartitionState.from_json(row) for row in rows]
 
     async def wait_for_leaders(self, name: str, timeout_s: float = 60) -> TopicDescription:
         """Describe `name` until every partition has a leader (a new topic's elections take a
@@ -553,14 +563,14 @@ class AsyncClient:
             body["partitions"] = partitions
         if config is not None:
             body["config"] = dict(config)
-        path = f"/v1/topics/{quote(name, safe='')}"
-        answer = await self._call("PATCH", path, json_body=body, target=_META)
+        call = contract.ALTER_TOPIC.at(topic=name)
+        answer = await self._call(*call, json_body=body, target=_META)
         return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
 
     async def delete_topic(self, name: str) -> None:
         """`DELETE /v1/topics/{name}`. Raises NotFound if there is no such topic."""
         try:
-            await self._call("DELETE", f"/v1/topics/{quote(name, safe='')}", target=_META)
+            await self._call(*contract.DELETE_TOPIC.at(topic=name), target=_META)
         except NotFound as e:
             if not e.ambiguous:  # else an earlier attempt of ours deleted it
                 raise
@@ -613,10 +623,9 @@ class AsyncClient:
             data = encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
             idempotent = producer_id is not None
         answer = await self._call(
-            "POST",
-            self._records_path(topic, partition),
+            *contract.APPEND_RECORDS.at(topic=topic, partition=int(partition)),
             body=data,
-            content_type=BATCH_CONTENT_TYPE,
+            content_type=BATCH_TYPE,
             target=_Target("leader", topic, partition),
             idempotent=idempotent,
             timeout_s=timeout_s,
@@ -629,8 +638,8 @@ class AsyncClient:
         partition: int,
         from_index: int | None = None,
         *,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_records: int = DEFAULT_READ_RECORDS,
+        max_bytes: int = DEFAULT_READ_BYTES,
         wait_ms: int = 0,
         timeout_s: float | None = None,
     ) -> ReadResult:
@@ -669,8 +678,8 @@ class AsyncClient:
         partition: int,
         from_index: int | None = None,
         *,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_records: int = DEFAULT_READ_RECORDS,
+        max_bytes: int = DEFAULT_READ_BYTES,
         wait_ms: int = 0,
         timeout_s: float | None = None,
     ) -> RawRead | ReadResult:
@@ -684,31 +693,26 @@ class AsyncClient:
             query["wait_ms"] = wait_ms
         timeout = (self._timeout_s if timeout_s is None else timeout_s) + max(wait_ms, 0) / 1000
         answer = await self._call(
-            "GET",
-            self._records_path(topic, partition),
+            *contract.READ_RECORDS.at(topic=topic, partition=int(partition)),
             query=query,
-            accept=BATCH_CONTENT_TYPE,
+            accept=BATCH_TYPE,
             target=_Target("replica", topic, partition),
             timeout_s=timeout,
         )
         content_type = answer.headers.get("Content-Type", "")
         try:
-            if content_type.startswith(JSON_CONTENT_TYPE):
+            if content_type.startswith(JSON_TYPE):
                 return decode_read_json(answer.json() or {}, max_records=max_records)
             return RawRead(
                 answer.body,
-                _int_header(answer.headers, "Laminar-Next-Index"),
-                _header_or(answer.headers, "Laminar-Commit-Index", -1),
-                _header_or(answer.headers, "Laminar-Log-Start", 0),
+                _int_header(answer.headers, NEXT_INDEX_HEADER),
+                _header_or(answer.headers, COMMIT_INDEX_HEADER, -1),
+                _header_or(answer.headers, LOG_START_HEADER, 0),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise LaminarError(
                 answer.status, "corrupt_response", f"undecodable read answer from {answer.url}: {e}"
             ) from e
-
-    @staticmethod
-    def _records_path(topic: str, partition: int) -> str:
-        return f"/v1/topics/{quote(topic, safe='')}/partitions/{int(partition)}/records"
 
     # ------------------------------------------------------------------ shared queues
 
@@ -719,7 +723,7 @@ class AsyncClient:
         group: str,
         *,
         consumer: str | None = None,
-        max_messages: int = DEFAULT_ACQUIRE_MAX,
+        max_messages: int = DEFAULT_ACQUIRE,
         lease_ms: int = DEFAULT_LEASE_MS,
         wait_ms: int = 0,
         max_bytes: int | None = None,
@@ -750,10 +754,9 @@ class AsyncClient:
             body["max_bytes"] = max_bytes
         timeout = (self._timeout_s if timeout_s is None else timeout_s) + wait_ms / 1000
         answer = await self._call(
-            "POST",
-            self._group_path(topic, partition, group, "acquire"),
+            *contract.ACQUIRE.at(topic=topic, partition=int(partition), group=group),
             json_body=body,
-            accept=f"{ACQUIRED_TYPE}, {JSON_CONTENT_TYPE}",
+            accept=f"{ACQUIRED_TYPE}, {JSON_TYPE}",
             target=_Target("leader", topic, partition),
             timeout_s=timeout,
         )
@@ -820,8 +823,7 @@ class AsyncClient:
         """`GET .../groups/{group}`: the group's cursor and message counts on the partition."""
         check_group(group)
         answer = await self._call(
-            "GET",
-            self._group_path(topic, partition, group),
+            *contract.DESCRIBE_GROUP.at(topic=topic, partition=int(partition), group=group),
             target=_Target("leader", topic, partition),
         )
         data = _json_object(answer)
@@ -845,9 +847,9 @@ class AsyncClient:
         check_group(group)
         check_consumer(consumer)
         body = {"consumer": consumer, "indexes": _check_indexes(indexes), **extra}
+        route = contract.SETTLE_ROUTES[action]
         answer = await self._call(
-            "POST",
-            self._group_path(topic, partition, group, action),
+            *route.at(topic=topic, partition=int(partition), group=group),
             json_body=body,
             target=_Target("leader", topic, partition),
         )
@@ -855,14 +857,6 @@ class AsyncClient:
             return Settled.from_json(_json_object(answer))
         except (KeyError, TypeError, ValueError) as e:
             raise _corrupt(answer, e) from e
-
-    @staticmethod
-    def _group_path(topic: str, partition: int, group: str, action: str = "") -> str:
-        path = (
-            f"/v1/topics/{quote(topic, safe='')}/partitions/{int(partition)}"
-            f"/groups/{quote(group, safe='')}"
-        )
-        return f"{path}/{action}" if action else path
 
     # ------------------------------------------------------------------ routing cache
 
@@ -933,14 +927,12 @@ class AsyncClient:
     async def _refresh(self, topic: str, budget_s: float) -> TopicDescription | None:
         loop = asyncio.get_running_loop()
         try:
-            answer = await self._call(
-                "GET", f"/v1/topics/{quote(topic, safe='')}", timeout_s=budget_s
-            )
+            answer = await self._call(*contract.DESCRIBE_TOPIC.at(topic=topic), timeout_s=budget_s)
             description = self._remember_topic(TopicDescription.from_json(answer.json() or {}))
             known = {m.id for m in self._cluster.members} if self._cluster else set()
             wanted = {n for s in description.partition_states for n in s.in_sync}
             if loop.time() - self._cluster_at > CLUSTER_TTL_S or not wanted <= known:
-                info = await self._call("GET", "/v1/cluster", timeout_s=budget_s)
+                info = await self._call(*contract.GET_CLUSTER.at(), timeout_s=budget_s)
                 self._remember_cluster(ClusterInfo.from_json(info.json() or {}))
             return description
         except (LaminarError, KeyError, TypeError, ValueError):
@@ -996,7 +988,7 @@ class AsyncClient:
         json_body: Any = None,
         body: bytes | None = None,
         content_type: str | None = None,
-        accept: str = JSON_CONTENT_TYPE,
+        accept: str = JSON_TYPE,
         target: _Target = _ANY,
         idempotent: bool = True,
         timeout_s: float | None = None,
@@ -1006,7 +998,7 @@ class AsyncClient:
         deadline = loop.time() + (self._timeout_s if timeout_s is None else timeout_s)
         if json_body is not None:
             body = orjson.dumps(json_body)
-            content_type = JSON_CONTENT_TYPE
+            content_type = JSON_TYPE
         headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type

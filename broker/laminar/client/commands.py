@@ -33,10 +33,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from laminar.contract import (
+    DEFAULT_LEASE_MS,
+    MAX_LEASE_MS,
+    MAX_REASON_CHARS,
+    MAX_WAIT_MS,
+    MAX_WEIGHT,
+)
 from laminar.log.batch import StoredRecord
 from laminar.tls import TlsError, client_context
 
-from .client import DEFAULT_LEASE_MS, MAX_LEASE_MS, AsyncClient, check_consumer, check_group
+from .client import AsyncClient, check_consumer, check_group
 from .config import ClientConfigError, resolve
 from .errors import Forbidden, LaminarError, NotFound, OutOfRange, Unauthorized
 from .group import Delivery, GroupConsumer
@@ -59,20 +66,17 @@ CONTEXT_ENV = "LAMINAR_CONTEXT"
 CA_FILE_ENV = "LAMINAR_CA_FILE"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WAIT_MS = 1000
-MAX_WAIT_MS = 60_000
 READ_MAX_RECORDS = 1000
 INPUT_CHUNK_BYTES = 1 << 16
 IDLE_POLL_S = 0.1
 RETRY_BACKOFF_S = 0.1
 MAX_RETRY_BACKOFF_S = 2.0
-MAX_WEIGHT = 1_000_000
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 QUEUE_MAX_IN_FLIGHT = 100  # messages `queue consume` holds ahead of printing them
 QUEUE_PEEK_LIMIT = 1000  # what `queue consume --release` holds at most (all until it ends)
-MAX_REASON_CHARS = 200
 
 COMMANDS = frozenset({"topic", "produce", "consume", "queue", "cluster", "node"})
 _HANDLER = "laminar_client_handler"

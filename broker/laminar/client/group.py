@@ -55,16 +55,16 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Protocol
 
-from .client import (
+from laminar.contract import (
     DEFAULT_LEASE_MS,
     MAX_ACQUIRE,
     MAX_LEASE_MS,
     MAX_REASON_CHARS,
     MAX_SETTLE_INDEXES,
     MAX_WAIT_MS,
-    check_consumer,
-    check_group,
 )
+
+from .client import check_consumer, check_group
 from .errors import LaminarError
 from .models import Acquired, QueueMessage, Settled, TopicDescription
 

@@ -138,10 +138,17 @@ class PartitionState:
     log_start: int
     commit_index: int
     log_end: int
+    #: the leader's term (None: no leader known)
+    term: int | None = None
+    #: the topic (`AsyncClient.partitions`; None in a topic's description)
+    topic: str | None = None
 
     @classmethod
     def from_json(cls, data: JSON) -> PartitionState:
+        term = data.get("term")
         return cls(
+            topic=_opt_str(data.get("topic")),
+            term=None if term is None else int(term),
             partition=int(data["partition"]),
             leader=_opt_str(data.get("leader")),
             leader_url=_opt_str(data.get("leader_url")),

@@ -1,5 +1,8 @@
 """`Client`: a thin synchronous wrapper of `AsyncClient` for scripts, notebooks and threads.
 
+Every public coroutine method of `AsyncClient` is a blocking method of `Client`, with the same
+signature and documentation (`Blocking`); only producing differs (`produce`, `producer`).
+
 It owns an event loop running in a daemon thread and submits each call to it
 (`asyncio.run_coroutine_threadsafe`). That is more robust than `asyncio.run` per call: the
 connection pool and the routing cache live as long as the client, and it works where an event
@@ -12,40 +15,53 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import inspect
 import os
 import threading
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from laminar.log.batch import Record
 
-from .client import (
-    DEFAULT_ACQUIRE_MAX,
-    DEFAULT_LEASE_MS,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_RECORDS,
-    DEFAULT_TIMEOUT_S,
-    AsyncClient,
-)
-from .models import (
-    Acquired,
-    AppendResult,
-    ClusterInfo,
-    GroupDescription,
-    NodeAdminState,
-    NodePartitions,
-    NodeTls,
-    ReadResult,
-    RecordMetadata,
-    Settled,
-    TopicDescription,
-    TopicInfo,
-)
+from .client import DEFAULT_TIMEOUT_S, AsyncClient
+from .models import RecordMetadata
 from .producer import Bytes, Headers, Producer
 
 T = TypeVar("T")
+P = ParamSpec("P")
 Produceable = Record | bytes | bytearray | memoryview | str | None
+
+
+class Blocking(Generic[P, T]):
+    """A method of `Client`: `AsyncClient`'s coroutine method of the same name, run on the
+    client's loop until it returns (`Client.run`), with its signature and documentation."""
+
+    def __init__(
+        self, method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]
+    ) -> None:
+        self.name = method.__name__
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, client: None, owner: type[Client]) -> Blocking[P, T]: ...
+
+    @overload
+    def __get__(self, client: Client, owner: type[Client]) -> Callable[P, T]: ...
+
+    def __get__(
+        self, client: Client | None, owner: type[Client]
+    ) -> Blocking[P, T] | Callable[P, T]:
+        if client is None:
+            return self
+        method: Callable[P, Coroutine[Any, Any, T]] = getattr(client.async_client, self.name)
+
+        @functools.wraps(method)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return client.run(method(*args, **kwargs))
+
+        return call
 
 
 class Client:
@@ -138,164 +154,40 @@ class Client:
         self.close()
 
     # ------------------------------------------------------------------ the AsyncClient's calls
+    # Every public coroutine method of AsyncClient, blocking: these lines give them their types
+    # (the async ones'); one without a line here is added all the same (`_add_blocking_calls`)
+    # and types as `__getattr__` says.
 
-    def cluster(self) -> ClusterInfo:
-        return self.run(self._async.cluster())
+    cluster = Blocking(AsyncClient.cluster)
+    node_partitions = Blocking(AsyncClient.node_partitions)
+    node_tls = Blocking(AsyncClient.node_tls)
+    drain = Blocking(AsyncClient.drain)
+    undrain = Blocking(AsyncClient.undrain)
+    handoff = Blocking(AsyncClient.handoff)
+    set_weight = Blocking(AsyncClient.set_weight)
+    topics = Blocking(AsyncClient.topics)
+    create_topic = Blocking(AsyncClient.create_topic)
+    describe_topic = Blocking(AsyncClient.describe_topic)
+    partitions = Blocking(AsyncClient.partitions)
+    wait_for_leaders = Blocking(AsyncClient.wait_for_leaders)
+    alter_topic = Blocking(AsyncClient.alter_topic)
+    delete_topic = Blocking(AsyncClient.delete_topic)
+    partition_count = Blocking(AsyncClient.partition_count)
+    append = Blocking(AsyncClient.append)
+    read = Blocking(AsyncClient.read)
+    read_batches = Blocking(AsyncClient.read_batches)
+    acquire = Blocking(AsyncClient.acquire)
+    accept = Blocking(AsyncClient.accept)
+    release = Blocking(AsyncClient.release)
+    reject = Blocking(AsyncClient.reject)
+    renew = Blocking(AsyncClient.renew)
+    describe_group = Blocking(AsyncClient.describe_group)
 
-    def topics(self) -> list[TopicInfo]:
-        return self.run(self._async.topics())
+    if TYPE_CHECKING:
 
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 1,
-        replication_factor: int | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> TopicDescription:
-        return self.run(self._async.create_topic(name, partitions, replication_factor, config))
-
-    def describe_topic(self, name: str) -> TopicDescription:
-        return self.run(self._async.describe_topic(name))
-
-    def alter_topic(
-        self,
-        name: str,
-        partitions: int | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> TopicDescription:
-        return self.run(self._async.alter_topic(name, partitions, config))
-
-    def delete_topic(self, name: str) -> None:
-        self.run(self._async.delete_topic(name))
-
-    def partition_count(self, topic: str) -> int:
-        return self.run(self._async.partition_count(topic))
-
-    def node_partitions(self, node: str) -> NodePartitions:
-        return self.run(self._async.node_partitions(node))
-
-    def node_tls(self, node: str) -> NodeTls:
-        return self.run(self._async.node_tls(node))
-
-    def drain(self, node: str) -> NodeAdminState:
-        return self.run(self._async.drain(node))
-
-    def undrain(self, node: str) -> NodeAdminState:
-        return self.run(self._async.undrain(node))
-
-    def handoff(self, node: str) -> int:
-        return self.run(self._async.handoff(node))
-
-    def set_weight(self, node: str, weight: int) -> NodeAdminState:
-        return self.run(self._async.set_weight(node, weight))
-
-    def append(
-        self,
-        topic: str,
-        partition: int,
-        records: Sequence[Record] | bytes | bytearray | memoryview,
-        *,
-        producer_id: int | None = None,
-        sequence: int | None = None,
-        timeout_s: float | None = None,
-    ) -> AppendResult:
-        return self.run(
-            self._async.append(
-                topic,
-                partition,
-                records,
-                producer_id=producer_id,
-                sequence=sequence,
-                timeout_s=timeout_s,
-            )
-        )
-
-    def read(
-        self,
-        topic: str,
-        partition: int,
-        from_index: int | None = None,
-        *,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        wait_ms: int = 0,
-        timeout_s: float | None = None,
-    ) -> ReadResult:
-        return self.run(
-            self._async.read(
-                topic,
-                partition,
-                from_index,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                wait_ms=wait_ms,
-                timeout_s=timeout_s,
-            )
-        )
-
-    # ------------------------------------------------------------------ shared queues
-
-    def acquire(
-        self,
-        topic: str,
-        partition: int,
-        group: str,
-        *,
-        consumer: str | None = None,
-        max_messages: int = DEFAULT_ACQUIRE_MAX,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        wait_ms: int = 0,
-        max_bytes: int | None = None,
-        timeout_s: float | None = None,
-    ) -> Acquired:
-        return self.run(
-            self._async.acquire(
-                topic,
-                partition,
-                group,
-                consumer=consumer,
-                max_messages=max_messages,
-                lease_ms=lease_ms,
-                wait_ms=wait_ms,
-                max_bytes=max_bytes,
-                timeout_s=timeout_s,
-            )
-        )
-
-    def accept(
-        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
-    ) -> Settled:
-        return self.run(self._async.accept(topic, partition, group, consumer, indexes))
-
-    def release(
-        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
-    ) -> Settled:
-        return self.run(self._async.release(topic, partition, group, consumer, indexes))
-
-    def reject(
-        self,
-        topic: str,
-        partition: int,
-        group: str,
-        consumer: str,
-        indexes: Sequence[int],
-        reason: str | None = None,
-    ) -> Settled:
-        return self.run(self._async.reject(topic, partition, group, consumer, indexes, reason))
-
-    def renew(
-        self,
-        topic: str,
-        partition: int,
-        group: str,
-        consumer: str,
-        indexes: Sequence[int],
-        lease_ms: int,
-    ) -> Settled:
-        return self.run(self._async.renew(topic, partition, group, consumer, indexes, lease_ms))
-
-    def describe_group(self, topic: str, partition: int, group: str) -> GroupDescription:
-        return self.run(self._async.describe_group(topic, partition, group))
+        def __getattr__(self, name: str) -> Callable[..., Any]:
+            """A public coroutine method of AsyncClient without its line above, blocking."""
+            raise AttributeError(name)
 
     # ------------------------------------------------------------------ producing
 
@@ -411,3 +303,16 @@ class SyncProducer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _add_blocking_calls(cls: type[Client]) -> None:
+    """A `Blocking` method of `cls` for every public coroutine method of AsyncClient that it
+    does not have (a new API call is in the blocking client at once)."""
+    for name, member in vars(AsyncClient).items():
+        if name.startswith("_") or hasattr(cls, name):
+            continue
+        if inspect.iscoroutinefunction(member):
+            setattr(cls, name, Blocking(member))
+
+
+_add_blocking_calls(Client)

@@ -9,18 +9,17 @@ an error and changes nothing, so replicas never diverge. Snapshots are canonical
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..contract import MAX_PARTITIONS as MAX_PARTITIONS
+from ..contract import MAX_REPLICATION_FACTOR as MAX_REPLICATION_FACTOR
+from ..contract import MAX_WEIGHT as MAX_WEIGHT
+from ..contract import NODE_ID as NODE_ID
+from ..contract import TOPIC_NAME as TOPIC_NAME
 from ..log.config import LogConfig
 
-TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-MAX_PARTITIONS = 10_000
-MAX_REPLICATION_FACTOR = 7
-MAX_WEIGHT = 1_000_000
 #: topic configuration keys: the log's knobs, validated by building a LogConfig
 LOG_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
 #: topic settings of its consumer groups (laminar.queue), beside the log's

@@ -30,7 +30,6 @@ A new group starts at `start_index`: the log start, or where the slowest existin
 from __future__ import annotations
 
 import json
-import re
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
@@ -40,8 +39,9 @@ from typing import Any
 
 import orjson
 
-GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+from ..contract import CONSUMER_ID as CONSUMER_ID
+from ..contract import GROUP_NAME as GROUP_NAME
+
 SNAPSHOT_VERSION = 2
 #: Snapshots this code restores: 1 had no settlement memory (restored as empty).
 READABLE_SNAPSHOT_VERSIONS = (1, 2)

@@ -1,4 +1,5 @@
-"""The binary acquire answer, `application/vnd.laminar.acquired` (docs/formats.md §8).
+"""The binary acquire answer, `application/vnd.laminar.acquired` (docs/formats.md §8;
+`laminar.contract.ACQUIRED_TYPE`).
 
     0  4s  magic          b"LMQA"
     4  u16 version        1
@@ -20,7 +21,6 @@ from collections.abc import Sequence
 from ..log.batch import Buffer
 from ..log.errors import BatchFramingError
 
-ACQUIRED_TYPE = "application/vnd.laminar.acquired"
 ACQUIRED_MAGIC = b"LMQA"
 ACQUIRED_VERSION = 1
 PREAMBLE = struct.Struct("<4sHHI")

@@ -268,15 +268,19 @@ class LogStorage:
     def sync(self) -> None:
         self.log.sync()
 
+    def saves_durably(self, hard_state: HardState) -> bool:
+        """Whether `set_hard_state(hard_state)` writes and fsyncs the state file (term, vote,
+        configuration or repair floor changed), rather than only memory or the hint."""
+        old = self.hard_state
+        return _durable(hard_state) != _durable(old)
+
     def set_hard_state(self, hard_state: HardState) -> None:
         """Persist term, vote, configuration and repair floor durably before returning. A
         change of the commit index alone goes to the commit hint every `commit_save_indexes`
         and into the state at the next durable save or `close`."""
         old = self.hard_state
         self.hard_state = hard_state
-        durable = (hard_state.term, hard_state.vote, hard_state.conf, hard_state.repair_floor,
-                   hard_state.joining)  # fmt: skip
-        if durable != (old.term, old.vote, old.conf, old.repair_floor, old.joining):
+        if _durable(hard_state) != _durable(old):
             self._save()
         elif hard_state.commit - self._saved_commit >= self.commit_save_indexes:
             self._write_commit_hint()
@@ -348,3 +352,8 @@ def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:
     """(index, term) pairs ordered as Raft compares logs: by term, then by index."""
     index, term = position
     return term, index
+
+
+def _durable(hs: HardState) -> tuple[object, ...]:
+    """What of a hard state must be on disk before anything that depends on it is sent."""
+    return hs.term, hs.vote, hs.conf, hs.repair_floor, hs.joining

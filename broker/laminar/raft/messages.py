@@ -115,6 +115,9 @@ class MessageType(IntEnum):
     HEARTBEATS_RESP = 14
     REPAIR = 15  # a member repairing its log: its last index and term (`index`, `log_term`)
     REPAIR_RESP = 16  # entries held after that point, by a member that holds it too
+    #: node level, not Raft: a broker's partition status report (laminar.partition.
+    #: status_table; `index`: its version, one entry: the rows)
+    STATUS = 17
 
 
 @dataclass(slots=True)

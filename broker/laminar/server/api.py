@@ -21,7 +21,27 @@ from typing import Any, TypeVar
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from ..contract import MAX_METADATA_INDEX, METADATA_INDEX_HEADER, METADATA_WAIT_S
+from ..contract import (
+    BATCH_TYPE,
+    COMMIT_INDEX_HEADER,
+    DEFAULT_READ_BYTES,
+    DEFAULT_READ_RECORDS,
+    JSON_TYPE,
+    LOG_START_HEADER,
+    MAX_APPEND_RECORDS,
+    MAX_INDEX,
+    MAX_METADATA_INDEX,
+    MAX_READ_BYTES,
+    MAX_READ_RECORDS,
+    MAX_WAIT_MS,
+    MAX_WEIGHT,
+    METADATA_INDEX_HEADER,
+    METADATA_WAIT_S,
+    NEXT_INDEX_HEADER,
+    NODE_ID,
+    ROUTES,
+    TOPIC_NAME,
+)
 from ..credentials import internal_token
 from ..log.batch import (
     BATCH_HEADER_BYTES,
@@ -50,7 +70,7 @@ from ..metadata import (
     SetDraining,
     SetWeight,
 )
-from ..metadata.state import MAX_WEIGHT, NODE_ID, TOPIC_NAME, Topic
+from ..metadata.state import Topic
 from ..partition.errors import (
     CommitLost,
     CommitUnknown,
@@ -78,14 +98,6 @@ from .metrics import BrokerMetrics
 from .node import Broker, View, view_leaders
 
 log = logging.getLogger(__name__)
-BATCH_TYPE = "application/vnd.laminar.batch"
-MAX_INDEX = 2**63 - 1
-MAX_RECORDS = 100_000
-MAX_READ_BYTES = 16 << 20
-MAX_WAIT_MS = 60_000
-#: Records in one JSON append (a binary batch is bounded by the batch size limit only): the
-#: broker's per-record work on JSON is Python, and bounded per request.
-MAX_APPEND_RECORDS = 10_000
 #: A record header name is at most this many bytes of UTF-8 (the batch format's u16).
 MAX_HEADER_NAME_BYTES = 2**16 - 1
 #: JSON request bodies are decoded (parsed, checked, encoded as a batch) in worker threads,
@@ -98,8 +110,9 @@ INLINE_APPEND_BYTES = 1 << 10
 #: Digits are ASCII digits only (str.isdigit also takes "²" or "٣").
 DIGITS = re.compile(r"[0-9]+")
 INTEGER = re.compile(r"-?[0-9]+")
-VIEW_TTL_S = 1.0
 COLLECT_INTERVAL_S = 3.0
+#: How long a description waits for fresh status reports of the other brokers.
+STATUS_REFRESH_S = 1.0
 #: How long a handoff waits for the leaderships to move.
 HANDOFF_TIMEOUT_S = 10.0
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
@@ -150,7 +163,6 @@ class Api:
         self.body_timeout_s = broker.config.body_timeout_ms / 1000
         self._decoding = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="laminar-decode")
         self._session: ClientSession | None = None
-        self._view: tuple[float, View] | None = None
         self._collector: asyncio.Task[None] | None = None
 
     # ---- application -----------------------------------------------------------------------
@@ -162,24 +174,15 @@ class Api:
         )
         app[BROKER_KEY] = self.broker
         r = app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/metrics", self.metrics_text)
-        r.add_get("/v1/cluster", self.cluster)
-        r.add_get("/v1/nodes/{node}/partitions", self.node_partitions)
-        r.add_get("/v1/nodes/{node}/tls", self.node_tls)
-        r.add_post("/v1/nodes/{node}/drain", self.drain)
-        r.add_delete("/v1/nodes/{node}/drain", self.undrain)
-        r.add_put("/v1/nodes/{node}/weight", self.weight)
-        r.add_post("/v1/nodes/{node}/handoff", self.handoff)
-        r.add_get("/v1/topics", self.list_topics)
-        r.add_post("/v1/topics", self.create_topic)
-        r.add_get("/v1/topics/{topic}", self.describe_topic)
-        r.add_patch("/v1/topics/{topic}", self.alter_topic)
-        r.add_delete("/v1/topics/{topic}", self.delete_topic)
-        r.add_post("/v1/topics/{topic}/partitions/{partition}/records", self.append)
-        r.add_get("/v1/topics/{topic}/partitions/{partition}/records", self.read)
-        GroupsApi(self).add_routes(r)
+        # every route of the contract, to its handler: a method of this Api or of GroupsApi
+        owners: dict[str, object] = {"": self, "groups": GroupsApi(self)}
+        for route in ROUTES:
+            owner, _, name = route.handler.rpartition(".")
+            handler: Handler = getattr(owners[owner], name)
+            if route.method == "GET":
+                r.add_get(route.path, handler)  # and HEAD
+            else:
+                r.add_route(route.method, route.path, handler)
         check_routes(r)  # every /v1 route has its authorization rule
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
@@ -206,7 +209,7 @@ class Api:
             if not self.broker.replicas:
                 continue
             try:
-                view = await self.cluster_view(fresh=True)
+                view = self.cluster_view()
                 self.broker.collect_removed(view)
             except Exception:  # keep collecting; a failed round is retried
                 log.exception("collecting removed replicas failed")
@@ -328,11 +331,31 @@ class Api:
         response.headers["Content-Type"] = content_type
         return response
 
+    # ---- what the other handlers use (groups_api.py) --------------------------------------
+
+    async def json_body(self, request: web.Request) -> Any:
+        """The request's JSON body (415 unless `application/json`, 400 unless JSON)."""
+        return await self._json(request)
+
+    async def partition_of(self, request: web.Request) -> tuple[str, int]:
+        """The request's `{topic}` and `{partition}`: 400 if malformed, 404 if there is no
+        such partition (503 while this broker cannot tell)."""
+        return await self._partition(request)
+
+    async def leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
+        """The redirect (or 503) for a request about Raft `group`, which this broker does not
+        host, to the group's leader."""
+        return await self._leader_elsewhere(request, group)
+
+    def redirect(self, request: web.Request, node: str | None, what: str) -> ApiError:
+        """The redirect of the request to `node`, the leader of `what` (503 if None)."""
+        return self._redirect(request, node, what)
+
     # ---- helpers ---------------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> Any:
-        if request.content_type != "application/json":
-            raise ApiError(415, "unsupported_media_type", "send application/json")
+        if request.content_type != JSON_TYPE:
+            raise ApiError(415, "unsupported_media_type", f"send {JSON_TYPE}")
         body = await read_body(request, self.body_timeout_s)
         return await self._decode(parse_json, body, INLINE_JSON_BYTES)
 
@@ -351,7 +374,10 @@ class Api:
         )
 
     def _topic_name(self, request: web.Request) -> str:
-        name = request.match_info["topic"]
+        return self._valid_topic_name(request.match_info["topic"])
+
+    @staticmethod
+    def _valid_topic_name(name: str) -> str:
         if not TOPIC_NAME.fullmatch(name):
             raise ApiError(
                 400, "bad_request", f"topic name {name[:50]!r} must match {TOPIC_NAME.pattern}"
@@ -497,25 +523,10 @@ class Api:
         partitions = None if body is None else body.get("partitions")
         return partitions if isinstance(partitions, list) else None
 
-    async def cluster_view(self, *, fresh: bool = False) -> View:
-        """Every alive member's hosted replicas (for routing: cached for VIEW_TTL_S)."""
-        now = time.monotonic()
-        if not fresh and self._view is not None and now - self._view[0] < VIEW_TTL_S:
-            return self._view[1]
-        broker = self.broker
-        alive = broker.swim_alive()
-        others = [
-            (node, api)
-            for node, (_, api, _) in broker.members().items()
-            if node in alive and node != broker.id
-        ]
-        results = await asyncio.gather(*(self._fetch_hosted(n, a) for n, a in others))
-        view = {broker.id: broker.hosted()}
-        for (node, _), hosted in zip(others, results, strict=True):
-            if hosted is not None:
-                view[node] = hosted
-        self._view = (now, view)
-        return view
+    def cluster_view(self) -> View:
+        """Every alive member's hosted replicas, from the partition status table (this
+        broker's live, the others' as they last reported: server/status_gossip.py)."""
+        return self.broker.status.view()
 
     def _node(self, request: web.Request) -> str:
         node = request.match_info["node"]
@@ -598,12 +609,18 @@ class Api:
 
     async def describe(self, name: str, view: View | None = None) -> dict[str, Any]:
         """A topic as `GET /v1/topics/{name}` answers it (ApiError 404 if there is none),
-        from `view` (default: a fresh one)."""
+        from `view` (default: the partition status table's, every peer's report refreshed)."""
         topic = self.broker.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
         if view is None:
-            view = await self.cluster_view(fresh=True)
+            await self.broker.status.refresh(STATUS_REFRESH_S)
+            view = self.cluster_view()
+        return {**self._topic_body(name), "partition_states": self._states(name, view)}
+
+    def _states(self, name: str, view: View) -> list[dict[str, Any]]:
+        """Topic `name`'s partition states, from `view` (the status table's)."""
+        topic = self.broker.state.topics[name]
         leaders = view_leaders(view)
         reports: dict[int, dict[str, Any]] = {}  # any replica's report, when no leader's
         for hosted in view.values():
@@ -620,6 +637,7 @@ class Api:
                 {
                     "partition": partition,
                     "leader": leader,
+                    "term": int(best["term"]) if best is not None else None,
                     "leader_url": self.broker.api_url(address) if address else None,
                     "replicas": (source["voters"] if source else list(topic.assignment[partition])),
                     "learners": source["learners"] if source else [],
@@ -629,7 +647,29 @@ class Api:
                     "log_end": source["log_end"] if source else 0,
                 }
             )
-        return {**self._topic_body(name), "partition_states": states}
+        return states
+
+    async def list_partitions(self, request: web.Request) -> web.Response:
+        """`GET /v1/partitions[?topic=t]`: the partition status table, every topic's (in the
+        principal's scope) or one's, refreshed as a description is."""
+        principal = request[PRINCIPAL_KEY]
+        wanted = request.query.get("topic")
+        if wanted is not None:
+            if not principal.in_scope(self._valid_topic_name(wanted)):
+                raise ApiError(403, "forbidden", f"topic {wanted} is not in your scope")
+            await self._topic(wanted)
+            names = [wanted]
+        else:
+            names = sorted(n for n in self.broker.state.topics if principal.in_scope(n))
+        await self.broker.status.refresh(STATUS_REFRESH_S)
+        view = self.cluster_view()
+        rows = [
+            {"topic": name, **state}
+            for name in names
+            if name in self.broker.state.topics  # (deleted meanwhile)
+            for state in self._states(name, view)
+        ]
+        return json_response({"partitions": rows})
 
     async def alter_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -651,7 +691,7 @@ class Api:
 
     async def _leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
         """Where to send a request for a partition this broker does not host."""
-        best = view_leaders(await self.cluster_view()).get(group)
+        best = view_leaders(self.cluster_view()).get(group)
         return self._redirect(request, best["leader"] if best else None, group)
 
     async def append(self, request: web.Request) -> web.Response:
@@ -662,8 +702,8 @@ class Api:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
             raise self._redirect(request, replica.raft.lead, replica.group)
-        if request.content_type not in (BATCH_TYPE, "application/json"):
-            raise ApiError(415, "unsupported_media_type", f"send application/json or {BATCH_TYPE}")
+        if request.content_type not in (BATCH_TYPE, JSON_TYPE):
+            raise ApiError(415, "unsupported_media_type", f"send {JSON_TYPE} or {BATCH_TYPE}")
         # a body declared over --max-request-bytes was answered 413 already (the middleware)
         declared = request.content_length or 0
         if replica.pending_bytes + declared > replica.max_pending_bytes:
@@ -750,8 +790,8 @@ class Api:
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         from_index = _query_int(query, "from", replica.log_start, 0, MAX_INDEX)
-        max_records = _query_int(query, "max_records", 1000, 1, MAX_RECORDS)
-        max_bytes = _query_int(query, "max_bytes", 1 << 20, 1, MAX_READ_BYTES)
+        max_records = _query_int(query, "max_records", DEFAULT_READ_RECORDS, 1, MAX_READ_RECORDS)
+        max_bytes = _query_int(query, "max_bytes", DEFAULT_READ_BYTES, 1, MAX_READ_BYTES)
         wait_ms = _query_int(query, "wait_ms", 0, 0, MAX_WAIT_MS)
         if from_index < replica.log_start:
             raise ApiError(
@@ -781,9 +821,9 @@ class Api:
 
     def _position_headers(self, replica: Replica, next_index: int) -> dict[str, str]:
         return {
-            "Laminar-Next-Index": str(next_index),
-            "Laminar-Commit-Index": str(replica.commit_index),
-            "Laminar-Log-Start": str(replica.log_start),
+            NEXT_INDEX_HEADER: str(next_index),
+            COMMIT_INDEX_HEADER: str(replica.commit_index),
+            LOG_START_HEADER: str(replica.log_start),
         }
 
     def _binary_read(

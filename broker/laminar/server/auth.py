@@ -3,9 +3,9 @@ authorization").
 
 Every `/v1/...` request is authenticated (`Authenticator.authenticate`: its bearer token, hashed
 and compared in constant time with every known hash; 401 `unauthorized` without a known one),
-then authorized by its route's rule in `RULES` (403 `forbidden`). A route under /v1 without a
-rule is a bug that `check_routes` refuses when the application is built: every new route needs
-its line here. /healthz, /readyz and /metrics are open.
+then authorized by its route's rule in `RULES` (403 `forbidden`): the `access` of its
+`laminar.contract` route. A route served without a rule is a bug that `check_routes` refuses
+when the application is built. /healthz, /readyz and /metrics are open (their `access` is None).
 
 The principals: those of the credentials file (`--credentials-file`, re-read on SIGHUP and
 every RELOAD_INTERVAL_S when it changed; a file that became invalid is logged and the previous
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..contract import ROUTES
 from ..credentials import (
     ANONYMOUS_PRINCIPAL,
     INTERNAL_PRINCIPAL,
@@ -43,32 +44,12 @@ log = logging.getLogger(__name__)
 #: How often the credentials file is looked at for changes (SIGHUP: at once).
 RELOAD_INTERVAL_S = 3.0
 PRINCIPAL_KEY = web.RequestKey("principal", Principal)
-GROUP = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 #: (method, route) -> what it does. HEAD follows GET. The route's {topic}, when it has one, is
 #: the topic the action is on.
 RULES: dict[tuple[str, str], Action] = {
-    ("GET", "/v1/cluster"): Action.CLUSTER,
-    ("GET", "/v1/nodes/{node}/partitions"): Action.ADMIN,
-    ("GET", "/v1/nodes/{node}/tls"): Action.ADMIN,
-    ("POST", "/v1/nodes/{node}/drain"): Action.ADMIN,
-    ("DELETE", "/v1/nodes/{node}/drain"): Action.ADMIN,
-    ("PUT", "/v1/nodes/{node}/weight"): Action.ADMIN,
-    ("POST", "/v1/nodes/{node}/handoff"): Action.ADMIN,
-    ("GET", "/v1/topics"): Action.LIST,
-    ("POST", "/v1/topics"): Action.ADMIN,
-    ("GET", "/v1/topics/{topic}"): Action.DESCRIBE,
-    ("PATCH", "/v1/topics/{topic}"): Action.ADMIN,
-    ("DELETE", "/v1/topics/{topic}"): Action.ADMIN,
-    ("POST", "/v1/topics/{topic}/partitions/{partition}/records"): Action.PRODUCE,
-    ("GET", "/v1/topics/{topic}/partitions/{partition}/records"): Action.CONSUME,
-    ("GET", GROUP): Action.CONSUME,
-    ("POST", GROUP + "/acquire"): Action.CONSUME,
-    ("POST", GROUP + "/accept"): Action.CONSUME,
-    ("POST", GROUP + "/release"): Action.CONSUME,
-    ("POST", GROUP + "/reject"): Action.CONSUME,
-    ("POST", GROUP + "/renew"): Action.CONSUME,
+    (route.method, route.path): route.access for route in ROUTES if route.access is not None
 }
-OPEN_ROUTES = {"/healthz", "/readyz", "/metrics"}
+OPEN_ROUTES = {route.path for route in ROUTES if route.access is None}
 VERBS = {
     Action.DESCRIBE: "describe",
     Action.PRODUCE: "append to",
@@ -90,8 +71,8 @@ def check_routes(router: web.UrlDispatcher) -> None:
             continue
         if rule_of(route.method, path) is None:
             raise RuntimeError(
-                f"{route.method} {path} has no authorization rule: add one to "
-                "laminar/server/auth.py RULES (and docs/security.md's table)"
+                f"{route.method} {path} has no authorization rule: declare the route, with "
+                "its access, in laminar/contract.py (and docs/security.md's table)"
             )
         served.add((route.method, path))
     missing = set(RULES) - served

@@ -1,8 +1,9 @@
 """The shared-queue endpoints of the HTTP API (DESIGN §5, docs/api.md "Shared queues").
 
 `/v1/topics/{topic}/partitions/{p}/groups/{group}`: acquire, accept, release, reject, renew
-(POST) and describe (GET). Only the partition's leader serves them (others redirect); each
-answers once its queue command is committed and applied.
+(POST) and describe (GET), routed here by their `laminar.contract` routes ("groups.<handler>").
+Only the partition's leader serves them (others redirect); each answers once its queue command
+is committed and applied.
 """
 
 from __future__ import annotations
@@ -15,14 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..contract import (
+    ACQUIRED_TYPE,
+    CONSUMER_ID,
+    DEFAULT_ACQUIRE,
+    DEFAULT_ACQUIRE_BYTES,
+    DEFAULT_LEASE_MS,
+    GROUP_NAME,
+    MAX_ACQUIRE,
+    MAX_ACQUIRE_BYTES,
+    MAX_INDEX,
+    MAX_LEASE_MS,
+    MAX_REASON_CHARS,
+    MAX_SETTLE_INDEXES,
+    MAX_WAIT_MS,
+)
 from ..log.batch import single_record_batch
 from ..log.errors import CorruptBatchError
 from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded
 from ..partition.groups import ConsumerGroups, Delivery, now_ms
 from ..partition.replica import Replica
 from ..queue import Accept, QueueError, Reject, Release, Renew, Result
-from ..queue.state import CONSUMER_ID, GROUP_NAME, MAX_SCAN, QueueCommand
-from ..queue.wire import ACQUIRED_TYPE, Grant, encode_acquired
+from ..queue.state import QueueCommand
+from ..queue.wire import Grant, encode_acquired
 from .http import (
     ApiError,
     accepts,
@@ -36,14 +52,6 @@ from .http import (
 if TYPE_CHECKING:
     from .api import Api
 
-MAX_ACQUIRE = 10_000
-DEFAULT_ACQUIRE = 100
-DEFAULT_LEASE_MS = 30_000
-MAX_LEASE_MS = 3_600_000
-MAX_ACQUIRE_BYTES = 16 << 20
-DEFAULT_ACQUIRE_BYTES = 1 << 20
-MAX_WAIT_MS = 60_000
-PREFIX = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 SETTLE_FIELDS = frozenset({"consumer", "indexes"})
 COMMAND_MAY_COMMIT = (
     "the command may still be applied: repeating an accept, release, reject or renew is "
@@ -52,20 +60,16 @@ COMMAND_MAY_COMMIT = (
 
 
 class GroupsApi:
+    """The handlers; `api` does the rest (the partition, redirects, JSON bodies)."""
+
     def __init__(self, api: Api) -> None:
         self.api = api
-
-    def add_routes(self, router: web.UrlDispatcher) -> None:
-        router.add_get(PREFIX, self.describe)
-        router.add_post(PREFIX + "/acquire", self.acquire)
-        for action in ("accept", "release", "reject", "renew"):
-            router.add_post(f"{PREFIX}/{action}", self.settle)
 
     # ---- routing ---------------------------------------------------------------------------
 
     async def _leader(self, request: web.Request) -> tuple[Replica, ConsumerGroups, str]:
         api = self.api
-        topic, partition = await api._partition(request)
+        topic, partition = await api.partition_of(request)
         group = request.match_info["group"]
         if not GROUP_NAME.fullmatch(group):
             raise ApiError(
@@ -73,13 +77,13 @@ class GroupsApi:
             )
         replica = api.broker.replica(topic, partition)
         if replica is None:
-            raise await api._leader_elsewhere(request, f"{topic}/{partition}")
+            raise await api.leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader or replica.groups is None:
-            raise api._redirect(request, replica.raft.lead, replica.group)
+            raise api.redirect(request, replica.raft.lead, replica.group)
         return replica, replica.groups, group
 
     async def _body(self, request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
-        body = await self.api._json(request)
+        body = await self.api.json_body(request)
         if not isinstance(body, dict):
             raise ApiError(400, "bad_request", "the body must be a JSON object")
         unknown = set(body) - allowed
@@ -93,7 +97,7 @@ class GroupsApi:
         try:
             yield
         except NotLeader as e:
-            raise self.api._redirect(request, e.leader, replica.group) from e
+            raise self.api.redirect(request, e.leader, replica.group) from e
         except Overloaded as e:
             raise ApiError(429, "overloaded", str(e), headers={"Retry-After": "1"}) from e
         except QueueError as e:
@@ -158,12 +162,14 @@ class GroupsApi:
         if (
             not isinstance(indexes, list)
             or not indexes
-            or len(indexes) > MAX_SCAN
+            or len(indexes) > MAX_SETTLE_INDEXES
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in indexes)
-            or not all(0 <= i < 2**63 for i in indexes)
+            or not all(0 <= i <= MAX_INDEX for i in indexes)
         ):
             raise ApiError(
-                400, "bad_request", f"indexes must be a list of 1..{MAX_SCAN} record indexes"
+                400,
+                "bad_request",
+                f"indexes must be a list of 1..{MAX_SETTLE_INDEXES} record indexes",
             )
         command: QueueCommand
         now = now_ms()  # a lease ending at or before this has ended: settling it is refused
@@ -173,8 +179,12 @@ class GroupsApi:
             command = Release(group, consumer, tuple(indexes), now)
         elif action == "reject":
             reason = body.get("reason", "rejected")
-            if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
-                raise ApiError(400, "bad_request", "reason must be a string of 1..200 characters")
+            if not isinstance(reason, str) or not 1 <= len(reason) <= MAX_REASON_CHARS:
+                raise ApiError(
+                    400,
+                    "bad_request",
+                    f"reason must be a string of 1..{MAX_REASON_CHARS} characters",
+                )
             command = Reject(group, consumer, tuple(indexes), reason, now)
         else:
             if "lease_ms" not in body:  # (the spec requires it: no default lease on a renew)

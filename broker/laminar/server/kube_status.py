@@ -71,7 +71,7 @@ class KubeStatusReporter:
     async def report(self) -> None:
         broker = self.api.broker
         objects = await self.kube.list(API_VERSION, "Topic", self.namespace)
-        view = await self.api.cluster_view(fresh=True)  # one view for the whole round
+        view = self.api.cluster_view()  # one view for the whole round
         leaders, under, partitions = dict.fromkeys(broker.members(), 0), 0, 0
         for obj in objects:
             name = obj["metadata"]["name"]

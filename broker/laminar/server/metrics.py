@@ -85,6 +85,7 @@ class _BrokerCollector(Collector):
             ("raft", "fsyncs", "log fdatasync calls"),
             ("raft", "ready_rounds", "Raft Ready rounds persisted"),
             ("raft", "dropped_messages", "Raft messages dropped (unknown group or peer)"),
+            ("raft", "bad_status_reports", "peers' partition status reports ignored (malformed)"),
             ("storage", "corrupt_batches", "damaged batches found on disk by reads (never served)"),
             ("storage", "repairs", "replicas cut at damage and refetched from their leader"),
             ("storage", "data_loss_repairs", "damaged only voters: the records after are lost"),

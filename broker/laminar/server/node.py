@@ -69,6 +69,7 @@ from ..swim.runtime import SwimNode, format_address
 from ..tls import CertificateStore, TlsError
 from .config import BrokerConfig
 from .dead_letters import DeadLetterMover
+from .status_gossip import StatusGossip
 from .transport import PeerTransport
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ class Broker:
                 self.tls = CertificateStore(config.tls_files)
             except TlsError as e:
                 raise BrokerError(f"TLS: {e}") from e
+        #: the partition status table: what every other broker hosts and leads
+        self.status = StatusGossip(self)
         self.transport = PeerTransport(
             self.id,
             cluster_id=config.cluster_id,
@@ -180,6 +183,7 @@ class Broker:
             "fsyncs": 0,
             "ready_rounds": 0,
             "dropped_messages": 0,
+            "bad_status_reports": 0,
             # storage damage (laminar_storage_*)
             "corrupt_batches": 0,
             "repairs": 0,
@@ -221,6 +225,7 @@ class Broker:
         self._tasks = [
             asyncio.create_task(self._drive(), name=f"drive-{self.id}"),
             asyncio.create_task(self._tick_timer(), name=f"tick-{self.id}"),
+            asyncio.create_task(self.status.run(), name=f"status-{self.id}"),
         ]
         log.info("broker %s up: api %s peer %s", self.id, self.api_addr, self.peer_addr)
 
@@ -570,6 +575,7 @@ class Broker:
         now = _now_ms()
         if event.kind in (EventKind.DEAD, EventKind.LEFT):
             self._dead_since_ms.setdefault(event.state.id, now)
+            self.status.forget(event.state.id)
         elif event.kind in (EventKind.JOINED, EventKind.ALIVE):
             self._dead_since_ms.pop(event.state.id, None)
         self._control_due = True
@@ -625,8 +631,16 @@ class Broker:
     # ---- the driver ------------------------------------------------------------------------
 
     def _on_messages(self, messages: list[Message]) -> None:
-        self._inbox.extend(messages)
+        for message in messages:
+            if message.type is MT.STATUS:
+                self.status.on_message(message)
+            else:
+                self._inbox.append(message)
         self._wake.set()
+
+    def send_node_messages(self, messages: Iterable[Message]) -> None:
+        """Node-level messages (not of a Raft group) to their destinations."""
+        self._send(messages)
 
     def wake(self) -> None:
         self._wake.set()
@@ -740,10 +754,17 @@ class Broker:
             synced = time.perf_counter()
             await asyncio.gather(*(loop.run_in_executor(self._sync_pool, s.sync) for s in to_sync))
             self.timers["fsync_seconds"] += time.perf_counter() - synced
+        saves = []  # term, vote or configuration changed: written and fsynced off the loop
         for group, ready in readies.items():
             storage = self._storage(group)
             if storage is not None and ready.hard_state is not None:
-                storage.set_hard_state(ready.hard_state)
+                if storage.saves_durably(ready.hard_state):
+                    saves.append(partial(storage.set_hard_state, ready.hard_state))
+                else:
+                    storage.set_hard_state(ready.hard_state)  # memory, or the unsynced hint
+        if saves:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(self._sync_pool, save) for save in saves))
         self._send(late)
         self.multi.advance(readies)
         self._observe(readies)
@@ -1162,6 +1183,14 @@ class Broker:
 
     def hosted(self) -> list[dict[str, object]]:
         return [self.group_status(r) for r in sorted(self.replicas.values(), key=_order)]
+
+    def hosted_structure(self) -> tuple[tuple[object, ...], ...]:
+        """What a change of is published at once (status_gossip): the replicas hosted, with
+        each one's role, leader, term and configuration (cheap: no indexes, no in-sync set)."""
+        return tuple(
+            (group, r.raft.role, r.raft.lead, r.raft.term, r.raft.conf)
+            for group, r in self.replicas.items()
+        )
 
     async def readiness(self, timeout_s: float) -> tuple[bool, str]:
         """Ready: serving, and caught up with the metadata the cluster has committed (a

@@ -25,6 +25,7 @@ from .. import allocator
 from ..client import Client
 from ..client.errors import NotFound, OutOfRange
 from ..client.models import RawRead, ReadResult
+from ..contract import MAX_READ_RECORDS
 from .arrow import ColumnBuilder
 from .options import (
     Bounds,
@@ -50,7 +51,7 @@ except ImportError:  # pragma: no cover (Spark 4.0 / 4.1)
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 READ_MAX_BYTES = 8 * 1024 * 1024
-READ_MAX_RECORDS = 100_000
+READ_MAX_RECORDS = MAX_READ_RECORDS  # as many as the broker gives in one answer
 #: How long a replica may take to learn that the range's records are committed: the range was
 #: planned from the leader's commit index, and the replica serving the read may lag it.
 READ_WAIT_MS = 10_000

@@ -1,0 +1,137 @@
+"""Who hosts and leads what, as every broker holds it: the partition status table.
+
+Each broker publishes a report of the replicas it hosts (`Broker.group_status`: role, leader,
+term, voters, learners, in-sync set, log start, commit index, log end, bytes) to every peer,
+over the peer transport (a node-level STATUS message, docs/formats.md §7), with a version
+that only grows (a restarted broker starts above its earlier versions: they are derived from
+the wall clock). It sends one as soon as what it leads or hosts changes (role, leader, term,
+configuration), and at least every REFRESH_MS with fresh indexes.
+
+The table keeps the newest report per broker. The view it gives (`view`) is what a broker
+routes by, what replica collection and the Kubernetes reporter read, and what
+`GET /v1/partitions` serves: each alive broker's report no older than STALE_MS. A group's
+leader is the report claiming leadership in the highest term (`leaders`). Nothing here is
+scraped over HTTP; a peer's report is a peer's word, checked for shape (`decode_report`), and
+peers are authenticated by the transport's handshake.
+
+Pure: no clock, no I/O (callers pass `now_ms`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+#: A broker re-sends its report at least this often (fresh commit indexes and in-sync sets).
+REFRESH_MS = 1_000
+#: A report older than this is left out of the view (its broker stopped reporting to us).
+STALE_MS = 5_000
+#: A report this large (decompressed) is refused: 4,096 replicas of ~300 bytes fit 5 times.
+MAX_REPORT_BYTES = 8 << 20
+#: The fields of a row, and the types each must have.
+ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "topic": str,
+    "partition": int,
+    "role": str,
+    "leader": (str, type(None)),
+    "term": int,
+    "voters": list,
+    "learners": list,
+    "in_sync": list,
+    "log_start": int,
+    "commit_index": int,
+    "log_end": int,
+    "bytes": int,
+}
+
+Row = dict[str, Any]
+
+
+class ReportError(ValueError):
+    """A peer's report that is not one."""
+
+
+def encode_report(rows: list[Row]) -> bytes:
+    return zlib.compress(orjson.dumps(rows), 1)
+
+
+def decode_report(data: bytes) -> list[Row]:
+    """The rows of a report (ReportError: malformed, too large, or rows of the wrong shape)."""
+    try:
+        decompressor = zlib.decompressobj()
+        raw = decompressor.decompress(data, MAX_REPORT_BYTES)
+        if decompressor.unconsumed_tail or not decompressor.eof:
+            raise ReportError(f"a report over {MAX_REPORT_BYTES} bytes, or truncated")
+        rows = orjson.loads(raw)
+    except (zlib.error, orjson.JSONDecodeError) as e:
+        raise ReportError(f"undecodable report: {e}") from e
+    if not isinstance(rows, list):
+        raise ReportError("a report is a list of rows")
+    for row in rows:
+        if not isinstance(row, dict):
+            raise ReportError("a row is an object")
+        for name, kind in ROW_FIELDS.items():
+            value = row.get(name)
+            if name not in row or not isinstance(value, kind) or isinstance(value, bool):
+                raise ReportError(f"row field {name!r} is missing or of the wrong type")
+        for name in ("voters", "learners", "in_sync"):
+            if not all(isinstance(node, str) for node in row[name]):
+                raise ReportError(f"row field {name!r} lists a non-string")
+    return rows
+
+
+@dataclass(slots=True)
+class Report:
+    version: int
+    rows: list[Row]
+    received_ms: int
+
+
+class StatusTable:
+    """The newest report of every other broker (this broker's own rows are read live)."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, Report] = {}
+
+    def merge(self, node: str, version: int, rows: list[Row], now_ms: int) -> bool:
+        """Keep `node`'s report if it is newer than the one held (False: an older one,
+        reordered or replayed, is ignored)."""
+        held = self._reports.get(node)
+        if held is not None and held.version >= version:
+            return False
+        self._reports[node] = Report(version, rows, now_ms)
+        return True
+
+    def forget(self, node: str) -> None:
+        """`node` left or died: its report no longer counts."""
+        self._reports.pop(node, None)
+
+    def version_of(self, node: str) -> int | None:
+        held = self._reports.get(node)
+        return None if held is None else held.version
+
+    def view(self, alive: set[str], now_ms: int) -> dict[str, list[Row]]:
+        """Each alive broker's rows, from reports no older than STALE_MS."""
+        return {
+            node: report.rows
+            for node, report in self._reports.items()
+            if node in alive and now_ms - report.received_ms <= STALE_MS
+        }
+
+
+def leaders(view: dict[str, list[Row]]) -> dict[str, Row]:
+    """Per group ("topic/partition"): the row of the replica that claims leadership in the
+    highest term."""
+    found: dict[str, Row] = {}
+    for rows in view.values():
+        for row in rows:
+            if row.get("role") != "leader":
+                continue
+            group = f"{row['topic']}/{row['partition']}"
+            best = found.get(group)
+            if best is None or int(row["term"]) > int(best["term"]):
+                found[group] = row
+    return found

@@ -1,0 +1,127 @@
+"""The partition status table's I/O (laminar.partition.status_table): this broker's report
+published to its peers over the peer transport, and theirs merged as they arrive.
+
+Every CHECK_INTERVAL_S the broker compares the structure of what it hosts (groups, roles,
+leaders, terms, configurations) with what it last published: a change is published at once,
+anything else at least every REFRESH_MS. A report is one node-level STATUS message to each
+alive peer (`index`: the report's version; one entry: the compressed rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..partition import status_table
+from ..partition.status_table import ReportError, Row, StatusTable
+from ..raft.messages import Entry, Message, MessageType
+
+if TYPE_CHECKING:
+    from .node import Broker
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 0.1
+WARNING_INTERVAL_S = 60.0
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class StatusGossip:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.table = StatusTable()
+        # versions grow across restarts too: microseconds of the wall clock at start, then +1
+        self._version = time.time_ns() // 1_000
+        self._published: tuple[tuple[Any, ...], ...] | None = None
+        self._published_ms = 0
+        self._warned = 0.0
+        #: set (and replaced) whenever a newer report is merged
+        self._merged = asyncio.Event()
+
+    def view(self) -> dict[str, list[Row]]:
+        """Every alive member's hosted replicas: this broker's live, the others' reports."""
+        broker = self.broker
+        view = self.table.view(broker.swim_alive(), _now_ms())
+        view.pop(broker.id, None)
+        return {broker.id: broker.hosted(), **view}
+
+    def on_message(self, message: Message) -> None:
+        """A peer's STATUS message: its report, or (no entry) its request for this one's."""
+        if not message.entries:
+            self.publish(force=True, only=message.src)
+            return
+        try:
+            rows = status_table.decode_report(message.entries[0].data)
+        except ReportError as e:
+            self.broker.counters["bad_status_reports"] += 1
+            now = time.monotonic()
+            if now - self._warned >= WARNING_INTERVAL_S:
+                self._warned = now
+                log.warning("status report from %s ignored: %s", message.src, e)
+            return
+        if self.table.merge(message.src, message.index, rows, _now_ms()):
+            self._merged.set()
+            self._merged = asyncio.Event()
+
+    async def refresh(self, timeout_s: float) -> None:
+        """Ask every alive peer for its report now, and wait (up to `timeout_s`) until each
+        has sent one: what `GET /v1/topics/{t}` shows is then as fresh as a round trip."""
+        broker = self.broker
+        peers = sorted(broker.swim_alive() - {broker.id})
+        if not peers:
+            return
+        before = {peer: self.table.version_of(peer) for peer in peers}
+        broker.send_node_messages(
+            Message(MessageType.STATUS, "", broker.id, peer, 0) for peer in peers
+        )
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while any(self.table.version_of(p) == before[p] for p in peers):
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return  # a peer that does not answer: its last report stands
+            try:
+                await asyncio.wait_for(self._merged.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def forget(self, node: str) -> None:
+        self.table.forget(node)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            try:
+                self.publish()
+            except Exception:  # a bug here must not stop the broker; the next round retries
+                log.exception("publishing the status report failed")
+
+    def publish(self, *, force: bool = False, only: str | None = None) -> bool:
+        """Send this broker's report to every alive peer if it changed, or is due (`force`:
+        now; `only`: to that peer alone, which asked for it)."""
+        broker = self.broker
+        if only is not None:
+            peers = [only] if only in broker.swim_alive() else []
+        else:
+            shape = broker.hosted_structure()
+            now = _now_ms()
+            due = now - self._published_ms >= status_table.REFRESH_MS
+            if not (force or due or shape != self._published):
+                return False
+            peers = sorted(broker.swim_alive() - {broker.id})
+            self._published, self._published_ms = shape, now
+        if not peers:
+            return False
+        self._version += 1
+        data = status_table.encode_report(broker.hosted())
+        entry = Entry(0, 1, 0, data)
+        version = self._version
+        broker.send_node_messages(
+            Message(MessageType.STATUS, "", broker.id, peer, 0, index=version, entries=(entry,))
+            for peer in peers
+        )
+        return True
