@@ -35,3 +35,29 @@ def test_ruff_format() -> None:
 def test_mypy_strict_on_the_cores() -> None:
     result = run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+#: The sans-I/O cores: no module here may import a clock, sockets or an event loop.
+CORES = ("raft", "swim", "queue", "metadata", "placement.py", "partition/status_table.py")
+IO_MODULES = {"asyncio", "socket", "time", "selectors", "threading"}
+
+
+def test_the_sans_io_cores_import_no_clock_socket_or_event_loop() -> None:
+    import ast
+
+    package = REPO / "broker" / "laminar"
+    offenders = []
+    for core in CORES:
+        path = package / core
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            for node in ast.walk(ast.parse(source.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                bad = {name.split(".")[0] for name in names} & IO_MODULES
+                if bad:
+                    offenders.append(f"{source.relative_to(REPO)}:{node.lineno} {sorted(bad)}")
+    assert not offenders, offenders

@@ -30,7 +30,7 @@ from laminar.raft import Entry, EntryKind, Message, MessageType
 from laminar.raft.codec import MAX_FRAME_BYTES, encode
 from laminar.server import transport as transport_module
 from laminar.server.transport import PeerTransport
-from laminar.swim.runtime import parse_address
+from laminar.swim.address import parse_address
 from laminar.tls import CertificateStore, TlsFiles
 
 CLUSTER = "test-cluster"

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
+from laminar.server.swim_runtime import SwimNode, format_address, parse_address, wall_ms
 from laminar.swim import Codec, EventKind, MemberStatus, SwimConfig
 from laminar.swim.codec import Stamp
 from laminar.swim.messages import Ack, Datagram, Ping, Sync
-from laminar.swim.runtime import SwimNode, format_address, parse_address, wall_ms
 
 from .helpers import CLUSTER, SECRET
 

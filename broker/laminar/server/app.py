@@ -13,7 +13,7 @@ import sys
 
 from .. import allocator
 from ..kube import KubeError
-from ..swim.runtime import format_address
+from ..swim.address import format_address
 from .api import Api
 from .config import BrokerConfig
 from .http import ApiRunner, ApiSite, ConnectionLimits

@@ -64,12 +64,13 @@ from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
 from ..raft.storage import StorageUnavailable, stored_entries
+from ..swim.address import format_address
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
-from ..swim.runtime import SwimNode, format_address
 from ..tls import CertificateStore, TlsError
 from .config import BrokerConfig
 from .dead_letters import DeadLetterMover
 from .status_gossip import StatusGossip
+from .swim_runtime import SwimNode
 from .transport import PeerTransport
 
 log = logging.getLogger(__name__)

@@ -53,9 +53,8 @@ from typing import Any, cast
 
 from ..raft.codec import MAX_FRAME_BYTES, FrameError, decode, encode
 from ..raft.messages import Message
-from ..swim.address import source_key
+from ..swim.address import format_address, parse_address, source_key
 from ..swim.codec import cluster_hash
-from ..swim.runtime import format_address, parse_address
 from ..tls import CertificateStore
 from .listener import AcceptedSocket, Listener
 

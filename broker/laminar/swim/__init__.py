@@ -1,5 +1,5 @@
-"""Sans-I/O SWIM membership (with Lifeguard), its authenticated wire codec, an asyncio UDP
-runtime and a deterministic simulator."""
+"""Sans-I/O SWIM membership (with Lifeguard), its authenticated wire codec and a
+deterministic simulator (the asyncio UDP runtime: laminar.server.swim_runtime)."""
 
 from .codec import Codec, Rejection, cluster_hash
 from .config import (

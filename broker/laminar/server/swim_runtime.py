@@ -18,10 +18,10 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
-from .address import format_address, ip_of, parse_address
-from .config import SwimConfig
-from .core import DROP_EVENT_OVERFLOW, Swim
-from .member import Addresses, Member, MembershipEvent, MemberState
+from ..swim.address import format_address, ip_of, parse_address
+from ..swim.config import SwimConfig
+from ..swim.core import DROP_EVENT_OVERFLOW, Swim
+from ..swim.member import Addresses, Member, MembershipEvent, MemberState
 
 __all__ = ["SwimNode", "format_address", "monotonic_ms", "parse_address", "wall_ms"]
 
