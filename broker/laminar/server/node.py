@@ -63,6 +63,7 @@ from ..raft.log_storage import LogStorage
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
+from ..raft.round import plan
 from ..raft.storage import StorageUnavailable, stored_entries
 from ..swim.address import format_address
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
@@ -80,9 +81,6 @@ MALFORMED_PATHS = ("read", "acquire", "dead_letter")
 MALFORMED_SEEN_LIMIT = 10_000
 
 MT = MessageType
-#: A leader's messages may leave before its own fsync (it counts itself only once durable);
-#: everything else (acknowledgements, votes) only after persisting.
-EARLY_TYPES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.HEARTBEATS, MT.SNAPSHOT, MT.TIMEOUT_NOW})
 #: The messages that may create a replica here (a leader reaching a member it added).
 LEADER_MESSAGES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT})
 CONTROL_INTERVAL_S = 0.25
@@ -716,15 +714,13 @@ class Broker:
             return False
         self.counters["ready_rounds"] += 1
         started = time.perf_counter()
-        early = [m for m in messages if m.type in EARLY_TYPES]
-        late = [m for m in messages if m.type not in EARLY_TYPES]
+        gone = {group for group in readies if self._storage(group) is None}
+        round_ = plan(readies, messages, gone)  # raft/round.py: the steps, in their order
         to_sync: list[LogStorage] = []
         for group, ready in readies.items():
             storage = self._storage(group)
             if storage is None:
                 continue
-            for message in ready.messages:
-                (early if message.type in EARLY_TYPES else late).append(message)
             if ready.snapshot is not None:
                 storage.apply_snapshot(ready.snapshot)
                 if group == METADATA_GROUP:
@@ -736,7 +732,7 @@ class Broker:
                 to_sync.append(storage)
                 if (replica := self.replicas.get(group)) and replica.groups is not None:
                     replica.groups.applier.written(ready.entries)
-        self._send(early)
+        self._send(round_.before)
         # Committed entries are durable on a majority already (the leader counts its own
         # log only once persisted) and written here: answer their appends now, not
         # after this round's fsync of newer entries.
@@ -766,7 +762,7 @@ class Broker:
         if saves:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(self._sync_pool, save) for save in saves))
-        self._send(late)
+        self._send(round_.after)
         self.multi.advance(readies)
         self._observe(readies)
         self.timers["round_seconds"] += time.perf_counter() - started

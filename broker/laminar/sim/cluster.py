@@ -41,6 +41,7 @@ from ..raft.messages import (
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
 from ..raft.repair import Damage, last_entry, open_raft
+from ..raft.round import plan
 from ..raft.storage import StorageUnavailable, stored_entries
 
 TICK_MS = 10
@@ -292,11 +293,15 @@ class Simulation:
         self._check_leaders(node)
 
     def _drain(self, node: SimNode) -> None:
+        """Every Ready of `node`, each carried out as the broker does it (raft/round.py): the
+        same steps in the same order, with a crash possible once entries are written and the
+        early messages sent, before the sync."""
         while node.multi is not None:
             readies, messages = node.multi.ready()
             if not readies and not messages:
                 return
-            for group, ready in readies.items():
+            round_ = plan(readies, messages)
+            for group, ready in readies.items():  # 1, 2: snapshots, entries written
                 storage = node.storages[group]
                 if ready.snapshot is not None:
                     storage.apply_snapshot(ready.snapshot)
@@ -305,22 +310,26 @@ class Simulation:
                     self._on_snapshot(node, group)
                 if ready.entries:
                     storage.append(ready.entries)
-                    if self.faulty and self.rng.random() < self.config.crash_in_persist_rate:
-                        self._crash(node, torn=True)  # written, never fsynced: lost
-                        return
-                    storage.sync()
-                    self._check_entries(node, group, ready)
-                if ready.hard_state is not None:
-                    storage.set_hard_state(ready.hard_state)
-            for message in messages:
+                    self._on_written(node, group, ready)
+            for message in round_.before:  # 3: before they are durable
                 self._send(message)
-            for group, ready in readies.items():
-                for item in ready.messages:
-                    self._send(item)
+            for group, ready in readies.items():  # 4: committed (durable on a majority)
                 if ready.committed is not None:
                     self._check_commit(node, group, ready.committed)
                     self._on_commit(node, group, ready.committed)
-            node.multi.advance(readies)
+            crash = self.config.crash_in_persist_rate
+            if round_.written and self.faulty and self.rng.random() < crash:
+                self._crash(node, torn=True)  # written and sent, never fsynced: lost
+                return
+            for group in round_.written:  # 5: the sync
+                node.storages[group].sync()
+                self._check_entries(node, group, readies[group])
+            for group, ready in readies.items():  # 6: hard states
+                if ready.hard_state is not None:
+                    node.storages[group].set_hard_state(ready.hard_state)
+            for message in round_.after:  # 7: acknowledgements and votes, once durable
+                self._send(message)
+            node.multi.advance(readies)  # 8
 
     # ---- the client ------------------------------------------------------------------------
 
@@ -383,8 +392,13 @@ class Simulation:
     def _before_deliver(self, node: SimNode, message: Message) -> None:
         """Called before a message reaches a live node (e.g. to create a group on demand)."""
 
+    def _on_written(self, node: SimNode, group: str, ready: Ready) -> None:
+        """A Ready's entries were just written (not durable yet), before anything is applied:
+        where the broker hands them to the queue applier."""
+
     def _on_commit(self, node: SimNode, group: str, committed: tuple[int, int]) -> None:
-        """Called after a node persisted a Ready that committed [first, last] of `group`."""
+        """Called for a Ready that committed [first, last] of `group` (durable on a majority),
+        once its entries are written and its early messages sent, before its sync."""
 
     def _on_snapshot(self, node: SimNode, group: str) -> None:
         """Called after a node installed a snapshot of `group` (its storage holds it)."""

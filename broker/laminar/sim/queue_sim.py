@@ -419,10 +419,9 @@ class QueueSimulation(Simulation):
 
         self.appliers[node.id][group] = ObservedApplier(node.storages[group], observe, self.stats)
 
-    def _check_entries(self, node: SimNode, group: str, ready: Ready) -> None:
-        """(Called once a Ready's entries are durable.) Hand them to the applier too, as the
-        broker does, so that applying them needs no read."""
-        super()._check_entries(node, group, ready)
+    def _on_written(self, node: SimNode, group: str, ready: Ready) -> None:
+        """Hand a Ready's entries to the applier as soon as they are written, as the broker
+        does, so that applying them needs no read."""
         self.appliers[node.id][group].written(ready.entries)
 
     def _crash(self, node: SimNode, *, torn: bool) -> None:
