@@ -169,9 +169,10 @@ def test_a_new_broker_is_rebalanced_onto_and_reported(
         seen.append(int(status.get("rebalancingPartitions", -1)))
         members = {m["name"]: m for m in status.get("members") or []}
         joined = members.get(added.id)
+        # moved, and caught up: a replica promoted to voter may lag the leader a moment (an
+        # under-replicated partition, truly) before the next report shows it in sync
         done = joined and joined["replicas"] > 0 and seen[-1] == 0
-        return status if done else None
+        return status if done and status.get("underReplicated") == 0 else None
 
     status = wait_for("partitions moved onto the new broker", rebalanced, timeout_s=120)
     assert len(status["members"]) == len(brokers.nodes)
-    assert status["underReplicated"] == 0, status

@@ -5,7 +5,8 @@ term, voters, learners, in-sync set, log start, commit index, log end, bytes) to
 over the peer transport (a node-level STATUS message, docs/formats.md §7), with a version
 that only grows (a restarted broker starts above its earlier versions: they are derived from
 the wall clock). It sends one as soon as what it leads or hosts changes (role, leader, term,
-configuration), and at least every REFRESH_MS with fresh indexes.
+configuration, a led partition's in-sync set), and at least every REFRESH_MS with fresh
+indexes.
 
 The table keeps the newest report per broker. The view it gives (`view`) is what a broker
 routes by, what replica collection and the Kubernetes reporter read, and what

@@ -1152,17 +1152,21 @@ class Broker:
 
     # ---- views for the API -----------------------------------------------------------------
 
+    def _in_sync(self, raft: Raft, alive: set[str]) -> list[str]:
+        """A leader's voters within CATCH_UP_LAG_INDEXES of its log (itself included); a
+        follower reports only itself."""
+        if raft.role is not Role.LEADER:
+            return [self.id]
+        return sorted(
+            n
+            for n in raft.progress
+            if n in raft.conf.voters
+            and (n == self.id or (n in alive and raft.caught_up(n, CATCH_UP_LAG_INDEXES)))
+        )
+
     def group_status(self, replica: Replica) -> dict[str, object]:
         raft: Raft = replica.raft
-        in_sync = [self.id] if raft.role is not Role.LEADER else []
-        if raft.role is Role.LEADER:
-            alive = self.swim_alive()
-            in_sync = sorted(
-                n
-                for n in raft.progress
-                if n in raft.conf.voters
-                and (n == self.id or (n in alive and raft.caught_up(n, CATCH_UP_LAG_INDEXES)))
-            )
+        in_sync = self._in_sync(raft, self.swim_alive())
         return {
             "topic": replica.topic,
             "partition": replica.partition,
@@ -1183,11 +1187,15 @@ class Broker:
 
     def hosted_structure(self) -> tuple[tuple[object, ...], ...]:
         """What a change of is published at once (status_gossip): the replicas hosted, with
-        each one's role, leader, term and configuration (cheap: no indexes, no in-sync set)."""
-        return tuple(
-            (group, r.raft.role, r.raft.lead, r.raft.term, r.raft.conf)
-            for group, r in self.replicas.items()
-        )
+        each one's role, leader, term, configuration and (leaders) in-sync set; not the
+        indexes, which move with every write."""
+        alive = self.swim_alive()
+        shape = []
+        for group, replica in self.replicas.items():
+            raft = replica.raft
+            in_sync = tuple(self._in_sync(raft, alive)) if raft.role is Role.LEADER else ()
+            shape.append((group, raft.role, raft.lead, raft.term, raft.conf, in_sync))
+        return tuple(shape)
 
     async def readiness(self, timeout_s: float) -> tuple[bool, str]:
         """Ready: serving, and caught up with the metadata the cluster has committed (a
