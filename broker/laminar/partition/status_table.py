@@ -21,6 +21,7 @@ Pure: no clock, no I/O (callers pass `now_ms`).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,7 @@ class StatusTable:
         }
 
 
-def leaders(view: dict[str, list[Row]]) -> dict[str, Row]:
+def leaders(view: Mapping[str, list[Row]]) -> dict[str, Row]:
     """Per group ("topic/partition"): the row of the replica that claims leadership in the
     highest term."""
     found: dict[str, Row] = {}

@@ -80,6 +80,7 @@ from ..partition.errors import (
     SequenceConflict,
 )
 from ..partition.replica import Replica
+from ..partition.status_table import leaders as view_leaders
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .groups_api import GroupsApi
 from .http import (
@@ -95,7 +96,7 @@ from .http import (
     unavailable,
 )
 from .metrics import BrokerMetrics
-from .node import Broker, View, view_leaders
+from .node import Broker, View
 
 log = logging.getLogger(__name__)
 #: A record header name is at most this many bytes of UTF-8 (the batch format's u16).

@@ -56,6 +56,7 @@ from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
 from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import Replica, topic_identity
+from ..partition.status_table import leaders as view_leaders
 from ..placement import Candidate, partition_key, place
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
@@ -1277,21 +1278,6 @@ class Broker:
 
 #: every member's hosted replicas, as `GET /v1/nodes/{id}/partitions` reports them
 View = Mapping[str, list[dict[str, Any]]]
-
-
-def view_leaders(view: View) -> dict[str, dict[str, Any]]:
-    """Per group ("topic/partition"): the report of the replica that claims leadership in the
-    highest term."""
-    leaders: dict[str, dict[str, Any]] = {}
-    for hosted in view.values():
-        for item in hosted:
-            if item.get("role") != "leader":
-                continue
-            group = f"{item['topic']}/{item['partition']}"
-            best = leaders.get(group)
-            if best is None or int(item["term"]) > int(best["term"]):
-                leaders[group] = item
-    return leaders
 
 
 def misplaced_partitions(

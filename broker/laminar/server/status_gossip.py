@@ -2,9 +2,10 @@
 published to its peers over the peer transport, and theirs merged as they arrive.
 
 Every CHECK_INTERVAL_S the broker compares the structure of what it hosts (groups, roles,
-leaders, terms, configurations, in-sync sets) with what it last published: a change is published at once,
-anything else at least every REFRESH_MS. A report is one node-level STATUS message to each
-alive peer (`index`: the report's version; one entry: the compressed rows).
+leaders, terms, configurations, in-sync sets) with what it last published: a change is
+published at once, anything else at least every REFRESH_MS. A report is one node-level
+STATUS message to each alive peer (`index`: the report's version; one entry: the compressed
+rows).
 """
 
 from __future__ import annotations
