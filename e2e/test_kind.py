@@ -425,15 +425,27 @@ def test_7_a_rolling_restart_hands_leaderships_over(kube: Kube) -> None:
     started = {p: kube.get(f"pod/{p}")["metadata"]["uid"] for p in pod_names(kube)}
     producer = Producer(kube, "rolling")
     wait_for_progress(kube, "demo-0", 200)
+
+    def spec_hash() -> str:
+        template = kube.get("statefulset/demo")["spec"]["template"]["metadata"]
+        return str((template.get("annotations") or {}).get("laminarmq.io/spec-hash"))
+
+    before = spec_hash()
     kube.kubectl("patch", "laminarcluster/demo", "--type=merge",
                  "-p", json.dumps({"spec": {"config": {"segmentBytes": 8 << 20}}}))  # fmt: skip
+    # the operator applied it: else the rollout awaited below is the old, finished one
+    wait_for("the StatefulSet's template of the new spec", lambda: spec_hash() != before)
     kube.kubectl("rollout", "status", "statefulset/demo", "--timeout=600s", timeout_s=660)
 
-    def replaced() -> bool:
-        return all(kube.get(f"pod/{p}")["metadata"]["uid"] != uid for p, uid in started.items())
+    def replaced_and_ready() -> bool:  # the pods themselves (the cluster's status lags them)
+        for name, uid in started.items():
+            pod = kube.get(f"pod/{name}")
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+            if pod["metadata"]["uid"] == uid or conditions.get("Ready") != "True":
+                return False
+        return True
 
-    wait_for("every broker pod replaced", replaced)
-    wait_for("3 brokers ready", lambda: cluster_status(kube).get("readyReplicas") == 3)
+    wait_for("every broker pod replaced and ready", replaced_and_ready)
     summary = producer.finish()
     # the Producer retried the 503s and 307s of the roll: no record failed
     assert summary["errors"] == 0, summary
