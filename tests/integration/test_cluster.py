@@ -12,6 +12,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,6 +137,49 @@ class Load:
             assert len(values) == len(set(values)), f"partition {partition} has duplicates"
             missing = self.acked[partition] - set(values)
             assert not missing, f"partition {partition} lost {len(missing)} acknowledged records"
+
+
+async def test_every_broker_holds_the_partition_status_its_leaders_report(
+    cluster3: LocalCluster,
+) -> None:
+    """The partition status table (`GET /v1/partitions`, asked of each broker) agrees with what
+    each partition's leader says of itself (`GET /v1/nodes/{id}/partitions`, answered by that
+    node): leader, term and replicas; and again once leaderships moved (a hand-off)."""
+    topic, partitions = "status-table", 6
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await client.create_topic(topic, partitions=partitions, replication_factor=3)
+        await wait_until("leaders", lambda: leaders_ready(client, topic, 3))
+
+        async def agree() -> object:
+            live: dict[int, Any] = {}
+            for node in cluster3.nodes:
+                for p in (await client.node_partitions(node)).partitions:
+                    best = live.get(p.partition)
+                    if (
+                        p.topic == topic
+                        and p.role == "leader"
+                        and (best is None or p.term > best.term)
+                    ):
+                        live[p.partition] = p
+            if set(live) != set(range(partitions)):
+                return f"leaders {sorted(live)}"
+            for url in cluster3.urls:
+                async with AsyncClient([url], token=cluster3.token) as one:
+                    table = {row.partition: row for row in await one.partitions(topic)}
+                for n, leader in live.items():
+                    row = table.get(n)
+                    if row is None or (row.leader, row.term, row.replicas) != (
+                        leader.leader, leader.term, leader.voters
+                    ):  # fmt: skip
+                        return f"{url}: partition {n} {row} but its leader says {leader}"
+            return True
+
+        await wait_until("every broker's table agreeing with the leaders", agree)
+        moved = (await client.describe_topic(topic)).partition_states[0].leader
+        assert moved is not None
+        await client.handoff(moved)
+        await wait_until("the tables agreeing after the hand-off", agree)
+        await client.delete_topic(topic)
 
 
 async def test_kill_leader_under_load(tmp_path: Path) -> None:
