@@ -114,6 +114,10 @@ INTEGER = re.compile(r"-?[0-9]+")
 COLLECT_INTERVAL_S = 3.0
 #: How long a description waits for fresh status reports of the other brokers.
 STATUS_REFRESH_S = 1.0
+#: How long a request for a partition hosted elsewhere looks for its leader (fresh status
+#: reports every LEADER_LOOKUP_INTERVAL_S) before it is answered 503.
+LEADER_LOOKUP_S = 2.0
+LEADER_LOOKUP_INTERVAL_S = 0.1
 #: How long a handoff waits for the leaderships to move.
 HANDOFF_TIMEOUT_S = 10.0
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
@@ -691,8 +695,17 @@ class Api:
     # ---- records ---------------------------------------------------------------------------
 
     async def _leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
-        """Where to send a request for a partition this broker does not host."""
+        """Where to send a request for a partition this broker does not host: its leader in
+        the status table. When the table knows none (a partition just made, a leader just
+        elected), fresh reports are asked for, for up to LEADER_LOOKUP_S, before 503."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_LOOKUP_S
         best = view_leaders(self.cluster_view()).get(group)
+        while best is None and loop.time() < deadline:
+            await self.broker.status.refresh(STATUS_REFRESH_S)
+            best = view_leaders(self.cluster_view()).get(group)
+            if best is None:
+                await asyncio.sleep(LEADER_LOOKUP_INTERVAL_S)
         return self._redirect(request, best["leader"] if best else None, group)
 
     async def append(self, request: web.Request) -> web.Response:

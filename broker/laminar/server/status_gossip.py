@@ -43,6 +43,7 @@ class StatusGossip:
         self._warned = 0.0
         #: set (and replaced) whenever a newer report is merged
         self._merged = asyncio.Event()
+        self._refreshing: asyncio.Future[None] | None = None
 
     def view(self) -> dict[str, list[Row]]:
         """Every alive member's hosted replicas: this broker's live, the others' reports."""
@@ -71,7 +72,14 @@ class StatusGossip:
 
     async def refresh(self, timeout_s: float) -> None:
         """Ask every alive peer for its report now, and wait (up to `timeout_s`) until each
-        has sent one: what `GET /v1/topics/{t}` shows is then as fresh as a round trip."""
+        has sent one: what `GET /v1/topics/{t}` shows is then as fresh as a round trip. One
+        refresh at a time: callers meanwhile share it (requests cannot multiply the reports
+        peers send)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh(timeout_s))
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self, timeout_s: float) -> None:
         broker = self.broker
         peers = sorted(broker.swim_alive() - {broker.id})
         if not peers:
