@@ -114,10 +114,9 @@ INTEGER = re.compile(r"-?[0-9]+")
 COLLECT_INTERVAL_S = 3.0
 #: How long a description waits for fresh status reports of the other brokers.
 STATUS_REFRESH_S = 1.0
-#: How long a request for a partition hosted elsewhere looks for its leader (fresh status
-#: reports every LEADER_LOOKUP_INTERVAL_S) before it is answered 503.
+#: How long a request for a partition hosted elsewhere looks for its leader in fresh status
+#: reports before it is answered 503.
 LEADER_LOOKUP_S = 2.0
-LEADER_LOOKUP_INTERVAL_S = 0.1
 #: How long a handoff waits for the leaderships to move.
 HANDOFF_TIMEOUT_S = 10.0
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
@@ -274,7 +273,7 @@ class Api:
         value = request.headers.get(METADATA_INDEX_HEADER)
         if value is None:
             return
-        if not (value.isascii() and value.isdigit() and len(value) <= 19):
+        if not (DIGITS.fullmatch(value) and len(value) <= 19):
             raise ApiError(
                 400, "bad_request", f"{METADATA_INDEX_HEADER} must be a non-negative integer"
             )
@@ -697,15 +696,19 @@ class Api:
     async def _leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
         """Where to send a request for a partition this broker does not host: its leader in
         the status table. When the table knows none (a partition just made, a leader just
-        elected), fresh reports are asked for, for up to LEADER_LOOKUP_S, before 503."""
+        elected), fresh reports are asked for, then the next ones awaited (a leader's report
+        goes out the moment it is elected), for up to LEADER_LOOKUP_S, before 503."""
+        status = self.broker.status
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LEADER_LOOKUP_S
         best = view_leaders(self.cluster_view()).get(group)
-        while best is None and loop.time() < deadline:
-            await self.broker.status.refresh(STATUS_REFRESH_S)
+        if best is None:
+            await status.refresh(STATUS_REFRESH_S)
             best = view_leaders(self.cluster_view()).get(group)
-            if best is None:
-                await asyncio.sleep(LEADER_LOOKUP_INTERVAL_S)
+        while best is None and (remaining := deadline - loop.time()) > 0:
+            if not await status.merged(remaining):
+                break
+            best = view_leaders(self.cluster_view()).get(group)
         return self._redirect(request, best["leader"] if best else None, group)
 
     async def append(self, request: web.Request) -> web.Response:

@@ -56,6 +56,7 @@ from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
 from ..partition.groups import now_ms
 from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import Replica, topic_identity
+from ..partition.signal import Signal
 from ..partition.status_table import leaders as view_leaders
 from ..placement import Candidate, partition_key, place
 from ..queue.state import QueueConfig
@@ -154,8 +155,8 @@ class Broker:
         self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix=f"fsync-{self.id}")
         self.meta_applied_index = -1  # last metadata-group index applied (no-ops included)
         self._meta_waiters: dict[int, tuple[int, asyncio.Future[MetadataError | None]]] = {}
-        #: set (and replaced) whenever meta_applied_index advances
-        self._meta_advanced = asyncio.Event()
+        #: notified whenever meta_applied_index advances
+        self._meta_advanced = Signal()
         self._dead_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._was_member: set[str] = set()
@@ -851,20 +852,16 @@ class Broker:
                 self._after_metadata(command)
         self.meta_applied_index = max(self.meta_applied_index, last)
         self._control_due = True
-        self._meta_advanced.set()
-        self._meta_advanced = asyncio.Event()
+        self._meta_advanced.notify()
 
     async def metadata_applied(self, index: int, timeout_s: float) -> bool:
         """Wait until this node has applied the metadata group up to `index` (False: not
         within `timeout_s`)."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while self.meta_applied_index < index:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._meta_advanced.wait(), remaining)
-            except TimeoutError:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await self._meta_advanced.wait(remaining):
                 return False
         return True
 

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..partition import status_table
+from ..partition.signal import Signal
 from ..partition.status_table import ReportError, Row, StatusTable
 from ..raft.messages import Entry, Message, MessageType
 
@@ -41,8 +42,8 @@ class StatusGossip:
         self._published: tuple[tuple[Any, ...], ...] | None = None
         self._published_ms = 0
         self._warned = 0.0
-        #: set (and replaced) whenever a newer report is merged
-        self._merged = asyncio.Event()
+        #: notified whenever a newer report is merged
+        self._merged = Signal()
         self._refreshing: asyncio.Future[None] | None = None
 
     def view(self) -> dict[str, list[Row]]:
@@ -67,8 +68,11 @@ class StatusGossip:
                 log.warning("status report from %s ignored: %s", message.src, e)
             return
         if self.table.merge(message.src, message.index, rows, _now_ms()):
-            self._merged.set()
-            self._merged = asyncio.Event()
+            self._merged.notify()
+
+    async def merged(self, timeout_s: float) -> bool:
+        """Wait for the next newer report of any peer (False: none within `timeout_s`)."""
+        return await self._merged.wait(timeout_s)
 
     async def refresh(self, timeout_s: float) -> None:
         """Ask every alive peer for its report now, and wait (up to `timeout_s`) until each
@@ -88,15 +92,12 @@ class StatusGossip:
         broker.send_node_messages(
             Message(MessageType.STATUS, "", broker.id, peer, 0) for peer in peers
         )
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while any(self.table.version_of(p) == before[p] for p in peers):
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await self._merged.wait(remaining):
                 return  # a peer that does not answer: its last report stands
-            try:
-                await asyncio.wait_for(self._merged.wait(), remaining)
-            except TimeoutError:
-                return
 
     def forget(self, node: str) -> None:
         self.table.forget(node)
