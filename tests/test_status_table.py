@@ -31,6 +31,9 @@ def test_the_newest_report_of_each_alive_broker_counts() -> None:
     view = table.view({"n2", "n3"}, now_ms=2_000)
     assert view["n2"][0]["role"] == "leader" and set(view) == {"n2", "n3"}
     assert set(table.view({"n3"}, now_ms=2_000)) == {"n3"}  # n2 not alive
+    fresh_only = table.view({"n2", "n3"}, now_ms=1_000 + status_table.FRESH_MS + 1,
+                            max_age_ms=status_table.FRESH_MS)  # fmt: skip
+    assert fresh_only == {}  # (what dropping a replica may act on)
     stale = 1_000 + status_table.STALE_MS + 1
     assert table.view({"n2", "n3"}, now_ms=stale) == {}
     table.forget("n2")

@@ -31,6 +31,10 @@ import orjson
 REFRESH_MS = 1_000
 #: A report older than this is left out of the view (its broker stopped reporting to us).
 STALE_MS = 5_000
+#: What dropping a replica may act on: reports this fresh only, so that two looks some
+#: seconds apart read two reports, never one report twice (a leader that stopped
+#: reporting to us drops nothing).
+FRESH_MS = 2 * REFRESH_MS
 #: A report this large (decompressed) is refused: 4,096 replicas of ~300 bytes fit 5 times.
 MAX_REPORT_BYTES = 8 << 20
 #: The fields of a row, and the types each must have.
@@ -115,12 +119,14 @@ class StatusTable:
         held = self._reports.get(node)
         return None if held is None else held.version
 
-    def view(self, alive: set[str], now_ms: int) -> dict[str, list[Row]]:
-        """Each alive broker's rows, from reports no older than STALE_MS."""
+    def view(
+        self, alive: set[str], now_ms: int, max_age_ms: int = STALE_MS
+    ) -> dict[str, list[Row]]:
+        """Each alive broker's rows, from reports no older than `max_age_ms`."""
         return {
             node: report.rows
             for node, report in self._reports.items()
-            if node in alive and now_ms - report.received_ms <= STALE_MS
+            if node in alive and now_ms - report.received_ms <= max_age_ms
         }
 
 

@@ -71,6 +71,7 @@ from ..metadata import (
     SetWeight,
 )
 from ..metadata.state import Topic
+from ..partition import status_table
 from ..partition.errors import (
     CommitLost,
     CommitUnknown,
@@ -212,8 +213,8 @@ class Api:
             await asyncio.sleep(COLLECT_INTERVAL_S)
             if not self.broker.replicas:
                 continue
-            try:
-                view = self.cluster_view()
+            try:  # fresh reports only: each look reads newer ones than the last
+                view = self.broker.status.view(status_table.FRESH_MS)
                 self.broker.collect_removed(view)
             except Exception:  # keep collecting; a failed round is retried
                 log.exception("collecting removed replicas failed")

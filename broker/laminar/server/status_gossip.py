@@ -46,10 +46,11 @@ class StatusGossip:
         self._merged = Signal()
         self._refreshing: asyncio.Future[None] | None = None
 
-    def view(self) -> dict[str, list[Row]]:
-        """Every alive member's hosted replicas: this broker's live, the others' reports."""
+    def view(self, max_age_ms: int = status_table.STALE_MS) -> dict[str, list[Row]]:
+        """Every alive member's hosted replicas: this broker's live, the others' reports no
+        older than `max_age_ms`."""
         broker = self.broker
-        view = self.table.view(broker.swim_alive(), _now_ms())
+        view = self.table.view(broker.swim_alive(), _now_ms(), max_age_ms)
         view.pop(broker.id, None)
         return {broker.id: broker.hosted(), **view}
 
