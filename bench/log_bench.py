@@ -1,9 +1,14 @@
-"""Benchmark the laminar commit log (append, group commit, reopen, read) against raw file I/O."""
+"""Benchmark laminar's segmented log against raw file I/O: append, durable append, reopen, read.
+
+The log is `SegmentedLog`, driven as the broker drives it (raft/log_storage.py, server/node.py):
+appends only write, and `sync` is one fdatasync covering everything written before it. fsync
+`always` appends one batch and syncs it before the next; `always xN` is group commit, N
+producers' batches written in one round and made durable by that round's one `sync`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import math
@@ -21,7 +26,6 @@ from typing import Any, ClassVar
 
 from laminar.log import (
     BATCH_HEADER_BYTES,
-    CommitLog,
     FileDirectory,
     FsyncPolicy,
     LogConfig,
@@ -136,7 +140,7 @@ class CaseResult:
     value_bytes: int
     count: int
     batch: int
-    fsync: str  # "never", "always" (one producer) or "always xN" (N concurrent producers)
+    fsync: str  # "never", "always" (one producer) or "always xN" (rounds of N batches)
     concurrency: int
     batch_bytes: int
     records_written: int
@@ -282,60 +286,52 @@ def write_never(path: str, schedule: list[bytes], budget_ns: int) -> WriteStats:
     return WriteStats(records, len(latencies), nbytes, seconds, capped, latencies, close_ms)
 
 
-async def write_always(
-    path: str, schedule: list[bytes], budget_ns: int, concurrency: int
-) -> WriteStats:
-    """CommitLog.append under fsync=always from `concurrency` producers, each await timed.
+def write_always(path: str, schedule: list[bytes], budget_ns: int, concurrency: int) -> WriteStats:
+    """SegmentedLog under fsync=always as the broker's driver uses it: rounds of `concurrency`
+    batches (one from each of that many concurrent producers), each round appended and then
+    made durable by one `sync`, so its batches share one fdatasync (group commit).
 
-    With one producer every append waits for its own fdatasync; with more, appends written
-    while a sync runs share the next one (group commit).
+    Each batch's latency is its round's time, from the round's first write to the end of its
+    fdatasync (every producer in a round waits for all of it); with concurrency 1 every batch
+    is its own round: append, then fdatasync. Not included: the broker's hand-off of the sync
+    to a worker thread, and a producer's wait for the round in flight when its batch arrives.
     """
-    clog = await CommitLog.open(FileDirectory(path), log_config("always"))
+    log = SegmentedLog.open(FileDirectory(path), log_config("always"))
     latencies = array("q")
-    add = latencies.append
+    append, sync = log.append, log.sync
     clock = time.perf_counter_ns
-    batches = iter(schedule)  # shared by the producers
-    totals = {"bytes": 0}
-    stop = False
+    per_round = max(1, concurrency)
+    nbytes = 0
     start = clock()
     deadline = start + budget_ns
-
-    async def producer() -> None:
-        nonlocal stop
-        nbytes = 0
-        for batch in batches:
-            t0 = clock()
-            await clog.append(batch)
-            t1 = clock()
-            add(t1 - t0)
-            nbytes += len(batch)
-            if stop or t1 >= deadline:
-                stop = True
-                break
-        totals["bytes"] += nbytes
-
-    if concurrency <= 1:
-        await producer()
-    else:
-        await asyncio.gather(*(producer() for _ in range(concurrency)))
+    for first in range(0, len(schedule), per_round):
+        round_ = schedule[first : first + per_round]
+        t0 = clock()
+        for batch in round_:
+            append(batch)
+        sync()
+        t1 = clock()
+        latencies.extend([t1 - t0] * len(round_))
+        nbytes += sum(len(batch) for batch in round_)
+        if t1 >= deadline:
+            break
     seconds = (clock() - start) / 1e9
-    records = clog.next_index - clog.start_index
+    records = log.next_index - log.start_index
     t0 = clock()
-    await clog.close()
+    log.close()
     close_ms = (clock() - t0) / 1e6
     capped = len(latencies) < len(schedule)
-    nbytes = totals["bytes"]
     return WriteStats(records, len(latencies), nbytes, seconds, capped, latencies, close_ms)
 
 
-async def durable_ab(
+def durable_ab(
     work_dir: str, schedule: list[bytes], block_writes: int, max_writes: int, budget_ns: int
 ) -> dict[str, float]:
-    """Ours (CommitLog, fsync=always, one producer) against raw os.write+fdatasync of the same
-    bytes, interleaved in alternating blocks (the order flips every block) so that drift in
-    this VM's disk speed lands on both sides alike. Same bytes each side: the ratio of times
-    is the ratio of throughputs."""
-    clog = await CommitLog.open(os.path.join(work_dir, "ab-log"), log_config("always"))
+    """Ours (SegmentedLog.append then sync per batch, fsync=always) against raw
+    os.write+fdatasync of the same bytes, interleaved in alternating blocks (the order flips
+    every block) so that drift in this VM's disk speed lands on both sides alike. Same bytes
+    each side: the ratio of times is the ratio of throughputs."""
+    log = SegmentedLog.open(FileDirectory(os.path.join(work_dir, "ab-log")), log_config("always"))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(os.path.join(work_dir, "ab-raw"), flags, 0o644)
     clock = time.perf_counter_ns
@@ -350,7 +346,8 @@ async def durable_ab(
                 t0 = clock()
                 if side == "ours":
                     for batch in batches:
-                        await clog.append(batch)
+                        log.append(batch)
+                        log.sync()
                 else:
                     for batch in batches:
                         os.write(fd, batch)
@@ -361,7 +358,7 @@ async def durable_ab(
             block += 1
     finally:
         os.close(fd)
-        await clog.close()
+        log.close()
         shutil.rmtree(os.path.join(work_dir, "ab-log"), ignore_errors=True)
         os.unlink(os.path.join(work_dir, "ab-raw"))
     return {
@@ -563,8 +560,8 @@ def run_cases(
     """The cases of one size/count/batch, each with raw runs right before and after it.
 
     never:  raw write, ours, raw write (same number of writes as ours).
-    always: raw sync, ours (1 producer), raw sync, ours (N producers), raw sync; each case is
-    compared with the better raw run on either side of it.
+    always: raw sync, ours (1 producer), raw sync, ours (rounds of N batches, one sync each),
+    raw sync; each case is compared with the better raw run on either side of it.
     """
     value_bytes = SIZES[size]
     schedule = make_schedule(pool, value_bytes, batch, count)
@@ -602,14 +599,14 @@ def run_cases(
     if "always" in fsyncs:
         before = raw(len(schedule), True)
         settle()
-        written = asyncio.run(write_always(ours_dir("always"), schedule, budget_ns, 1))
+        written = write_always(ours_dir("always"), schedule, budget_ns, 1)
         read = read_and_remove("always", written, True)
         between = raw(written.batches, True)
         report("always", 1, written, read, [before, between], True)
         if concurrency > 1:
             label = f"always x{concurrency}"
             settle()
-            written = asyncio.run(write_always(ours_dir(label), schedule, budget_ns, concurrency))
+            written = write_always(ours_dir(label), schedule, budget_ns, concurrency)
             read = read_and_remove(label, written, True)
             after = raw(written.batches, True)
             report(label, concurrency, written, read, [between, after], True)
@@ -699,11 +696,12 @@ def print_case_header(max_seconds: float, concurrency: int) -> None:
     )
     print(
         "ratio = MB/s / raw MB/s; rd = read_range(4 MiB) after reopen vs raw os.pread(4 MiB); "
-        "latency per append call (always: per await, incl. fdatasync)."
+        "latency per batch (always: append through the fdatasync covering it)."
     )
     print(
         f"* after 'written' or 'rd MB/s': cut by --max-seconds={max_seconds:g}; "
-        f"'always x{concurrency}' = {concurrency} concurrent producers (group commit)."
+        f"'always x{concurrency}' = rounds of {concurrency} batches, one sync each (group "
+        "commit)."
     )
     print()
     print(format_row([name for name, _ in COLUMNS]))
@@ -962,8 +960,9 @@ def print_verify_table(results: list[VerifyResult], max_seconds: float) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=(
-            "Benchmark laminar's segmented commit log (fsync never/always, group commit, "
-            "reopen, sequential read) against raw os.write/fdatasync/pread on the same disk."
+            "Benchmark laminar's segmented log (fsync never/always, group commit as the broker "
+            "does it, reopen, sequential read) against raw os.write/fdatasync/pread on the "
+            "same disk."
         )
     )
     parser.add_argument(
@@ -1001,7 +1000,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=int,
         default=8,
-        help="producers in the concurrent 'always xN' case (<= 1 skips it; default 8)",
+        help="batches per round (one sync each) in the group-commit 'always xN' case "
+        "(<= 1 skips it; default 8)",
     )
     parser.add_argument(
         "--dir",
@@ -1108,14 +1108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ab_dir = tempfile.mkdtemp(prefix="laminar-bench-ab-", dir=args.dir)
         try:
             settle()
-            ab = asyncio.run(
-                durable_ab(
-                    ab_dir,
-                    schedule,
-                    AB_BLOCK_WRITES,
-                    AB_QUICK_WRITES if args.quick else AB_WRITES,
-                    budget_ns,
-                )
+            ab = durable_ab(
+                ab_dir,
+                schedule,
+                AB_BLOCK_WRITES,
+                AB_QUICK_WRITES if args.quick else AB_WRITES,
+                budget_ns,
             )
         finally:
             shutil.rmtree(ab_dir, ignore_errors=True)

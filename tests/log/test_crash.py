@@ -1,8 +1,9 @@
-"""Real crashes: a child process appending with fsync=always is killed with SIGKILL.
+"""Real crashes: a child process appending to a SegmentedLog is killed with SIGKILL.
 
-On reopen, every append the child reported durable is present, in order, with its content,
-and no torn batch is ever served. The log is killed several times in a row, so recovery also
-runs on logs that were recovered before.
+The child (crash_child.py) appends in rounds and acknowledges a round's batches once one
+`sync` covers them, as the broker's driver does. On reopen, every batch it acknowledged is
+present, in order, with its content, and no torn batch is ever served. The log is killed
+several times in a row, so recovery also runs on logs that were recovered before.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ KILLS = 6
 MAX_CHILD_SECONDS = 20
 
 
-def run_and_kill(path: str, seed: int, acks_before_kill: int) -> list[tuple[int, int, int]]:
+def run_and_kill(
+    path: str, seed: int, acks_before_kill: int, delay_s: float
+) -> list[tuple[int, int, int]]:
+    """Run the child until it has acknowledged `acks_before_kill` batches, then `delay_s`
+    more (so the kill lands anywhere in a round, not just after a sync); SIGKILL it."""
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.log.crash_child", path, str(seed)],
         cwd=REPO,
@@ -45,6 +50,7 @@ def run_and_kill(path: str, seed: int, acks_before_kill: int) -> list[tuple[int,
             if line.startswith("ack "):
                 _, base, tag, count = line.split()
                 acks.append((int(base), int(tag), int(count)))
+        time.sleep(delay_s)
     finally:
         child.send_signal(signal.SIGKILL)
         rest, _ = child.communicate(timeout=30)
@@ -63,7 +69,8 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path: Path, seed:
     acknowledged: dict[int, tuple[int, int]] = {}
     cuts = 0
     for _ in range(KILLS):
-        for base, tag, count in run_and_kill(path, seed, rng.randint(20, 400)):
+        kill = run_and_kill(path, seed, rng.randint(20, 400), rng.uniform(0, 0.01))
+        for base, tag, count in kill:
             acknowledged[base] = (tag, count)
         log = SegmentedLog.open(FileDirectory(path), CONFIG)
         cuts += bool(log.recovery.cuts)

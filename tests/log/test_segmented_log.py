@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,8 @@ from laminar.log import (
     BatchFramingError,
     BatchTooLargeError,
     Directory,
+    FileDirectory,
+    FsyncPolicy,
     IndexOutOfRangeError,
     LogClosedError,
     LogConfig,
@@ -21,6 +27,7 @@ from laminar.log import (
     MemoryDirectory,
     NotBatchBoundaryError,
     SegmentedLog,
+    SegmentError,
     decode_batch,
     parse_header,
     split_batches,
@@ -28,6 +35,7 @@ from laminar.log import (
 )
 from laminar.log.batch import stamp_header
 from laminar.log.segment import index_name, store_name
+from laminar.log.storage import FileStorage, MemoryStorage
 
 from .helpers import make_batch, read_records
 
@@ -371,7 +379,116 @@ def test_closed_log_refuses_everything(directory_factory):
             call()
 
 
-# ---- streaming appends (sync core; the asyncio driver is tested in test_commit_log) ----------
+# ---- durability: what the broker's group commit relies on ----------------------------------
+
+
+class CountingFileDirectory(FileDirectory):
+    """A real directory that counts fdatasync calls on its files."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.syncs = 0
+
+    def open(self, name: str, *, create: bool) -> FileStorage:
+        storage = super().open(name, create=create)
+        real_sync = storage.sync
+
+        def counted() -> None:
+            self.syncs += 1
+            real_sync()
+
+        storage.sync = counted  # type: ignore[method-assign]
+        return storage
+
+
+class CountingMemoryDirectory(MemoryDirectory):
+    """An in-memory directory that counts syncs of its files (each file object once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs = 0
+
+    def open(self, name: str, *, create: bool) -> MemoryStorage:
+        storage = super().open(name, create=create)
+        if not hasattr(storage, "counted"):
+            real_sync = storage.sync
+
+            def counted() -> None:
+                self.syncs += 1
+                real_sync()
+
+            storage.sync = counted  # type: ignore[method-assign]
+            storage.counted = True  # type: ignore[attr-defined]
+        return storage
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_appends_do_not_fdatasync_and_one_sync_covers_them_all(backend: str, tmp_path: Path):
+    """A broker round writes many batches and then syncs the log once: under fsync=always the
+    appends must not fdatasync themselves, and that one sync must be one fdatasync."""
+    directory: CountingFileDirectory | CountingMemoryDirectory
+    if backend == "memory":
+        directory = CountingMemoryDirectory()
+    else:
+        directory = CountingFileDirectory(str(tmp_path / "log"))
+    config = LogConfig(segment_bytes=1 << 20, fsync=FsyncPolicy.ALWAYS)
+    log = SegmentedLog.open(directory, config)
+    directory.syncs = 0
+    fill(log, 100)
+    assert directory.syncs == 0
+    assert log.sync() == 300
+    assert directory.syncs == 1
+    log.close()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_power_cut_keeps_every_synced_round(seed: int):
+    """Rounds of appends, each acknowledged after one sync (as the broker's driver does),
+    across segment rolls; the power goes part way through a round (unsynced bytes lost, a
+    torn prefix may remain). Every acknowledged batch survives, at its index."""
+    rng = random.Random(seed)
+    directory = MemoryDirectory()
+    log = SegmentedLog.open(directory, SMALL)
+    acknowledged: dict[int, int] = {}  # base index -> tag
+    tag = 0
+    for round_ in range(rng.randint(1, 60)):
+        written = {}
+        for _ in range(rng.randint(1, 6)):
+            written[log.append(make_batch(tag, records=rng.randint(1, 4))).base_index] = tag
+            tag += 1
+        if round_ > 0 and rng.random() < 0.2:
+            break  # the power goes before this round's sync
+        log.sync()
+        acknowledged.update(written)
+    directory.crash(rng)  # no close: the process is gone
+
+    recovered = SegmentedLog.open(directory, SMALL)
+    values = dict(read_records(recovered))
+    assert acknowledged
+    for base, acked in acknowledged.items():
+        assert values[base] == f"{acked}.0".encode().ljust(20, b".")
+    assert recovered.next_index >= max(acknowledged) + 1
+
+
+def test_a_failed_fdatasync_raises_from_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An fdatasync error reaches the caller of `sync` (the broker's round, which then sends
+    no acknowledgement): it is never reported as durable."""
+    directory = FileDirectory(str(tmp_path / "log"))
+    log = SegmentedLog.open(directory, SMALL)
+    fill(log, 2)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fdatasync", failing)
+        with pytest.raises(SegmentError, match="Input/output error"):
+            log.sync()
+    assert log.sync() == 6
+    log.close()
+
+
+# ---- streaming appends (begin_stream: a batch whose payload arrives in chunks) -------------
 
 
 def stream_in_chunks(log: SegmentedLog, batch: bytes, chunk_bytes: int, **kwargs) -> int:

@@ -1,7 +1,8 @@
 """The segmented commit log: record-batch codec, store, sparse index, segments, retention.
 
-Layers, each using only the one below: storage → store / index → segment → segmented log →
-commit log (asyncio, fsync policy, group commit, streaming appends).
+Layers, each using only the one below: storage → store / index → segment → segmented log.
+The broker drives the segmented log itself (raft/log_storage.py; group commit: the driver
+writes a round's batches, then one `sync` per log makes them durable).
 """
 
 from .batch import (
@@ -16,7 +17,6 @@ from .batch import (
     split_batches,
     verify_batch,
 )
-from .commit_log import CommitLog
 from .config import FsyncPolicy, LogConfig
 from .errors import (
     AppendInProgressError,
@@ -51,7 +51,6 @@ __all__ = [
     "BatchFramingError",
     "BatchHeader",
     "BatchTooLargeError",
-    "CommitLog",
     "CorruptBatchError",
     "Directory",
     "FileDirectory",

@@ -2,8 +2,12 @@
 
 Appends go to the last (active) segment, which rolls at `segment_bytes`. Reads return whole,
 checksum-verified batches as one byte range. `truncate` cuts at a batch boundary (Raft log
-repair); retention removes whole sealed segments from the front. Durability policy and the
-asyncio front (group commit, streaming appends from a byte stream) live in `commit_log`.
+repair); retention removes whole sealed segments from the front. An append does not
+fdatasync what it writes (only a roll syncs the segment it seals): `sync` does, once for
+everything appended before it, so a caller that writes a round of batches and then syncs once
+shares one fdatasync among them (the broker's group commit, node/core.py). The fsync policy
+decides only whether the log's own structural changes (recovery, rolls, truncation, retention,
+reset) are synced as they happen.
 
 Invariants (checked on open): segments[i + 1].base_index == segments[i].next_index; only the
 last segment takes appends; start_index == segments[0].base_index.
@@ -216,6 +220,11 @@ class SegmentedLog:
             segments.append(Segment.create(directory, first, clock_ms(), sync=sync))
         elif segments[-1].sealed:
             last = segments[-1]
+            if last.next_index == last.base_index:
+                # sealed before a crash, then cut to nothing (damage at its first batch):
+                # a new active segment takes its name
+                segments.pop()
+                last.remove_files()
             segments.append(Segment.create(directory, last.next_index, clock_ms(), sync=sync))
         if sync:
             # What recovery kept may sit only in the page cache after a process crash.
@@ -390,11 +399,6 @@ class SegmentedLog:
         next_index = self.next_index
         self._active.sync()
         return next_index
-
-    def sync_target(self) -> tuple[int, Segment]:
-        """(next_index, segment) to sync from another thread: syncing that segment makes
-        everything below next_index durable."""
-        return self.next_index, self._active
 
     # ---- reads -----------------------------------------------------------------------------
 
