@@ -3,11 +3,13 @@
 The log above sees only `Directory` and `Storage`. `FileDirectory` uses real files, pwritev,
 fdatasync and directory fsync. `MemoryDirectory` keeps bytes in memory and models durability
 exactly: `crash()` throws away every byte and every file creation or removal that was not synced,
-optionally leaving a torn prefix of the unsynced tail, as a power cut would.
+optionally leaving a torn prefix of the unsynced tail, as a power cut would. Given a capacity,
+it also models a full disk: a write that would grow its files past it fails (`NoSpaceError`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Sequence
@@ -15,6 +17,11 @@ from typing import Protocol
 
 from .batch import Buffer
 from .errors import StorageError
+
+
+class NoSpaceError(StorageError, OSError):
+    """A write refused for want of space (errno ENOSPC), by a `MemoryDirectory` given a
+    capacity: both the log's storage error and the OSError a real full disk raises."""
 
 
 class Storage(Protocol):
@@ -154,8 +161,9 @@ class FileDirectory:
 class MemoryStorage:
     """An in-memory file that remembers what was synced."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, directory: MemoryDirectory | None = None) -> None:
         self.name = name
+        self._directory = directory  # whose capacity its writes count against
         self.data = bytearray()
         self.durable = bytearray()
         self._dirty_from: int | None = None  # lowest position changed since the last sync
@@ -171,8 +179,17 @@ class MemoryStorage:
         if self._dirty_from is None or position < self._dirty_from:
             self._dirty_from = position
 
+    def _reserve(self, end: int) -> None:
+        """Refuse (ENOSPC) to grow to `end` bytes past the directory's capacity."""
+        directory, growth = self._directory, end - len(self.data)
+        if directory is None or directory.capacity_bytes is None or growth <= 0:
+            return
+        if directory.used_bytes() + growth > directory.capacity_bytes:
+            raise NoSpaceError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.name)
+
     def write(self, position: int, parts: Sequence[Buffer]) -> None:
         self._touch(position)
+        self._reserve(position + sum(len(part) for part in parts))
         if position > len(self.data):
             self.data.extend(bytes(position - len(self.data)))
         for part in parts:
@@ -190,6 +207,7 @@ class MemoryStorage:
 
     def truncate(self, size: int) -> None:
         self._touch(min(size, len(self.data)))
+        self._reserve(size)
         if size < len(self.data):
             del self.data[size:]
         else:
@@ -219,18 +237,23 @@ class MemoryDirectory:
 
     sync_blocks = False
 
-    def __init__(self) -> None:
+    def __init__(self, capacity_bytes: int | None = None) -> None:
         self.files: dict[str, MemoryStorage] = {}
         self._durable_files: dict[str, MemoryStorage] = {}
+        #: the bytes its files may hold in all (None: no limit); may change at any time
+        self.capacity_bytes = capacity_bytes
 
     def names(self) -> list[str]:
         return sorted(self.files)
+
+    def used_bytes(self) -> int:
+        return sum(len(storage.data) for storage in self.files.values())
 
     def open(self, name: str, *, create: bool) -> MemoryStorage:
         if create:
             if name in self.files:
                 raise StorageError(f"{name} already exists")
-            self.files[name] = MemoryStorage(name)
+            self.files[name] = MemoryStorage(name, self)
         elif name not in self.files:
             raise StorageError(f"{name} does not exist")
         storage = self.files[name]

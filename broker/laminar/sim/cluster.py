@@ -2,12 +2,16 @@
 
 N nodes run the real `laminar.raft` core over the real segmented log on `MemoryDirectory`
 storage, so a crash loses exactly what was not fsynced (optionally leaving a torn tail). A
-virtual clock drives ticks and message delivery; the network drops, duplicates, delays
-(reordering) and partitions; nodes crash (also in the middle of persisting a Ready) and
-restart; leaders change membership; replicas compact their logs, so laggards need snapshots;
-a bit flips in a stored batch (then the node restarts, or reads meet it), and the damaged
-replica repairs as the broker's do (`laminar.raft.repair`: opened or reopened cut at the
-damage, with a repair floor), one damaged replica per group at a time.
+virtual clock drives ticks and message delivery; leaders change membership; replicas compact
+their logs, so laggards need snapshots. The faults are pluggable injectors
+(`laminar.sim.faults`, listed in `SimConfig.injectors` or built from its rates): the network
+drops, duplicates, delays and reorders messages and partitions; nodes crash (also in the
+middle of persisting a Ready, after the write and before the fsync) and restart; a node's
+clock jumps ahead (a burst of ticks at once; its wall clock stays ahead); a node's disk fills
+up, so that its next growing write fails with ENOSPC and the node fail-stops, to restart once
+the disk has room again; a bit flips in a stored batch (then the node restarts, or reads meet
+it), and the damaged replica repairs as the broker's do (`laminar.raft.repair`: opened or
+reopened cut at the damage, with a repair floor), one damaged replica per group at a time.
 After every step the invariants are checked: election safety, log matching, leader
 completeness, state-machine safety, and that no entry acknowledged to a client is lost.
 
@@ -17,6 +21,8 @@ wall clock is read. A failing seed replays exactly.
 
 from __future__ import annotations
 
+import copy
+import errno
 import heapq
 import random
 from collections import defaultdict, deque
@@ -43,6 +49,19 @@ from ..raft.raft import ProposalDropped, Raft, Ready, Role
 from ..raft.repair import Damage, last_entry, open_raft
 from ..raft.round import plan
 from ..raft.storage import StorageUnavailable, stored_entries
+from .faults import (
+    BitFlip,
+    ClockJump,
+    Crash,
+    CrashMidWrite,
+    Delay,
+    DiskFull,
+    Drop,
+    Duplicate,
+    FaultInjector,
+    Partition,
+    Reorder,
+)
 
 TICK_MS = 10
 LOG_CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
@@ -71,11 +90,40 @@ class SimConfig:
     conf_change_rate: float = 0.01  # per group per tick
     compact_rate: float = 0.005  # per node per group per tick
     corrupt_rate: float = 0.01  # per tick: a bit flips in a batch a node stored
+    # (the faults below came later: off unless a scenario turns them on, as `SCENARIO` does)
+    reorder_rate: float = 0.0  # per message: held back 50-250 ms, overtaken by later ones
+    clock_jump_rate: float = 0.0  # per tick: a node's clock jumps 2-8 ticks ahead
+    disk_full_rate: float = 0.0  # per tick: a node's disk fills up (for 5-40 ticks)
     raft: RaftConfig = field(
         default_factory=lambda: RaftConfig(
             election_ticks=10, heartbeat_ticks=2, max_append_bytes=4096
         )
     )
+    #: the faults to inject, in this order (each run works on its own copies); None: the
+    #: injectors of the rates above (`fault_injectors`)
+    injectors: tuple[FaultInjector, ...] | None = None
+
+    def fault_injectors(self) -> list[FaultInjector]:
+        """The injectors of a run: `injectors` if given, else one per non-zero rate."""
+        if self.injectors is not None:
+            return copy.deepcopy(list(self.injectors))
+        rated: list[tuple[float, FaultInjector]] = [
+            (self.drop_rate, Drop(self.drop_rate)),
+            (self.duplicate_rate, Duplicate(self.duplicate_rate)),
+            (self.max_delay_ms, Delay(self.max_delay_ms)),
+            (self.reorder_rate, Reorder(self.reorder_rate)),
+            (self.partition_rate, Partition(self.partition_rate)),
+            (self.crash_rate, Crash(self.crash_rate)),
+            (self.corrupt_rate, BitFlip(self.corrupt_rate)),
+            (self.clock_jump_rate, ClockJump(self.clock_jump_rate)),
+            (self.disk_full_rate, DiskFull(self.disk_full_rate)),
+            (self.crash_in_persist_rate, CrashMidWrite(self.crash_in_persist_rate)),
+        ]
+        return [injector for rate, injector in rated if rate > 0]
+
+
+#: the Raft scenario (`python -m laminar.sim`): every fault
+SCENARIO = SimConfig(reorder_rate=0.01, clock_jump_rate=0.005, disk_full_rate=0.005)
 
 
 @dataclass
@@ -90,6 +138,8 @@ class SimNode:
     bootstrap: dict[str, ConfState] = field(default_factory=dict)
     #: group -> first damaged index a read met: the group reopens repaired
     damaged: dict[str, int] = field(default_factory=dict)
+    #: how far its wall clock runs ahead of the simulation's (`ClockJump`)
+    clock_offset_ms: int = 0
 
 
 class Simulation:
@@ -97,7 +147,11 @@ class Simulation:
 
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         self.seed = seed
-        self.config = config or SimConfig()
+        self.config = config or SCENARIO
+        self.injectors = self.config.fault_injectors()
+        # those that take part in sending and delivering (the others would cost a call each)
+        self.senders = [i for i in self.injectors if _overrides(i, "on_send")]
+        self.filters = [i for i in self.injectors if _overrides(i, "delivers")]
         self.rng = random.Random(seed)
         self.now_ms = 0
         self.trace: deque[tuple[int, str | Message]] = deque(maxlen=TRACE_LINES)
@@ -105,7 +159,6 @@ class Simulation:
         self.group_names = [f"g{i}" for i in range(len(self.config.groups))]
         self.in_flight: list[tuple[int, int, Message]] = []
         self.message_seq = 0
-        self.partition: tuple[frozenset[str], int] | None = None  # (one side, until_ms)
         # invariants
         self.leaders: dict[tuple[str, int], str] = {}
         self.entries_seen: dict[tuple[str, int, int], tuple[int, tuple[int, int]]] = {}
@@ -123,7 +176,10 @@ class Simulation:
             "confs": 0,
             "bit_flips": 0,
             "repairs": 0,
+            "disk_full_crashes": 0,
         }
+        for injector in self.injectors:
+            self.stats.setdefault(injector.stat, 0)
         #: group -> (node, index) of a bit flip, until that replica no longer holds it damaged
         #: (damage on a majority of a group is beyond what replication can survive)
         self.unrepaired: dict[str, tuple[str, int]] = {}
@@ -158,9 +214,10 @@ class Simulation:
         assert node.multi is not None
         node.bootstrap.setdefault(group, conf)
         if group not in node.directories:
-            node.directories[group] = MemoryDirectory()
+            full = self._disk_full(node)
+            node.directories[group] = MemoryDirectory(0 if full else None)
         directory = node.directories[group]
-        log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.now_ms)
+        log = SegmentedLog.open(directory, LOG_CONFIG, clock_ms=lambda: self.clock_ms(node))
         storage = LogStorage(directory, log, conf=conf, joining=joining)
         node.storages[group] = storage
         damage = None
@@ -190,39 +247,6 @@ class Simulation:
             node.multi.remove(group)
             node.storages[group].log.close()
             self._host(node, group, conf, repair_at=index)
-
-    def _flip_bit(self) -> None:
-        """Damage one stored batch of a live node's group (its payload, where only the
-        checksum can tell), then restart the node, sometimes without the segment's index file
-        so that opening it scans the damage."""
-        config, rng = self.config, self.rng
-        choices = [
-            (node, group)
-            for node in self._alive()
-            for group in sorted(node.storages)
-            if group not in self.unrepaired
-            and node.storages[group].log.start_index < node.storages[group].log.next_index
-        ]
-        if not choices or rng.random() >= config.corrupt_rate:
-            return
-        node, group = rng.choice(choices)
-        log = node.storages[group].log
-        index = rng.randrange(log.start_index, log.next_index)
-        name, start, end = log.batch_location(index)
-        if end - start <= BATCH_HEADER_BYTES:
-            return
-        position = rng.randrange(start + BATCH_HEADER_BYTES, end)
-        directory = node.directories[group]
-        for data in (directory.files[name].data, directory.files[name].durable):
-            if position < len(data):
-                data[position] ^= 1 << rng.randrange(8)
-        self.stats["bit_flips"] += 1
-        self.unrepaired[group] = (node.id, index)
-        self._log(f"bit flip in {node.id} {group} batch holding {index}")
-        if rng.random() < 0.5:
-            self._crash(node, torn=False)
-            if rng.random() < 0.5:
-                directory.remove(name.replace(".log", ".index"))
 
     def _forget_repaired(self) -> None:
         """A flipped batch is repaired once its node holds it whole again (or no longer
@@ -255,36 +279,81 @@ class Simulation:
         node.storages = {}
         node.down_until_ms = self.now_ms + TICK_MS * self.rng.randint(5, 40)
 
+    def _restart_due(self) -> None:
+        """Restart the crashed nodes whose downtime is over (and whose disk has room)."""
+        for node in sorted(self.nodes.values(), key=lambda n: n.id):
+            down = node.multi is None and 0 <= node.down_until_ms <= self.now_ms
+            if down and not self._disk_full(node):
+                self._log(f"restart {node.id}")
+                self._start(node)
+
     def _alive(self) -> list[SimNode]:
         return [n for _, n in sorted(self.nodes.items()) if n.multi is not None]
+
+    def after_ticks(self, ticks: int) -> int:
+        """The virtual time `ticks` from now."""
+        return self.now_ms + TICK_MS * ticks
+
+    # ---- clocks and disks ------------------------------------------------------------------
+
+    def clock_ms(self, node: SimNode) -> int:
+        """`node`'s wall clock (ahead of the simulation's once it jumped)."""
+        return self.now_ms + node.clock_offset_ms
+
+    def jump_clock(self, node: SimNode, ticks: int) -> None:
+        """`node`'s clock jumps `ticks` ahead: its wall clock stays ahead, and its groups get
+        the ticks at once, before it persists anything (as the broker's round would)."""
+        assert node.multi is not None
+        node.clock_offset_ms += TICK_MS * ticks
+        for _ in range(ticks):
+            node.multi.tick()
+        self._process(node)
+
+    def _disk_full(self, node: SimNode) -> bool:
+        """Whether `node`'s disk is full (`DiskFull`): a limit on its writes is set."""
+        return any(d.capacity_bytes is not None for d in node.directories.values())
+
+    def _stop_if_no_space(self, node: SimNode, error: Exception) -> None:
+        """`error` interrupted storage work of `node`: re-raise it, unless it is a write
+        refused for want of space (ENOSPC). That stops the node, as a broker does not go on
+        from half a round: it crashes, losing what it did not fsync, and restarts only once
+        its disk has room again."""
+        if not _no_space(error) or node.multi is None:
+            raise error
+        self.stats["disk_full_crashes"] += 1
+        self._log(f"{node.id} stops: no space left on its disk ({error})")
+        self._crash(node, torn=False)
 
     # ---- network ---------------------------------------------------------------------------
 
     def _send(self, message: Message) -> None:
-        if self.rng.random() < self.config.drop_rate:
-            return
-        copies = 2 if self.rng.random() < self.config.duplicate_rate else 1
-        for _ in range(copies):
-            deliver_at = self.now_ms + self.rng.randint(0, self.config.max_delay_ms)
+        """Send through the network injectors, in order: each turns every delivery into
+        none, one or more, their delays adding up."""
+        deliveries = [(0, message)]
+        for injector in self.senders:
+            deliveries = [
+                (delay + more, out)
+                for delay, sent in deliveries
+                for more, out in injector.on_send(self, sent)
+            ]
+        for delay, out in deliveries:
             self.message_seq += 1
-            heapq.heappush(self.in_flight, (deliver_at, self.message_seq, message))
-
-    def _connected(self, a: str, b: str) -> bool:
-        if self.partition is None:
-            return True
-        side, _ = self.partition
-        return (a in side) == (b in side)
+            heapq.heappush(self.in_flight, (self.now_ms + delay, self.message_seq, out))
 
     def _deliver_due(self) -> None:
         while self.in_flight and self.in_flight[0][0] <= self.now_ms:
             _, _, message = heapq.heappop(self.in_flight)
             node = self.nodes[message.dst]
-            if node.multi is None or not self._connected(message.src, message.dst):
+            if node.multi is None or not all(i.delivers(self, message) for i in self.filters):
                 continue
-            self._before_deliver(node, message)
-            self.trace.append((self.now_ms, message))  # formatted only if a check fails
-            node.multi.step(message)
-            self._process(node)
+            try:
+                self._before_deliver(node, message)
+                self.trace.append((self.now_ms, message))  # formatted only if a check fails
+                assert node.multi is not None
+                node.multi.step(message)
+                self._process(node)
+            except Exception as e:
+                self._stop_if_no_space(node, e)
 
     # ---- the runtime: persist, send, advance -----------------------------------------------
 
@@ -295,7 +364,14 @@ class Simulation:
     def _drain(self, node: SimNode) -> None:
         """Every Ready of `node`, each carried out as the broker does it (raft/round.py): the
         same steps in the same order, with a crash possible once entries are written and the
-        early messages sent, before the sync."""
+        early messages sent, before the sync (`CrashMidWrite`), and a full disk stopping the
+        node at any write."""
+        try:
+            self._drain_rounds(node)
+        except Exception as e:
+            self._stop_if_no_space(node, e)
+
+    def _drain_rounds(self, node: SimNode) -> None:
         while node.multi is not None:
             readies, messages = node.multi.ready()
             if not readies and not messages:
@@ -317,10 +393,12 @@ class Simulation:
                 if ready.committed is not None:
                     self._check_commit(node, group, ready.committed)
                     self._on_commit(node, group, ready.committed)
-            crash = self.config.crash_in_persist_rate
-            if round_.written and self.faulty and self.rng.random() < crash:
-                self._crash(node, torn=True)  # written and sent, never fsynced: lost
-                return
+            if (
+                round_.written
+                and self.faulty
+                and any(injector.on_persist(self, node) for injector in self.injectors)
+            ):
+                return  # crashed: written and sent, never fsynced
             for group in round_.written:  # 5: the sync
                 node.storages[group].sync()
                 self._check_entries(node, group, readies[group])
@@ -515,22 +593,9 @@ class Simulation:
         self.trace.append((self.now_ms, line))
 
     def _faults(self) -> None:
-        config, rng = self.config, self.rng
-        for node in sorted(self.nodes.values(), key=lambda n: n.id):
-            if node.multi is None and 0 <= node.down_until_ms <= self.now_ms:
-                self._log(f"restart {node.id}")
-                self._start(node)
-        if self.partition is not None and self.now_ms >= self.partition[1]:
-            self._log("heal partition")
-            self.partition = None
-        if self.partition is None and rng.random() < config.partition_rate:
-            side = frozenset(rng.sample(sorted(self.nodes), rng.randint(1, len(self.nodes) // 2)))
-            self.partition = (side, self.now_ms + TICK_MS * rng.randint(5, 50))
-            self._log(f"partition {sorted(side)} from the rest")
-        alive = self._alive()
-        if len(alive) > 1 and rng.random() < config.crash_rate:
-            self._crash(rng.choice(alive), torn=rng.random() < 0.5)
-        self._flip_bit()
+        self._restart_due()
+        for injector in self.injectors:
+            injector.on_tick(self)
 
     def _tick(self, *, faulty: bool) -> None:
         self.now_ms += TICK_MS
@@ -538,9 +603,13 @@ class Simulation:
         if faulty:
             self._faults()
         for node in self._alive():
-            assert node.multi is not None
             if node.damaged:
-                self._repair_damaged(node)
+                try:
+                    self._repair_damaged(node)
+                except Exception as e:
+                    self._stop_if_no_space(node, e)
+            if node.multi is None:
+                continue  # stopped: no space to repair
             node.multi.tick()
             self._process(node)
         self._deliver_due()
@@ -556,15 +625,19 @@ class Simulation:
         if faulty:
             for node in self._alive():
                 for group in self.group_names:
-                    if self.rng.random() < self.config.compact_rate:
-                        self._compact(node, group)
+                    if node.multi is not None and self.rng.random() < self.config.compact_rate:
+                        try:
+                            self._compact(node, group)
+                        except Exception as e:
+                            self._stop_if_no_space(node, e)
 
     def run(self) -> dict[str, int]:
         try:
             for _ in range(self.config.ticks):
                 self._tick(faulty=True)
-            self.partition = None
             self._log("heal everything and settle")
+            for injector in self.injectors:
+                injector.heal(self)
             for node in sorted(self.nodes.values(), key=lambda n: n.id):
                 if node.multi is None and node.down_until_ms >= 0:
                     self._start(node)
@@ -587,6 +660,21 @@ class Simulation:
             lines.append(f"  t={at_ms:>6} {text}")
         lines.append(f"replay: {self.replay_command} --seed {self.seed}")
         return "\n".join(lines)
+
+
+def _overrides(injector: FaultInjector, hook: str) -> bool:
+    return getattr(type(injector), hook) is not getattr(FaultInjector, hook)
+
+
+def _no_space(error: BaseException | None) -> bool:
+    """Whether `error` is, or was raised from, a write refused with ENOSPC."""
+    for _ in range(32):  # the layers wrap it with `raise ... from`
+        if error is None:
+            return False
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _hash(data: bytes) -> int:

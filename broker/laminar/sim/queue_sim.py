@@ -7,8 +7,9 @@ snapshot is installed, and snapshotted when the log is compacted. Producers appe
 batches (the base simulation's proposals): the committed record indexes are the messages.
 Virtual consumers act through whichever node claims to lead the partition: the leader picks
 `available` indexes from its own applied state (minus those in its uncommitted Acquires) and
-proposes an Acquire with the virtual clock; a consumer learns what it was granted only when
-the proposing node applies that entry (and the answer is not lost). Consumers accept,
+proposes an Acquire with its own clock (a `ClockJump` puts a node's clock ahead of the
+others': leases then end early and are granted late); a consumer learns what it was granted
+only when the proposing node applies that entry (and the answer is not lost). Consumers accept,
 release, reject and renew what they believe they hold, and sometimes crash, forgetting it
 all, so leases must expire. Leaders switch `max_deliveries` to 3, propose Expire when a lease
 is due, and drain dead letters: append to a modelled dead-letter topic (an idempotent
@@ -95,6 +96,9 @@ SCENARIO = SimConfig(
     propose_rate=0.25,
     compact_rate=0.008,
     corrupt_rate=0.0,  # bit flips are the Raft simulation's (sim/cluster.py)
+    reorder_rate=0.01,
+    clock_jump_rate=0.005,  # a leader ahead ends leases early and grants them late
+    disk_full_rate=0.005,
     raft=RaftConfig(election_ticks=10, heartbeat_ticks=2, max_append_bytes=4096),
 )
 
@@ -573,7 +577,9 @@ class QueueSimulation(Simulation):
         self, node: SimNode, raft: Raft, command: QueueCommand, consumer: Consumer | None = None
     ) -> bool:
         batch = encode_batch(
-            [Record(key=QUEUE_KEY, value=encode_command(command))], control=True, now_ms=self.now_ms
+            [Record(key=QUEUE_KEY, value=encode_command(command))],
+            control=True,
+            now_ms=self.clock_ms(node),
         )
         try:
             index = raft.propose(batch, 1)
@@ -623,10 +629,11 @@ class QueueSimulation(Simulation):
         ):
             commands.append(Configure(MAX_DELIVERIES))
         group = state.groups.get(QUEUE_GROUP)
+        now = self.clock_ms(node)  # the leader's clock
         if group is not None:
-            due = any(h.deadline_ms <= self.now_ms for h in group.acquired.values())
+            due = any(h.deadline_ms <= now for h in group.acquired.values())
             if due and not any(isinstance(c, Expire) for c in in_flight):
-                commands.append(Expire(QUEUE_GROUP, self.now_ms))
+                commands.append(Expire(QUEUE_GROUP, now))
             confirming = {i for c in in_flight if isinstance(c, DeadLettered) for i in c.indexes}
             appended: list[int] = []
             for index, dead in sorted(group.dead_pending.items(), key=lambda d: d[1].sequence):
@@ -689,7 +696,7 @@ class QueueSimulation(Simulation):
         if held:
             some = tuple(sorted(rng.sample(held, rng.randint(1, len(held)))))
             roll = rng.random() if faulty else 0.0
-            now = self.now_ms
+            now = self.clock_ms(node)  # the leader stamps its own clock on the command
             if not faulty:
                 command = Accept(QUEUE_GROUP, consumer.name, tuple(held), now)
             elif roll < 0.5:
@@ -699,7 +706,7 @@ class QueueSimulation(Simulation):
             elif roll < 0.67:
                 command = Reject(QUEUE_GROUP, consumer.name, some, "poison", now)
             elif roll < 0.77:
-                command = Renew(QUEUE_GROUP, consumer.name, some, self._lease(), self.now_ms)
+                command = Renew(QUEUE_GROUP, consumer.name, some, self._lease(), now)
         if command is None:
             if len(held) >= MAX_HELD:
                 return
@@ -720,11 +727,12 @@ class QueueSimulation(Simulation):
         n = min(n, state.room(QUEUE_GROUP, consumer.name))
         if n <= 0:
             return None
-        free = state.available(QUEUE_GROUP, n + len(taken), self.now_ms)
+        now = self.clock_ms(node)  # the leader's clock
+        free = state.available(QUEUE_GROUP, n + len(taken), now)
         indexes = [i for i in free if i not in taken][:n]
         if not indexes:
             return None
-        return Acquire(QUEUE_GROUP, consumer.name, tuple(indexes), self._lease(), self.now_ms)
+        return Acquire(QUEUE_GROUP, consumer.name, tuple(indexes), self._lease(), now)
 
     # ---- the run ---------------------------------------------------------------------------
 
