@@ -15,8 +15,12 @@ and imported by the broker's server, the async client and the `laminar` CLI.
   broker may be ahead). So a client that changed the metadata, on any broker, reads its
   change back from every broker.
 
+The JSON bodies of requests and answers are declared once as well, in `laminar.models` (code,
+not constants: each model checks its JSON), which the same three import.
+
 Adding an endpoint (docs/api.md, "Adding an endpoint"): its `Route` here (and in `ROUTES`),
-its handler on the server, its `AsyncClient` method, and openapi.yaml and docs/api.md.
+its models in `laminar.models`, its handler on the server, its `AsyncClient` method, and
+openapi.yaml and docs/api.md.
 """
 
 from __future__ import annotations

@@ -328,7 +328,7 @@ def test_the_spec_is_as_strict_as_the_broker_on_bodies(doc: dict[str, Any]) -> N
     body lists what reading one may answer (408 too slow, 413 too big, 415 wrong type)."""
     from laminar.contract import MAX_APPEND_RECORDS
     from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
-    from laminar.server.api import MAX_HEADER_NAME_BYTES
+    from laminar.models.records import MAX_HEADER_NAME_BYTES
     from laminar.server.http import MAX_JSON_DEPTH, MAX_JSON_VALUES
 
     for (method, path), op in operations(doc).items():

@@ -32,14 +32,13 @@ What it does for every call:
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
@@ -71,12 +70,27 @@ from laminar.contract import (
 )
 from laminar.log.batch import (
     Record,
-    StoredRecord,
     encode_batch,
     parse_header,
     records_from,
 )
 from laminar.log.errors import BatchError, MalformedRecordsError
+from laminar.models import (
+    ABSENT,
+    AcquireRequest,
+    AlterTopicRequest,
+    CreateTopicRequest,
+    ErrorBody,
+    Handoff,
+    JsonModel,
+    ModelError,
+    PartitionList,
+    RejectRequest,
+    RenewRequest,
+    SettleRequest,
+    TopicList,
+    WeightRequest,
+)
 from laminar.placement import Candidate, partition_key, rank
 from laminar.tls import client_context
 
@@ -117,6 +131,7 @@ ROUTE_REFRESH_S = 0.2
 CLUSTER_TTL_S = 10.0
 
 RecordsOrBatch = Sequence[Record] | bytes | bytearray | memoryview
+M = TypeVar("M", bound=JsonModel)
 
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectorError,
@@ -232,36 +247,15 @@ def decode_read_body(
     return ReadResult(records, nxt, commit_index, log_start)
 
 
-def _json_bytes(value: Any, encoded: bool) -> bytes | None:
-    if value is None:
-        return None
-    return base64.b64decode(value) if encoded else str(value).encode()
-
-
 def decode_read_json(data: Any, *, max_records: int) -> ReadResult:
-    """Decode a JSON read answer (for brokers that did not honour the binary Accept)."""
-    records: list[StoredRecord] = []
-    for item in data.get("records", ())[:max_records]:
-        encoded = item.get("encoding") == "base64"
-        headers = tuple(
-            (str(name), _json_bytes(value, encoded) or b"")
-            for name, value in (item.get("headers") or {}).items()
-        )
-        records.append(
-            StoredRecord(
-                int(item["index"]),
-                int(item.get("timestamp_ms", 0)),
-                _json_bytes(item.get("key"), encoded),
-                _json_bytes(item.get("value"), encoded),
-                headers,
-            )
-        )
-    next_index = int(data.get("next_index", 0))
+    """Decode a JSON read answer (for brokers that did not honour the binary Accept), kept to
+    `max_records` records (ModelError, a ValueError, if it is not a read answer)."""
+    read = ReadResult.from_json(data)
+    records = read.records[:max_records]
+    next_index = read.next_index
     if len(records) == max_records and records:
         next_index = min(next_index, records[-1].index + 1) if next_index else records[-1].index + 1
-    return ReadResult(
-        records, next_index, int(data.get("commit_index", -1)), int(data.get("log_start", 0))
-    )
+    return ReadResult(records, next_index, read.commit_index, read.log_start)
 
 
 def _int_header(headers: Mapping[str, str], name: str) -> int | None:
@@ -305,8 +299,8 @@ def _check_range(name: str, value: int, low: int, high: int) -> None:
         raise ValueError(f"{name}={value!r} is not an integer in {low}..{high}")
 
 
-def _check_indexes(indexes: Sequence[int]) -> list[int]:
-    checked = list(indexes)
+def _check_indexes(indexes: Sequence[int]) -> tuple[int, ...]:
+    checked = tuple(indexes)
     if not 1 <= len(checked) <= MAX_SETTLE_INDEXES:
         raise ValueError(f"give 1..{MAX_SETTLE_INDEXES} indexes, not {len(checked)}")
     for index in checked:
@@ -323,11 +317,19 @@ def _json_object(answer: _Answer) -> Mapping[str, Any]:
     return data
 
 
+def _answer_as(answer: _Answer, model: type[M]) -> M:
+    """The answer's JSON as `model` (LaminarError `corrupt_response` if it is not one)."""
+    try:
+        return model.from_json(answer.json())
+    except ModelError as e:
+        raise _corrupt(answer, e) from e
+
+
 def malformed_records(topic: str, partition: int, error: MalformedRecordsError) -> CorruptData:
     """A read answer holding a batch whose records are malformed, with nothing before it to
     return: CorruptData with `next_index`, where reading goes on, as a broker answers it."""
     message = f"{topic}/{partition}: {error}; read on from {error.next_index}"
-    body = {"error": {"code": "corrupt_data", "message": message, "next_index": error.next_index}}
+    body = ErrorBody("corrupt_data", message, next_index=error.next_index).to_json()
     return CorruptData(200, "corrupt_data", message, body)
 
 
@@ -457,48 +459,49 @@ class AsyncClient:
     async def cluster(self) -> ClusterInfo:
         """`GET /v1/cluster`: members, this node, the metadata leader."""
         answer = await self._call(*contract.GET_CLUSTER.at())
-        info = ClusterInfo.from_json(answer.json() or {})
+        info = _answer_as(answer, ClusterInfo)
         self._remember_cluster(info)
         return info
 
     async def node_partitions(self, node: str) -> NodePartitions:
         """`GET /v1/nodes/{node}/partitions`: the partition replicas `node` hosts."""
         answer = await self._call(*contract.GET_NODE_PARTITIONS.at(node=node))
-        return NodePartitions.from_json(answer.json() or {})
+        return _answer_as(answer, NodePartitions)
 
     async def node_tls(self, node: str) -> NodeTls:
         """`GET /v1/nodes/{node}/tls`: the certificate `node` serves and the CAs it trusts."""
         answer = await self._call(*contract.GET_NODE_TLS.at(node=node))
-        return NodeTls.from_json(answer.json() or {})
+        return _answer_as(answer, NodeTls)
 
     async def drain(self, node: str) -> NodeAdminState:
         """`POST /v1/nodes/{node}/drain`: move every replica off `node`."""
         answer = await self._call(*contract.DRAIN_NODE.at(node=node), target=_META)
-        return NodeAdminState.from_json(answer.json() or {})
+        return _answer_as(answer, NodeAdminState)
 
     async def undrain(self, node: str) -> NodeAdminState:
         """`DELETE /v1/nodes/{node}/drain`."""
         answer = await self._call(*contract.UNDRAIN_NODE.at(node=node), target=_META)
-        return NodeAdminState.from_json(answer.json() or {})
+        return _answer_as(answer, NodeAdminState)
 
     async def handoff(self, node: str) -> int:
         """`POST /v1/nodes/{node}/handoff`: `node` hands its leaderships to caught-up replicas
         (before it stops); returns how many groups it still leads."""
         answer = await self._call(*contract.HANDOFF_NODE.at(node=node))
-        return int((answer.json() or {}).get("leading", 0))
+        return _answer_as(answer, Handoff).leading
 
     async def set_weight(self, node: str, weight: int) -> NodeAdminState:
         """`PUT /v1/nodes/{node}/weight` (0..1000000; 0 = hosts nothing)."""
         call = contract.SET_NODE_WEIGHT.at(node=node)
-        answer = await self._call(*call, json_body={"weight": weight}, target=_META)
-        return NodeAdminState.from_json(answer.json() or {})
+        body = WeightRequest(weight).to_json()
+        answer = await self._call(*call, json_body=body, target=_META)
+        return _answer_as(answer, NodeAdminState)
 
     # ------------------------------------------------------------------ topics
 
     async def topics(self) -> list[TopicInfo]:
         """`GET /v1/topics`."""
         answer = await self._call(*contract.LIST_TOPICS.at())
-        return [TopicInfo.from_json(t) for t in (answer.json() or {}).get("topics", ())]
+        return list(_answer_as(answer, TopicList).topics)
 
     async def create_topic(
         self,
@@ -508,23 +511,24 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
     ) -> TopicDescription:
         """`POST /v1/topics` → the new topic's description. Raises Conflict if it exists."""
-        body: dict[str, Any] = {"name": name, "partitions": partitions}
-        if replication_factor is not None:
-            body["replication_factor"] = replication_factor
-        if config is not None:
-            body["config"] = dict(config)
+        body = CreateTopicRequest(
+            name,
+            partitions,
+            ABSENT if replication_factor is None else replication_factor,
+            ABSENT if config is None else dict(config),
+        ).to_json()
         try:
             answer = await self._call(*contract.CREATE_TOPIC.at(), json_body=body, target=_META)
         except Conflict as e:
             if e.ambiguous:  # an earlier attempt of ours created it
                 return await self.describe_topic(name)
             raise
-        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+        return self._remember_topic(_answer_as(answer, TopicDescription))
 
     async def describe_topic(self, name: str) -> TopicDescription:
         """`GET /v1/topics/{name}`: partitions with leader, replicas, in-sync set, indexes."""
         answer = await self._call(*contract.DESCRIBE_TOPIC.at(topic=name))
-        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+        return self._remember_topic(_answer_as(answer, TopicDescription))
 
     async def partitions(self, topic: str | None = None) -> list[PartitionState]:
         """`GET /v1/partitions`: the partition status table, every topic's in this client's
@@ -532,8 +536,7 @@ class AsyncClient:
         set and indexes."""
         query = None if topic is None else {"topic": topic}
         answer = await self._call(*contract.LIST_PARTITIONS.at(), query=query)
-        rows = (answer.json() or {}).get("partitions", ())
-        return [PartitionState.from_json(row) for row in rows]
+        return list(_answer_as(answer, PartitionList).partitions)
 
     async def wait_for_leaders(self, name: str, timeout_s: float = 60) -> TopicDescription:
         """Describe `name` until every partition has a leader (a new topic's elections take a
@@ -558,14 +561,10 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
     ) -> TopicDescription:
         """`PATCH /v1/topics/{name}`: grow the partition count and/or change the config."""
-        body: dict[str, Any] = {}
-        if partitions is not None:
-            body["partitions"] = partitions
-        if config is not None:
-            body["config"] = dict(config)
+        wanted = AlterTopicRequest(partitions, None if config is None else dict(config))
         call = contract.ALTER_TOPIC.at(topic=name)
-        answer = await self._call(*call, json_body=body, target=_META)
-        return self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+        answer = await self._call(*call, json_body=wanted.to_json(), target=_META)
+        return self._remember_topic(_answer_as(answer, TopicDescription))
 
     async def delete_topic(self, name: str) -> None:
         """`DELETE /v1/topics/{name}`. Raises NotFound if there is no such topic."""
@@ -630,7 +629,7 @@ class AsyncClient:
             idempotent=idempotent,
             timeout_s=timeout_s,
         )
-        return AppendResult.from_json(answer.json() or {})
+        return _answer_as(answer, AppendResult)
 
     async def read(
         self,
@@ -744,18 +743,13 @@ class AsyncClient:
         _check_range("max_messages", max_messages, 1, MAX_ACQUIRE)
         _check_range("lease_ms", lease_ms, 1, MAX_LEASE_MS)
         _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
-        body: dict[str, Any] = {"max": max_messages, "lease_ms": lease_ms}
-        if consumer is not None:
-            body["consumer"] = consumer
-        if wait_ms:
-            body["wait_ms"] = wait_ms
         if max_bytes is not None:
             _check_range("max_bytes", max_bytes, 1, MAX_ACQUIRE_BYTES)
-            body["max_bytes"] = max_bytes
+        body = AcquireRequest(consumer, max_messages, lease_ms, wait_ms or None, max_bytes)
         timeout = (self._timeout_s if timeout_s is None else timeout_s) + wait_ms / 1000
         answer = await self._call(
             *contract.ACQUIRE.at(topic=topic, partition=int(partition), group=group),
-            json_body=body,
+            json_body=body.to_json(),
             accept=f"{ACQUIRED_TYPE}, {JSON_TYPE}",
             target=_Target("leader", topic, partition),
             timeout_s=timeout,
@@ -778,13 +772,13 @@ class AsyncClient:
         A repeat of its accept is `done` again (retrying is safe, so it is retried after a 504
         too); indexes it does not hold under a current lease (its lease ended) are `refused`
         (docs/api.md)."""
-        return await self._settle("accept", topic, partition, group, consumer, indexes, {})
+        return await self._settle("accept", topic, partition, group, consumer, indexes)
 
     async def release(
         self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
     ) -> Settled:
         """Give held messages back: they are delivered again (deliveries + 1)."""
-        return await self._settle("release", topic, partition, group, consumer, indexes, {})
+        return await self._settle("release", topic, partition, group, consumer, indexes)
 
     async def reject(
         self,
@@ -797,12 +791,10 @@ class AsyncClient:
     ) -> Settled:
         """Dead-letter held messages: appended once to `<topic>.dlq` (same partition) with
         `laminar.dlq.reason` = `reason` (1..200 characters; broker default "rejected")."""
-        extra: dict[str, Any] = {}
-        if reason is not None:
-            if not 1 <= len(reason) <= MAX_REASON_CHARS:
-                raise ValueError(f"reason must be 1..{MAX_REASON_CHARS} characters")
-            extra["reason"] = reason
-        return await self._settle("reject", topic, partition, group, consumer, indexes, extra)
+        if reason is not None and not 1 <= len(reason) <= MAX_REASON_CHARS:
+            raise ValueError(f"reason must be 1..{MAX_REASON_CHARS} characters")
+        call = (topic, partition, group, consumer, indexes)
+        return await self._settle("reject", *call, reason=reason)
 
     async def renew(
         self,
@@ -816,8 +808,8 @@ class AsyncClient:
         """Extend the leases of held messages to `lease_ms` from now (`lease_deadline_ms`);
         indexes `consumer` no longer holds are `refused`."""
         _check_range("lease_ms", lease_ms, 1, MAX_LEASE_MS)
-        extra = {"lease_ms": lease_ms}
-        return await self._settle("renew", topic, partition, group, consumer, indexes, extra)
+        call = (topic, partition, group, consumer, indexes)
+        return await self._settle("renew", *call, lease_ms=lease_ms)
 
     async def describe_group(self, topic: str, partition: int, group: str) -> GroupDescription:
         """`GET .../groups/{group}`: the group's cursor and message counts on the partition."""
@@ -842,21 +834,27 @@ class AsyncClient:
         group: str,
         consumer: str,
         indexes: Sequence[int],
-        extra: Mapping[str, Any],
+        *,
+        reason: str | None = None,
+        lease_ms: int = 0,
     ) -> Settled:
         check_group(group)
         check_consumer(consumer)
-        body = {"consumer": consumer, "indexes": _check_indexes(indexes), **extra}
+        checked = _check_indexes(indexes)
+        body: SettleRequest | RejectRequest | RenewRequest
+        if action == "reject":
+            body = RejectRequest(consumer, checked, reason)
+        elif action == "renew":
+            body = RenewRequest(consumer, checked, lease_ms)
+        else:
+            body = SettleRequest(consumer, checked)
         route = contract.SETTLE_ROUTES[action]
         answer = await self._call(
             *route.at(topic=topic, partition=int(partition), group=group),
-            json_body=body,
+            json_body=body.to_json(),
             target=_Target("leader", topic, partition),
         )
-        try:
-            return Settled.from_json(_json_object(answer))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _corrupt(answer, e) from e
+        return _answer_as(answer, Settled)
 
     # ------------------------------------------------------------------ routing cache
 
@@ -928,12 +926,12 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         try:
             answer = await self._call(*contract.DESCRIBE_TOPIC.at(topic=topic), timeout_s=budget_s)
-            description = self._remember_topic(TopicDescription.from_json(answer.json() or {}))
+            description = self._remember_topic(_answer_as(answer, TopicDescription))
             known = {m.id for m in self._cluster.members} if self._cluster else set()
             wanted = {n for s in description.partition_states for n in s.in_sync}
             if loop.time() - self._cluster_at > CLUSTER_TTL_S or not wanted <= known:
                 info = await self._call(*contract.GET_CLUSTER.at(), timeout_s=budget_s)
-                self._remember_cluster(ClusterInfo.from_json(info.json() or {}))
+                self._remember_cluster(_answer_as(info, ClusterInfo))
             return description
         except (LaminarError, KeyError, TypeError, ValueError):
             # Note the time so that a failing topic is not asked about on every call.

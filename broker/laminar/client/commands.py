@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import concurrent.futures
 import json
 import os
@@ -41,6 +40,7 @@ from laminar.contract import (
     MAX_WEIGHT,
 )
 from laminar.log.batch import StoredRecord
+from laminar.models import AcquiredMessage, Handoff, TopicList, record_to_json
 from laminar.tls import TlsError, client_context
 
 from .client import AsyncClient, check_consumer, check_group
@@ -637,7 +637,7 @@ async def _topic_create(client: AsyncClient, args: argparse.Namespace) -> int:
         config=_config(args.config) if args.config else None,
     )
     if args.json:
-        _print_json(dict(description.raw))
+        _print_json(description.to_json())
     else:
         print(f"created topic {_topic_line(description)}")
     return 0
@@ -646,19 +646,7 @@ async def _topic_create(client: AsyncClient, args: argparse.Namespace) -> int:
 async def _topic_list(client: AsyncClient, args: argparse.Namespace) -> int:
     topics = sorted(await client.topics(), key=lambda t: t.name)
     if args.json:
-        _print_json(
-            {
-                "topics": [
-                    {
-                        "name": t.name,
-                        "partitions": t.partitions,
-                        "replication_factor": t.replication_factor,
-                        "config": dict(t.config),
-                    }
-                    for t in topics
-                ]
-            }
-        )
+        _print_json(TopicList(tuple(topics)).to_json())
     elif topics:
         rows = [
             (t.name, t.partitions, t.replication_factor, _config_text(t.config)) for t in topics
@@ -694,7 +682,7 @@ def _partition_rows(states: Sequence[PartitionState]) -> tuple[list[str], list[l
 async def _topic_describe(client: AsyncClient, args: argparse.Namespace) -> int:
     description = await client.describe_topic(args.name)
     if args.json:
-        _print_json(dict(description.raw))
+        _print_json(description.to_json())
         return 0
     print(f"topic {_topic_line(description)}")
     headers, rows = _partition_rows(description.partition_states)
@@ -711,7 +699,7 @@ async def _topic_alter(client: AsyncClient, args: argparse.Namespace) -> int:
         config=_config(args.config) if args.config else None,
     )
     if args.json:
-        _print_json(dict(description.raw))
+        _print_json(description.to_json())
     else:
         print(f"altered topic {_topic_line(description)}")
     return 0
@@ -898,29 +886,10 @@ def _text(data: bytes | None) -> str:
 
 
 def record_json(partition: int, record: StoredRecord) -> dict[str, Any]:
-    """The record as the API's JSON read shows it, plus its partition: key, value and header
-    values as text, or all base64 (`"encoding": "base64"`) when one of them is not UTF-8."""
-    parts = [record.key, record.value, *(v for _, v in record.headers)]
-    try:
-        for part in parts:
-            if part is not None:
-                part.decode("utf-8")
-        encode: Callable[[bytes], str] = bytes.decode
-        encoded = False
-    except UnicodeDecodeError:
-        encode = lambda b: base64.b64encode(b).decode()  # noqa: E731
-        encoded = True
-    item: dict[str, Any] = {
-        "partition": partition,
-        "index": record.index,
-        "timestamp_ms": record.timestamp_ms,
-        "key": None if record.key is None else encode(record.key),
-        "value": None if record.value is None else encode(record.value),
-        "headers": {k: encode(v) for k, v in record.headers},
-    }
-    if encoded:
-        item["encoding"] = "base64"
-    return item
+    """The record as the API's JSON read shows it (laminar.models), plus its partition: key,
+    value and header values as text, or all base64 (`"encoding": "base64"`) when one of them
+    is not UTF-8."""
+    return {"partition": partition, **record_to_json(record)}
 
 
 @dataclass(slots=True)
@@ -1166,10 +1135,8 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
     """A message as the API's acquire shows it, plus its partition."""
     m = delivery.message
     record = StoredRecord(m.index, m.timestamp_ms, m.key, m.value, m.headers)
-    item = record_json(m.partition, record)
-    item["deliveries"] = m.deliveries
-    item["lease_deadline_ms"] = delivery.lease_deadline_ms
-    return item
+    message = AcquiredMessage(record, m.deliveries, delivery.lease_deadline_ms)
+    return {"partition": m.partition, **message.to_json()}
 
 
 async def _queue_consume(client: AsyncClient, args: argparse.Namespace) -> int:
@@ -1233,7 +1200,7 @@ async def _queue_settle(client: AsyncClient, args: argparse.Namespace) -> int:
     else:
         settled = await client.reject(*call, reason=args.reason)
     if args.json:
-        _print_json({"done": list(settled.done), "refused": list(settled.refused)})
+        _print_json(settled.to_json())
     else:
         past = {"accept": "accepted", "release": "released", "reject": "rejected"}[action]
         print(f"{past} {len(settled.done)}" + "".join(f" {i}" for i in settled.done))
@@ -1284,16 +1251,7 @@ async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
             }
         )
     members = [
-        {
-            "id": m.id,
-            "api_url": m.api_url,
-            "peer_addr": m.peer_addr,
-            "state": m.state,
-            "weight": m.weight,
-            "draining": m.draining,
-            "partitions_led": led[m.id],
-            "replicas_hosted": hosted[m.id],
-        }
+        {**m.to_json(), "partitions_led": led[m.id], "replicas_hosted": hosted[m.id]}
         for m in sorted(info.members, key=lambda m: m.id)
     ]
     if args.json:
@@ -1353,7 +1311,7 @@ async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
 
 def _print_node(state: NodeAdminState, as_json: bool) -> None:
     if as_json:
-        _print_json({"node": state.node, "draining": state.draining, "weight": state.weight})
+        _print_json(state.to_json())
     else:
         draining = "draining" if state.draining else "not draining"
         print(f"{state.node}: {draining}, weight {state.weight}")
@@ -1374,7 +1332,7 @@ async def _node_handoff(client: AsyncClient, args: argparse.Namespace) -> int:
         raise SystemExit("laminar node handoff: give the node id (or set LAMINAR_NODE_ID)")
     leading = await client.handoff(args.id)
     if args.json:
-        _print_json({"node": args.id, "leading": leading})
+        _print_json(Handoff(args.id, leading).to_json())
     else:
         print(f"{args.id}: leads {leading} groups")
     return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from laminar.models import ErrorBody, ModelError
+
 
 class LaminarError(Exception):
     """An error answered by a broker (or status 0: no answer at all).
@@ -144,12 +146,12 @@ def error_from_response(status: int, body: Any) -> LaminarError:
     """The exception for an error answer: `body` is the decoded JSON (anything, if it was not
     JSON). Other 5xx statuses than the broker's 503 and 504 (a 500, a proxy's 502) map to
     `Timeout`: the request may have reached the broker, so a write's outcome is unknown.
-    Other unknown statuses map to `LaminarError`."""
-    detail = body.get("error") if isinstance(body, Mapping) else None
-    if isinstance(detail, Mapping):
-        code = str(detail.get("code", "unknown"))
-        message = str(detail.get("message", ""))
-    else:
+    Other unknown statuses map to `LaminarError`, and a body that is not the API's error
+    (`ErrorBody`: a proxy's, say) to code `unknown`."""
+    try:
+        error = ErrorBody.from_json(body)
+        code, message = error.code, error.message
+    except ModelError:
         code, message = "unknown", f"HTTP {status}"
     mapping = body if isinstance(body, Mapping) else None
     cls = _BY_STATUS.get(status)

@@ -1,5 +1,5 @@
-"""HTTP pieces shared by the API's handlers: JSON errors and the JSON rendering of records,
-bounded JSON parsing and body reads, content negotiation, and the HTTP server's connection
+"""HTTP pieces shared by the API's handlers: JSON errors, bounded JSON parsing and body reads
+(a body as its `laminar.models` model), content negotiation, and the HTTP server's connection
 rules (`ApiRunner`: JSON errors even for requests aiohttp cannot parse, head and idle
 timeouts, a cap on connections per client address; `ApiSite`: with TLS, that cap applies from
 TCP accept, before the TLS handshake, which has to be over within a short bound)."""
@@ -7,18 +7,18 @@ TCP accept, before the TLS handshake, which has to be over within a short bound)
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
 import socket
 import ssl
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from ..log.errors import CorruptBatchError, MalformedRecordsError
+from ..models import ErrorBody, JsonModel, ModelError, TooLargeError
 from ..swim.address import source_key
 from .listener import AcceptedSocket, Listener
 
@@ -50,6 +50,7 @@ class ApiError(Exception):
         close: bool = False,
         **extra: Any,
     ) -> None:
+        """`extra`: the fields of the error body (`ErrorBody`) beyond its code and message."""
         super().__init__(message)
         self.status = status
         self.code = code
@@ -60,7 +61,7 @@ class ApiError(Exception):
         self.extra = extra
 
     def response(self) -> web.Response:
-        body = {"error": {"code": self.code, "message": self.message, **self.extra}}
+        body = ErrorBody(self.code, self.message, **self.extra).to_json()
         response = json_response(body, status=self.status, headers=self.headers)
         if self.close:
             response.force_close()
@@ -108,31 +109,6 @@ def outcome_unknown(code: str, message: str) -> ApiError:
     the request timeout; `outcome_unknown`: leadership was lost, or the replica closed, first).
     It may still commit: only a retry the broker deduplicates is safe."""
     return ApiError(504, code, message)
-
-
-def record_json(record: Any) -> dict[str, Any]:
-    try:
-        out: dict[str, Any] = {
-            "index": record.index,
-            "timestamp_ms": record.timestamp_ms,
-            "key": None if record.key is None else record.key.decode(),
-            "value": None if record.value is None else record.value.decode(),
-            "headers": {name: value.decode() for name, value in record.headers},
-        }
-    except UnicodeDecodeError:
-        return {
-            "index": record.index,
-            "timestamp_ms": record.timestamp_ms,
-            "encoding": "base64",
-            "key": _b64(record.key),
-            "value": _b64(record.value),
-            "headers": {name: base64.b64encode(value).decode() for name, value in record.headers},
-        }
-    return out
-
-
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode()
 
 
 # ---- request bodies ------------------------------------------------------------------------
@@ -204,6 +180,20 @@ def _too_many_values() -> ApiError:
         f"the JSON body holds more than {MAX_JSON_VALUES} values (strings, numbers, literals, "
         "arrays and objects, keys included): split it",
     )
+
+
+M = TypeVar("M", bound=JsonModel)
+
+
+def parsed(model: type[M], document: Any) -> M:
+    """`document`, a request's parsed JSON body, as `model` (laminar.models): its ModelError
+    is a 400 `bad_request`, a TooLargeError a 413 `payload_too_large`, with its message."""
+    try:
+        return model.from_json(document)
+    except TooLargeError as e:
+        raise ApiError(413, "payload_too_large", str(e)) from e
+    except ModelError as e:
+        raise ApiError(400, "bad_request", str(e)) from e
 
 
 def parse_json(body: bytes) -> Any:
@@ -530,7 +520,7 @@ class _ApiConnection(web.RequestHandler):
             words = str(message or HTTPStatus(status).phrase).split()
             code = "bad_request"
             text = "malformed HTTP request: " + " ".join(w for w in words if w != "^")
-        body = {"error": {"code": code, "message": text[:MAX_ECHO_CHARS]}}
+        body = ErrorBody(code, text[:MAX_ECHO_CHARS]).to_json()
         response = json_response(body, status=status)
         response.force_close()
         return response
@@ -539,7 +529,7 @@ class _ApiConnection(web.RequestHandler):
 def _raw_error(status: int, code: str, message: str, *, retry_after: bool = False) -> bytes:
     """A whole HTTP/1.1 error answer with the API's JSON body, for writing to a connection
     directly (outside aiohttp's request handling)."""
-    body = orjson.dumps({"error": {"code": code, "message": message}})
+    body = orjson.dumps(ErrorBody(code, message).to_json())
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
         "Content-Type: application/json; charset=utf-8",
