@@ -13,6 +13,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 
 from laminar.log.config import LogConfig
+from laminar.log.storage import FileDirectory
 from laminar.metadata import CreateTopic
 from laminar.partition.replica import Replica
 from laminar.raft.config import RaftConfig
@@ -27,8 +28,9 @@ VOTERS = ("n1", "n2", "n3")
 
 
 def open_replica(path: Path, voters: tuple[str, ...] = VOTERS, topic: str = "t") -> Replica:
+    directory = FileDirectory(str(path))
     return Replica(
-        topic, 0, "n1", path, LogConfig(segment_bytes=4096), RaftConfig(), ConfState(voters)
+        topic, 0, "n1", directory, LogConfig(segment_bytes=4096), RaftConfig(), ConfState(voters)
     )
 
 
@@ -134,9 +136,9 @@ async def serving(
         allow_anonymous=True,
     )
     broker = Broker(config)
-    broker.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
+    broker.core.state.apply(0, CreateTopic("t", 1, 3, {}, (VOTERS,)))
     replica = open_replica(tmp_path / "t-0")
-    broker.replicas[replica.group] = replica
+    broker.core.replicas[replica.group] = replica
     elect(replica)
     api = Api(broker, BrokerMetrics(broker))
     async with TestClient(TestServer(api.app(), host="127.0.0.1")) as client:

@@ -38,7 +38,7 @@ def test_mypy_strict_on_the_cores() -> None:
 
 
 #: The sans-I/O cores: no module here may import a clock, sockets or an event loop.
-CORES = ("raft", "swim", "queue", "metadata", "placement.py", "partition/status_table.py")
+CORES = ("raft", "swim", "queue", "metadata", "node", "placement.py", "partition/status_table.py")
 IO_MODULES = {"asyncio", "socket", "time", "selectors", "threading"}
 
 

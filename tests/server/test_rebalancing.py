@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from laminar.metadata.state import Topic
+from laminar.partition.status_table import misplaced_partitions
 from laminar.placement import Candidate, partition_key, place
-from laminar.server.node import misplaced_partitions
 
 NODES = [Candidate("n1"), Candidate("n2"), Candidate("n3"), Candidate("n4")]
 TOPICS = {"orders": Topic("orders", partitions=6, replication_factor=2)}

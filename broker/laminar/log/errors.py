@@ -99,3 +99,8 @@ class LogClosedError(LogError):
 
 class AppendInProgressError(LogError):
     """A streaming append holds the log; other writes must wait for it to finish."""
+
+
+#: What a failed write or sync raises, after which a broker stops (fail-stop: a round half
+#: persisted cannot be retried safely, as the kernel may have dropped the unsynced pages).
+STORAGE_FAILURES = (OSError, StorageError, StoreError, SegmentError, SegmentIndexError, LogError)

@@ -17,18 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..log.batch import BatchHeader, parse_header
 from ..log.config import LogConfig
 from ..log.errors import CorruptBatchError, LogClosedError
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
-from ..log.storage import FileDirectory
+from ..log.storage import Directory
+from ..node.store import TOPIC_FILE, parse_identity
 from ..queue.applier import QueueApplier
 from ..raft.config import RaftConfig
 from ..raft.log_storage import COMMIT_SAVE_INDEXES, LogStorage
@@ -51,18 +50,12 @@ from .signal import Signal
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
-#: beside the log: which topic (by its identity, the metadata index of its creation) the
-#: replica belongs to, so that only a committed deletion of *that* topic removes it
-TOPIC_FILE = "topic.json"
 
 
-def topic_identity(path: Path) -> int | None:
-    """The created_index of the topic the replica in `path` belongs to (None: not recorded,
-    a replica from before it was recorded)."""
-    try:
-        return int(json.loads((path / TOPIC_FILE).read_text())["created_index"])
-    except FileNotFoundError:
-        return None
+def topic_identity(storage: LogStorage) -> int | None:
+    """The created_index of the topic the replica belongs to (None: not recorded, a replica
+    from before it was recorded)."""
+    return parse_identity(storage.load_file(TOPIC_FILE))
 
 
 @dataclass(slots=True)
@@ -123,7 +116,7 @@ class Replica:
         topic: str,
         partition: int,
         node_id: str,
-        path: Path,
+        directory: Directory,
         log_config: LogConfig,
         raft_config: RaftConfig,
         bootstrap: ConfState,
@@ -134,20 +127,19 @@ class Replica:
         commit_save_indexes: int = COMMIT_SAVE_INDEXES,
         repair_at: int | None = None,
         joining: bool = False,
+        seed: int | None = None,
     ) -> None:
         """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
         groups (data partitions do; the metadata group does not); `repair_at`: the index of
         a damaged batch found while the replica ran (its log is cut and repaired there);
         `joining`: created by a leader's message, not as an initial voter (a new replica
-        neither campaigns nor votes until a leader's entries reached it)."""
+        neither campaigns nor votes until a leader's entries reached it); `seed`: of its
+        election jitter (None: the system's randomness)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
         self.node_id = node_id
-        self.path = path
         self.max_pending_bytes = max_pending_bytes
-        path.mkdir(parents=True, exist_ok=True)
-        directory = FileDirectory(str(path))
         self.log = SegmentedLog.open(directory, log_config)
         self.storage = LogStorage(
             directory,
@@ -165,7 +157,7 @@ class Replica:
             node_id,
             self.storage,
             raft_config,
-            random.Random(),
+            random.Random(seed),
             lambda: QueueApplier(self.storage) if queues else None,
             damage,
         )
@@ -173,7 +165,7 @@ class Replica:
         self.on_damage: Callable[[Replica, int], None] = _ignore_damage
         self.damaged_at: int | None = None
         self.log.on_corrupt = self._corrupt
-        self.topic_created_index = topic_identity(path) if queues else None
+        self.topic_created_index = topic_identity(self.storage) if queues else None
         self.producers = ProducerTable()
         self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
         self.pending_bytes = 0
@@ -200,13 +192,14 @@ class Replica:
         return self.raft.repair_floor is not None
 
     def bind_topic(self, created_index: int) -> None:
-        """Record (durably) the identity of the topic this replica belongs to."""
+        """Record the identity of the topic this replica belongs to (durable at the next
+        group-commit round)."""
         document = {
             "topic": self.topic,
             "partition": self.partition,
             "created_index": created_index,
         }
-        self.storage.save_file(TOPIC_FILE, json.dumps(document, sort_keys=True).encode())
+        self.storage.stage_file(TOPIC_FILE, json.dumps(document, sort_keys=True).encode())
         self.topic_created_index = created_index
 
     def _corrupt(self, error: CorruptBatchError) -> None:
@@ -386,11 +379,6 @@ class Replica:
         self._committed.notify()
         self.storage.close()
         self.log.close()
-
-    def destroy(self) -> None:
-        """Close and delete the replica's data (it was moved elsewhere or the topic deleted)."""
-        self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _ignore_damage(replica: Replica, index: int) -> None:

@@ -21,11 +21,15 @@ Pure: no clock, no I/O (callers pass `now_ms`).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from ..metadata.state import Topic
+from ..placement import Candidate, partition_key, place
+from ..raft.messages import Entry, Message, MessageType
 
 #: A broker re-sends its report at least this often (fresh commit indexes and in-sync sets).
 REFRESH_MS = 1_000
@@ -54,6 +58,8 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 Row = dict[str, Any]
+#: every member's hosted replicas, as `GET /v1/nodes/{id}/partitions` reports them
+View = Mapping[str, list[Row]]
 
 
 class ReportError(ValueError):
@@ -111,6 +117,11 @@ class StatusTable:
         self._reports[node] = Report(version, rows, now_ms)
         return True
 
+    def receive(self, message: Message, now_ms: int) -> bool:
+        """Merge the report a STATUS message carries (ReportError: not a report)."""
+        rows = decode_report(message.entries[0].data)
+        return self.merge(message.src, message.index, rows, now_ms)
+
     def forget(self, node: str) -> None:
         """`node` left or died: its report no longer counts."""
         self._reports.pop(node, None)
@@ -130,6 +141,43 @@ class StatusTable:
         }
 
 
+class StatusPublisher:
+    """When a broker sends its report, and the messages that carry it: at once when the
+    structure of what it hosts changed (`shape`), else every REFRESH_MS, or when asked."""
+
+    def __init__(self, node_id: str, first_version: int) -> None:
+        """`first_version`: above any this broker sent before (the caller derives it from
+        the wall clock, so that versions grow across restarts)."""
+        self.id = node_id
+        self.version = first_version
+        self._published: object = None
+        self._published_ms = 0
+
+    def due(self, shape: object, now_ms: int) -> bool:
+        return now_ms - self._published_ms >= REFRESH_MS or shape != self._published
+
+    def publish(
+        self, shape: object, rows: list[Row], peers: list[str], now_ms: int
+    ) -> list[Message]:
+        """STATUS messages with `rows` to `peers`, recording `shape` as published (an
+        answer to one peer's request passes `shape` None: it records nothing)."""
+        if shape is not None:
+            self._published, self._published_ms = shape, now_ms
+        if not peers:
+            return []
+        self.version += 1
+        entry = Entry(0, 1, 0, encode_report(rows))
+        return [
+            Message(MessageType.STATUS, "", self.id, peer, 0, index=self.version, entries=(entry,))
+            for peer in peers
+        ]
+
+
+def is_request(message: Message) -> bool:
+    """A STATUS message without a report: its sender asks for ours."""
+    return not message.entries
+
+
 def leaders(view: Mapping[str, list[Row]]) -> dict[str, Row]:
     """Per group ("topic/partition"): the row of the replica that claims leadership in the
     highest term."""
@@ -143,3 +191,24 @@ def leaders(view: Mapping[str, list[Row]]) -> dict[str, Row]:
             if best is None or int(row["term"]) > int(best["term"]):
                 found[group] = row
     return found
+
+
+def misplaced_partitions(
+    view: Mapping[str, list[Row]], topics: Mapping[str, Topic], candidates: Sequence[Candidate]
+) -> int:
+    """How many led partitions are not yet where placement wants them: their leader's Raft
+    configuration has learners (replicas catching up) or voters other than the placement's
+    choice. 0 once a rebalance (a broker added, drained or reweighted) has converged.
+    Leaderless partitions are not counted: they are under-replicated, not moving."""
+    led = leaders(view)
+    moving = 0
+    for name, topic in topics.items():
+        for partition in range(topic.partitions):
+            key = partition_key(name, partition)
+            report = led.get(key)
+            if report is None:
+                continue
+            target = place(key, candidates, topic.replication_factor)
+            if report["learners"] or set(report["voters"]) != set(target):
+                moving += 1
+    return moving

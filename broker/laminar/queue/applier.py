@@ -121,8 +121,9 @@ class QueueApplier:
                 applied.append(Applied(header.base_index, *done))
 
     def checkpoint(self) -> None:
-        """Save the state beside the log (a restart replays only what follows)."""
-        self.storage.save_file(CHECKPOINT_FILE, self.state.snapshot())
+        """Save the state beside the log (a restart replays only what follows); durable at
+        the storage's next sync, the node's group-commit round."""
+        self.storage.stage_file(CHECKPOINT_FILE, self.state.snapshot())
         self._checkpointed = self.state.end_index
 
     def snapshot_data(self) -> bytes:

@@ -73,10 +73,12 @@ class LogStorage:
         self.commit_term = 0
         self._commit_unsaved = False
         self._hint: Storage | None = None
+        self._staged: set[str] = set()  # files written by `stage_file`, made durable by `sync`
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
                 self.snap = replace(self.snap, data=self._read(SNAPSHOT_FILE))
+            self._match_snapshot()
         else:
             self.hard_state = HardState(conf=conf, joining=joining)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
@@ -116,6 +118,26 @@ class LogStorage:
         if name in (STATE_FILE, SNAPSHOT_FILE):
             raise ValueError(f"{name} belongs to the Raft storage")
         self._replace(name, data)
+
+    def stage_file(self, name: str, data: bytes) -> None:
+        """Write a file of the state machine's beside the log now; it replaces the old one,
+        atomically and durably, at the next `sync` (the node's group-commit round, off the
+        event loop). Until then a crash keeps the old one."""
+        if name in (STATE_FILE, SNAPSHOT_FILE):
+            raise ValueError(f"{name} belongs to the Raft storage")
+        temp_name = name + TEMP_SUFFIX
+        self.directory.remove(temp_name)
+        temp = self.directory.open(temp_name, create=True)
+        try:
+            temp.write(0, (data,))
+        finally:
+            temp.close()
+        self._staged.add(name)
+
+    @property
+    def needs_sync(self) -> bool:
+        """Files were staged since the last `sync`."""
+        return bool(self._staged)
 
     def load_file(self, name: str) -> bytes | None:
         """A file written by `save_file`, or None."""
@@ -266,7 +288,22 @@ class LogStorage:
                 raise StorageError(f"entry {entry.index} landed at {result.base_index}")
 
     def sync(self) -> None:
+        """Make the log durable, then each staged file (fsync it, rename it over the old
+        one, fsync the directory)."""
         self.log.sync()
+        self._flush_staged()
+
+    def _flush_staged(self) -> None:
+        staged, self._staged = sorted(self._staged), set()
+        for name in staged:
+            temp = self.directory.open(name + TEMP_SUFFIX, create=False)
+            try:
+                temp.sync()
+            finally:
+                temp.close()
+            self.directory.rename(name + TEMP_SUFFIX, name)
+        if staged:
+            self.directory.sync()
 
     def saves_durably(self, hard_state: HardState) -> bool:
         """Whether `set_hard_state(hard_state)` writes and fsyncs the state file (term, vote,
@@ -292,6 +329,7 @@ class LogStorage:
         """Save a remembered commit index durably (a clean close); release the hint file."""
         if self._commit_unsaved:
             self._save()
+        self._flush_staged()
         if self._hint is not None:
             self._hint.close()
             self._hint = None
@@ -326,11 +364,25 @@ class LogStorage:
             self.log.truncate(cut)
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
-        """Install a snapshot (its data too): the log restarts empty right after it."""
+        """Install a snapshot (its data too): the log restarts empty right after it. The
+        state file names the snapshot before the log is emptied: a crash in between leaves
+        a log that `_match_snapshot` empties at the next open."""
         self._replace(SNAPSHOT_FILE, snapshot.data)
         self.snap = snapshot
-        self.log.reset(snapshot.index + 1)
         self._save()
+        self.log.reset(snapshot.index + 1)
+
+    def _match_snapshot(self) -> None:
+        """Keep the log only if it holds the snapshot's last entry (with its term) or starts
+        right after it, as Raft's snapshot install does; otherwise start it empty after the
+        snapshot (what an install interrupted by a crash left undone)."""
+        snap, log = self.snap, self.log
+        if log.start_index == snap.index + 1 or snap.index < log.start_index:
+            return
+        # (a damaged batch's term reads 0: unknown, left to the repair of damage)
+        if snap.index < log.next_index and log.term_at(snap.index) in (snap.term, 0):
+            return
+        log.reset(snap.index + 1)
 
     def compact(self, through_index: int, data: bytes = b"") -> None:
         """Retention: record the snapshot point at `through_index` (which must end a stored

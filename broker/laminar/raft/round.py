@@ -1,7 +1,8 @@
-"""One round of a node's Raft groups, in the order every runtime carries it out: the broker
-(server/node.py, `Broker._persist_ready`) and the simulator (sim/cluster.py, `_drain`) both
-run `plan` and then these steps, so the seeds test the ordering that ships (etcd-raft's
-Ready, with its `msgs` and `msgsAfterAppend`):
+"""One round of a node's Raft groups, in the order every runtime carries it out: the node
+core (node/core.py, `NodeCore.begin`, carried out by the broker's server/node.py and by the
+node simulation) and the Raft simulator (sim/cluster.py, `_drain`) all run `plan` and then
+these steps, so the seeds test the ordering that ships (etcd-raft's Ready, with its `msgs`
+and `msgsAfterAppend`):
 
 1. install each group's snapshot;
 2. write its entries (not durable yet);

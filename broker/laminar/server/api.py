@@ -8,9 +8,8 @@ Every input is validated before anything changes; errors are JSON
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
+import dataclasses
 import datetime
 import logging
 import re
@@ -28,13 +27,11 @@ from ..contract import (
     DEFAULT_READ_RECORDS,
     JSON_TYPE,
     LOG_START_HEADER,
-    MAX_APPEND_RECORDS,
     MAX_INDEX,
     MAX_METADATA_INDEX,
     MAX_READ_BYTES,
     MAX_READ_RECORDS,
     MAX_WAIT_MS,
-    MAX_WEIGHT,
     METADATA_INDEX_HEADER,
     METADATA_WAIT_S,
     NEXT_INDEX_HEADER,
@@ -45,8 +42,6 @@ from ..contract import (
 from ..credentials import internal_token
 from ..log.batch import (
     BATCH_HEADER_BYTES,
-    MAX_HEADERS_PER_RECORD,
-    Record,
     encode_batch,
     parse_header,
     records_from,
@@ -61,7 +56,6 @@ from ..log.errors import (
     IndexOutOfRangeError,
     MalformedRecordsError,
 )
-from ..log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 from ..metadata import (
     AlterTopic,
     CreateTopic,
@@ -71,6 +65,29 @@ from ..metadata import (
     SetWeight,
 )
 from ..metadata.state import Topic
+from ..models import (
+    ABSENT,
+    AlterTopicRequest,
+    AppendRequest,
+    AppendResult,
+    ClusterInfo,
+    CreateTopicRequest,
+    Handoff,
+    HostedPartition,
+    Member,
+    ModelError,
+    NodeAdminState,
+    NodePartitions,
+    NodeTls,
+    PartitionList,
+    PartitionState,
+    ReadResult,
+    TopicDescription,
+    TopicInfo,
+    TopicList,
+    WeightRequest,
+)
+from ..models.checks import JsonModel
 from ..partition import status_table
 from ..partition.errors import (
     CommitLost,
@@ -81,6 +98,7 @@ from ..partition.errors import (
     SequenceConflict,
 )
 from ..partition.replica import Replica
+from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .groups_api import GroupsApi
@@ -92,16 +110,14 @@ from .http import (
     malformed,
     outcome_unknown,
     parse_json,
+    parsed,
     read_body,
-    record_json,
     unavailable,
 )
 from .metrics import BrokerMetrics
-from .node import Broker, View
+from .node import Broker
 
 log = logging.getLogger(__name__)
-#: A record header name is at most this many bytes of UTF-8 (the batch format's u16).
-MAX_HEADER_NAME_BYTES = 2**16 - 1
 #: JSON request bodies are decoded (parsed, checked, encoded as a batch) in worker threads,
 #: at most this many at a time, so that a big one never holds the event loop for long. A body
 #: this small is decoded on the loop, where it takes well under a millisecond: a JSON body
@@ -137,6 +153,7 @@ STATUS_CODES = {
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
+M = TypeVar("M", bound=JsonModel)
 #: aiohttp's own HTTP errors raised under a handler, as API error codes (others: bad_request)
 HTTP_ERROR_CODES = {
     404: "not_found",
@@ -211,7 +228,7 @@ class Api:
         """Every few seconds: drop replicas the partition's leader no longer counts."""
         while True:
             await asyncio.sleep(COLLECT_INTERVAL_S)
-            if not self.broker.replicas:
+            if not self.broker.core.replicas:
                 continue
             try:  # fresh reports only: each look reads newer ones than the last
                 view = self.broker.status.view(status_table.FRESH_MS)
@@ -231,7 +248,7 @@ class Api:
                 await self._metadata_seen(request)
             response = await handler(request)
             if versioned:
-                response.headers[METADATA_INDEX_HEADER] = str(self.broker.meta_applied_index)
+                response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
             return response
         except ApiError as e:
             error = e
@@ -265,7 +282,7 @@ class Api:
             self.metrics.request_errors.labels(str(error.status), error.code).inc()
         response = error.response()
         if versioned:
-            response.headers[METADATA_INDEX_HEADER] = str(self.broker.meta_applied_index)
+            response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
         return response
 
     async def _metadata_seen(self, request: web.Request) -> None:
@@ -282,10 +299,10 @@ class Api:
         if index > MAX_METADATA_INDEX:
             raise ApiError(400, "bad_request", f"{METADATA_INDEX_HEADER} is out of range")
         wait_s = min(METADATA_WAIT_S, self.timeout_s)
-        if not await self.broker.metadata_applied(index, wait_s):
+        if not await self.broker.waits.metadata_applied(index, wait_s):
             raise unavailable(
                 f"this broker has applied the cluster metadata up to index "
-                f"{self.broker.meta_applied_index}, behind index {index} that the client has "
+                f"{self.broker.core.meta_applied_index}, behind index {index} that the client has "
                 f"seen (not within {wait_s:g} s); retry, or ask another broker"
             )
 
@@ -393,14 +410,14 @@ class Api:
         """Topic `name`, which must have `partition`. A topic (or partition) this broker does
         not know is 404 only once it has applied every committed metadata change; until it
         can tell, 503 (a restarted or partitioned broker must not deny what exists)."""
-        topic = self.broker.state.topics.get(name)
+        topic = self.broker.core.state.topics.get(name)
         if topic is None or partition >= topic.partitions:
-            if not await self.broker.metadata_barrier(METADATA_BARRIER_TIMEOUT_S):
+            if not await self.broker.waits.metadata_barrier(METADATA_BARRIER_TIMEOUT_S):
                 raise unavailable(
                     f"{self.broker.id} has not caught up with the cluster metadata and cannot "
                     f"tell yet whether topic {name} exists; retry"
                 )
-            topic = self.broker.state.topics.get(name)
+            topic = self.broker.core.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
         if partition >= topic.partitions:
@@ -423,7 +440,7 @@ class Api:
 
     async def _metadata(self, request: web.Request, command: Any) -> None:
         try:
-            await self.broker.propose_metadata(command, self.timeout_s)
+            await self.broker.waits.propose_metadata(command, self.timeout_s)
         except NotLeader as e:
             raise self._redirect(request, e.leader, "the cluster metadata") from e
         except MetadataError as e:
@@ -439,72 +456,66 @@ class Api:
 
     async def cluster(self, _: web.Request) -> web.Response:
         broker = self.broker
-        members = []
-        for node, (status, api, peer) in sorted(broker.members().items()):
-            members.append(
-                {
-                    "id": node,
-                    "api_url": broker.api_url(api),
-                    "peer_addr": peer,
-                    "state": status.name.lower(),
-                    "weight": broker.state.weight(node),
-                    "draining": node in broker.state.draining,
-                }
+        members = tuple(
+            Member(
+                id=node,
+                api_url=broker.api_url(api),
+                peer_addr=peer,
+                state=status.name.lower(),
+                weight=broker.core.state.weight(node),
+                draining=node in broker.core.state.draining,
             )
-        return json_response(
-            {
-                "cluster_id": broker.config.cluster_id,
-                "node_id": broker.id,
-                "metadata_leader": broker.metadata_leader,
-                "members": members,
-            }
+            for node, (status, api, peer) in sorted(broker.members().items())
         )
+        leader = broker.core.metadata_leader
+        info = ClusterInfo(broker.config.cluster_id, broker.id, leader, members)
+        return json_response(info.to_json())
 
     async def node_partitions(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         if node == self.broker.id:
-            return json_response({"node_id": node, "partitions": self.broker.hosted()})
+            hosted = tuple(HostedPartition.from_json(p) for p in self.broker.core.hosted())
+            return json_response(NodePartitions(node, hosted).to_json())
         address = self.broker.api_address_of(node)
         if address is None:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
-        hosted = await self._fetch_hosted(node, address)
-        if hosted is None:
+        answer = await self._fetch(address, f"/v1/nodes/{node}/partitions", NodePartitions)
+        if answer is None:
             raise unavailable(f"{node} did not answer")
-        return json_response({"node_id": node, "partitions": hosted})
+        return json_response(dataclasses.replace(answer, node_id=node).to_json())
 
-    def _tls_body(self) -> dict[str, Any]:
+    def _tls(self) -> NodeTls:
         tls = self.broker.tls
         if tls is None:
-            return {"node_id": self.broker.id, "enabled": False}
+            return NodeTls(self.broker.id, enabled=False)
         expires = datetime.datetime.fromtimestamp(tls.not_after, datetime.UTC)
-        return {
-            "node_id": self.broker.id,
-            "enabled": True,
-            "certificate": {
-                "fingerprint": tls.fingerprint,
-                "not_after": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            },
-            "trusted_cas": list(tls.trusted),
-            "reloads": tls.reloads,
-            "reload_error": tls.error,
-        }
+        return NodeTls(
+            self.broker.id,
+            enabled=True,
+            fingerprint=tls.fingerprint,
+            not_after=expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            trusted_cas=tuple(tls.trusted),
+            reloads=tls.reloads,
+            reload_error=tls.error,
+        )
 
     async def node_tls(self, request: web.Request) -> web.Response:
         """The certificate node `{id}` serves and the CAs it trusts, as it loaded them (the
         operator's CA rotation waits on these)."""
         node = request.match_info["node"]
         if node == self.broker.id:
-            return json_response(self._tls_body())
+            return json_response(self._tls().to_json())
         address = self.broker.api_address_of(node)
         if address is None:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
-        body = await self._fetch(address, f"/v1/nodes/{node}/tls")
-        if body is None or body.get("node_id") != node:
+        answer = await self._fetch(address, f"/v1/nodes/{node}/tls", NodeTls)
+        if answer is None or answer.node_id != node:
             raise unavailable(f"{node} did not answer")
-        return json_response(body)
+        return json_response(answer.to_json())
 
-    async def _fetch(self, address: str, path: str) -> dict[str, Any] | None:
-        """GET `path` of the broker at API `address`, as this broker (None: no JSON object)."""
+    async def _fetch(self, address: str, path: str, model: type[M]) -> M | None:
+        """GET `path` of the broker at API `address`, as this broker, as `model` (None: no
+        answer, or not one)."""
         if self._session is None:
             self._session = ClientSession(timeout=ClientTimeout(total=2))
         headers = {"Authorization": f"Bearer {self.auth.internal_token}"}
@@ -521,12 +532,10 @@ class Api:
                 body = await response.json()
         except (OSError, TimeoutError, ValueError):
             return None
-        return body if isinstance(body, dict) else None
-
-    async def _fetch_hosted(self, node: str, address: str) -> list[dict[str, Any]] | None:
-        body = await self._fetch(address, f"/v1/nodes/{node}/partitions")
-        partitions = None if body is None else body.get("partitions")
-        return partitions if isinstance(partitions, list) else None
+        try:
+            return model.from_json(body)
+        except ModelError:
+            return None
 
     def cluster_view(self) -> View:
         """Every alive member's hosted replicas, from the partition status table (this
@@ -535,15 +544,15 @@ class Api:
 
     def _node(self, request: web.Request) -> str:
         node = request.match_info["node"]
-        state = self.broker.state
+        state = self.broker.core.state
         known = set(self.broker.members()) | set(state.weights) | state.draining
         if not NODE_ID.fullmatch(node) or node not in known:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
         return node
 
     def _node_body(self, node: str) -> dict[str, Any]:
-        state = self.broker.state
-        return {"node": node, "draining": node in state.draining, "weight": state.weight(node)}
+        state = self.broker.core.state
+        return NodeAdminState(node, node in state.draining, state.weight(node)).to_json()
 
     async def drain(self, request: web.Request) -> web.Response:
         node = self._node(request)
@@ -562,70 +571,64 @@ class Api:
         if node != self.broker.id:
             raise self._redirect(request, node, f"node {node}")
         leading = await self.broker.hand_off_leaderships(HANDOFF_TIMEOUT_S)
-        return json_response({"node": node, "leading": leading})
+        return json_response(Handoff(node, leading).to_json())
 
     async def weight(self, request: web.Request) -> web.Response:
         node = self._node(request)
-        body = await self._json(request)
-        weight = body.get("weight") if isinstance(body, dict) else None
-        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
-            raise ApiError(400, "bad_request", f"weight must be an integer in [0, {MAX_WEIGHT}]")
-        await self._metadata(request, SetWeight(node, weight))
+        wanted = parsed(WeightRequest, await self._json(request))
+        await self._metadata(request, SetWeight(node, wanted.weight))
         return json_response(self._node_body(node))
 
     # ---- topics ----------------------------------------------------------------------------
 
-    def _topic_body(self, name: str) -> dict[str, Any]:
-        topic = self.broker.state.topics[name]
-        return {
-            "name": topic.name,
-            "partitions": topic.partitions,
-            "replication_factor": topic.replication_factor,
-            "config": dict(topic.config),
-        }
+    def _topic_info(self, name: str) -> TopicInfo:
+        topic = self.broker.core.state.topics[name]
+        return TopicInfo(topic.name, topic.partitions, topic.replication_factor, topic.config)
 
     async def list_topics(self, request: web.Request) -> web.Response:
         """Every topic for an admin; for others, the topics in their scope."""
         principal = request[PRINCIPAL_KEY]
-        names = sorted(n for n in self.broker.state.topics if principal.in_scope(n))
-        return json_response({"topics": [self._topic_body(n) for n in names]})
+        names = sorted(n for n in self.broker.core.state.topics if principal.in_scope(n))
+        return json_response(TopicList(tuple(self._topic_info(n) for n in names)).to_json())
 
     async def create_topic(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "bad_request", "the body must be a JSON object")
-        unknown = sorted(set(body) - {"name", "partitions", "replication_factor", "config"})
-        if unknown:
-            raise ApiError(400, "bad_request", f"unknown fields {unknown}")
-        eligible = sum(1 for c in self.broker.candidates() if c.eligible)
+        wanted = parsed(CreateTopicRequest, await self._json(request))
+        replication_factor = wanted.replication_factor
+        if replication_factor is ABSENT:
+            eligible = sum(1 for c in self.broker.core.candidates() if c.eligible)
+            replication_factor = max(1, min(3, eligible))
         command = CreateTopic(
-            body.get("name"),  # type: ignore[arg-type]
-            body.get("partitions", 1),
-            body.get("replication_factor", max(1, min(3, eligible))),
-            body.get("config", {}),
+            wanted.name,
+            1 if wanted.partitions is ABSENT else wanted.partitions,
+            replication_factor,
+            {} if wanted.config is ABSENT else wanted.config,
         )
         await self._metadata(request, command)
-        return json_response(await self.describe(command.name), status=201)
+        return json_response((await self.describe(command.name)).to_json(), status=201)
 
     async def describe_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         await self._topic(name)
-        return json_response(await self.describe(name))
+        return json_response((await self.describe(name)).to_json())
 
-    async def describe(self, name: str, view: View | None = None) -> dict[str, Any]:
+    async def describe(self, name: str, view: View | None = None) -> TopicDescription:
         """A topic as `GET /v1/topics/{name}` answers it (ApiError 404 if there is none),
         from `view` (default: the partition status table's, every peer's report refreshed)."""
-        topic = self.broker.state.topics.get(name)
+        topic = self.broker.core.state.topics.get(name)
         if topic is None:
             raise ApiError(404, "not_found", f"no topic {name}")
         if view is None:
             await self.broker.status.refresh(STATUS_REFRESH_S)
             view = self.cluster_view()
-        return {**self._topic_body(name), "partition_states": self._states(name, view)}
+        info = self._topic_info(name)
+        states = self._states(name, view)
+        return TopicDescription(
+            info.name, info.partitions, info.replication_factor, info.config, states
+        )
 
-    def _states(self, name: str, view: View) -> list[dict[str, Any]]:
+    def _states(self, name: str, view: View) -> tuple[PartitionState, ...]:
         """Topic `name`'s partition states, from `view` (the status table's)."""
-        topic = self.broker.state.topics[name]
+        topic = self.broker.core.state.topics[name]
         leaders = view_leaders(view)
         reports: dict[int, dict[str, Any]] = {}  # any replica's report, when no leader's
         for hosted in view.values():
@@ -639,20 +642,20 @@ class Api:
             source = best or reports.get(partition)
             address = self.broker.api_address_of(leader)
             states.append(
-                {
-                    "partition": partition,
-                    "leader": leader,
-                    "term": int(best["term"]) if best is not None else None,
-                    "leader_url": self.broker.api_url(address) if address else None,
-                    "replicas": (source["voters"] if source else list(topic.assignment[partition])),
-                    "learners": source["learners"] if source else [],
-                    "in_sync": best["in_sync"] if best else [],
-                    "log_start": source["log_start"] if source else 0,
-                    "commit_index": source["commit_index"] if source else -1,
-                    "log_end": source["log_end"] if source else 0,
-                }
+                PartitionState(
+                    partition=partition,
+                    leader=leader,
+                    term=int(best["term"]) if best is not None else None,
+                    leader_url=self.broker.api_url(address) if address else None,
+                    replicas=tuple(source["voters"] if source else topic.assignment[partition]),
+                    learners=tuple(source["learners"]) if source else (),
+                    in_sync=tuple(best["in_sync"]) if best else (),
+                    log_start=source["log_start"] if source else 0,
+                    commit_index=source["commit_index"] if source else -1,
+                    log_end=source["log_end"] if source else 0,
+                )
             )
-        return states
+        return tuple(states)
 
     async def list_partitions(self, request: web.Request) -> web.Response:
         """`GET /v1/partitions[?topic=t]`: the partition status table, every topic's (in the
@@ -665,26 +668,23 @@ class Api:
             await self._topic(wanted)
             names = [wanted]
         else:
-            names = sorted(n for n in self.broker.state.topics if principal.in_scope(n))
+            names = sorted(n for n in self.broker.core.state.topics if principal.in_scope(n))
         await self.broker.status.refresh(STATUS_REFRESH_S)
         view = self.cluster_view()
-        rows = [
-            {"topic": name, **state}
+        rows = tuple(
+            dataclasses.replace(state, topic=name)
             for name in names
-            if name in self.broker.state.topics  # (deleted meanwhile)
+            if name in self.broker.core.state.topics  # (deleted meanwhile)
             for state in self._states(name, view)
-        ]
-        return json_response({"partitions": rows})
+        )
+        return json_response(PartitionList(rows).to_json())
 
     async def alter_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         await self._topic(name)
-        body = await self._json(request)
-        if not isinstance(body, dict) or not body or set(body) - {"partitions", "config"}:
-            raise ApiError(400, "bad_request", 'send an object with "partitions" and/or "config"')
-        command = AlterTopic(name, body.get("partitions"), body.get("config"))
-        await self._metadata(request, command)
-        return json_response(await self.describe(name))
+        wanted = parsed(AlterTopicRequest, await self._json(request))
+        await self._metadata(request, AlterTopic(name, wanted.partitions, wanted.config))
+        return json_response((await self.describe(name)).to_json())
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -715,7 +715,7 @@ class Api:
     async def append(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         topic, partition = await self._partition(request)
-        replica = self.broker.replica(topic, partition)
+        replica = self.broker.core.replica(topic, partition)
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
@@ -770,33 +770,18 @@ class Api:
             raise unavailable(f"{e}: the append was not written; retry") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
-        return json_response(
-            {"base_index": base, "count": header.record_count, "duplicate": duplicate}
-        )
+        return json_response(AppendResult(base, header.record_count, duplicate).to_json())
 
     def _json_batch(self, body: bytes) -> bytes:
         """A JSON append's body as one batch (ApiError when it is not a valid one). Runs in a
         worker thread for all but small bodies (`_decode`): it touches no shared state."""
-        document = parse_json(body)
-        if not isinstance(document, dict) or not isinstance(document.get("records"), list):
-            raise ApiError(400, "bad_request", 'the body must be {"records": [...]}')
-        items = document["records"]
-        if not items:
-            raise ApiError(400, "bad_request", "records must not be empty")
-        if len(items) > MAX_APPEND_RECORDS:
-            raise ApiError(
-                413,
-                "payload_too_large",
-                f"a JSON append carries at most {MAX_APPEND_RECORDS} records, not {len(items)}: "
-                "split it (or send a binary batch)",
-            )
-        producer_id = _optional_int(document, "producer_id", 1)
-        sequence = _optional_int(document, "sequence", 0)
-        if (producer_id is None) != (sequence is None):
-            raise ApiError(400, "bad_request", "give producer_id and sequence together")
-        records = [_json_record(n, item) for n, item in enumerate(items)]
+        append = parsed(AppendRequest, parse_json(body))
         try:
-            return encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+            return encode_batch(
+                append.records,
+                producer_id=append.producer_id or 0,
+                producer_seq=append.sequence or 0,
+            )
         except BatchError as e:  # timestamps too far apart for one batch (2^31-1 ms)
             raise ApiError(400, "bad_request", f"the records do not fit one batch: {e}") from e
 
@@ -804,7 +789,7 @@ class Api:
         started = time.perf_counter()
         topic, partition = await self._partition(request)
         query = request.query
-        replica = self.broker.replica(topic, partition)
+        replica = self.broker.core.replica(topic, partition)
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         from_index = _query_int(query, "from", replica.log_start, 0, MAX_INDEX)
@@ -834,7 +819,9 @@ class Api:
         except MalformedRecordsError as e:
             # stored before appends checked records: the answer stops before such a batch,
             # and a read that starts at one is told where to go on (never a 500)
-            self.broker.report_malformed(replica.group, "read", e.base_index, e.next_index, str(e))
+            self.broker.core.report_malformed(
+                replica.group, "read", e.base_index, e.next_index, str(e)
+            )
             raise malformed(replica, e) from e
 
     def _position_headers(self, replica: Replica, next_index: int) -> dict[str, str]:
@@ -877,18 +864,12 @@ class Api:
         self, replica: Replica, data: bytes, from_index: int, max_records: int
     ) -> web.Response:
         stored, end, _ = records_from(data, from_index, max_records)
-        records = [record_json(record) for record in stored]
         next_index = from_index if end is None else max(end, from_index)
-        body = {
-            "records": records,
-            "next_index": next_index,
-            "commit_index": replica.commit_index,
-            "log_start": replica.log_start,
-        }
+        body = ReadResult(stored, next_index, replica.commit_index, replica.log_start).to_json()
         return json_response(body, headers=self._position_headers(replica, next_index))
 
 
-# ---- JSON records --------------------------------------------------------------------------
+# ---- query parameters ----------------------------------------------------------------------
 
 
 def _query_int(query: Any, name: str, default: int, low: int, high: int) -> int:
@@ -901,76 +882,3 @@ def _query_int(query: Any, name: str, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ApiError(400, "bad_request", f"{name}={value} must be in [{low}, {high}]")
     return value
-
-
-def _optional_int(document: dict[str, Any], name: str, low: int) -> int | None:
-    value = document.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_INDEX:
-        raise ApiError(400, "bad_request", f"{name} must be an integer in [{low}, 2^63-1]")
-    return value
-
-
-def _decode_field(value: Any, binary: bool, what: str) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ApiError(400, "bad_request", f"{what} must be a string or null")
-    if not binary:
-        try:
-            return value.encode()
-        except UnicodeEncodeError as e:  # a lone surrogate (the JSON parser refuses them too)
-            raise ApiError(400, "bad_request", f"{what} is not valid Unicode") from e
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ApiError(400, "bad_request", f"{what} is not valid base64") from e
-
-
-def _json_record(n: int, item: Any) -> Record:
-    if not isinstance(item, dict):
-        raise ApiError(400, "bad_request", f"records[{n}] must be an object")
-    unknown = set(item) - {"key", "value", "headers", "encoding", "timestamp_ms"}
-    if unknown:
-        raise ApiError(400, "bad_request", f"records[{n}] has unknown fields {sorted(unknown)}")
-    encoding = item.get("encoding", "utf-8")
-    if encoding not in ("utf-8", "base64"):
-        raise ApiError(400, "bad_request", f'records[{n}].encoding must be "utf-8" or "base64"')
-    binary = encoding == "base64"
-    headers = item.get("headers")
-    if headers is None:
-        headers = {}
-    if not isinstance(headers, dict):
-        raise ApiError(400, "bad_request", f"records[{n}].headers must be an object")
-    if len(headers) > MAX_HEADERS_PER_RECORD:
-        raise ApiError(
-            400, "bad_request", f"records[{n}] has more than {MAX_HEADERS_PER_RECORD} headers"
-        )
-    header_items = []
-    for name, value in headers.items():
-        what = f"records[{n}].headers[{name[:40]!r}]"
-        if len(_decode_field(name, False, f"{what} name") or b"") > MAX_HEADER_NAME_BYTES:
-            raise ApiError(
-                400, "bad_request", f"{what}: a name is at most {MAX_HEADER_NAME_BYTES} bytes"
-            )
-        data = _decode_field(value, binary, what)
-        header_items.append((name, data or b""))
-    timestamp = item.get("timestamp_ms")
-    if timestamp is not None and (
-        not isinstance(timestamp, int)
-        or isinstance(timestamp, bool)
-        or not MIN_TIMESTAMP_MS <= timestamp <= MAX_TIMESTAMP_MS
-    ):
-        raise ApiError(
-            400,
-            "bad_request",
-            f"records[{n}].timestamp_ms must be an integer in [{MIN_TIMESTAMP_MS}, "
-            f"{MAX_TIMESTAMP_MS}] (ms since the epoch, up to the end of the year 9999)",
-        )
-    return Record(
-        value=_decode_field(item.get("value"), binary, f"records[{n}].value"),
-        key=_decode_field(item.get("key"), binary, f"records[{n}].key"),
-        headers=tuple(header_items),
-        timestamp_ms=timestamp,
-    )

@@ -79,7 +79,13 @@ async def serve(config: BrokerConfig) -> None:
             except KubeError as e:
                 raise BrokerError(f"cannot report status to Kubernetes: {e}") from e
             reporting = asyncio.create_task(reporter.run())
-        await stop.wait()
+        failed = asyncio.create_task(broker.failed.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait((failed, stopped), return_when=asyncio.FIRST_COMPLETED)
+        failed.cancel()
+        stopped.cancel()
+        if broker.failed.is_set():
+            raise BrokerError("storage failed: stopped so that a restart recovers from disk")
         log.info("%s: shutting down", config.node_id)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -89,7 +95,7 @@ async def serve(config: BrokerConfig) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reporting
         with contextlib.suppress(Exception):
-            await broker.stop(graceful=True)
+            await broker.stop(graceful=not broker.failed.is_set())
         await runner.cleanup()
 
 

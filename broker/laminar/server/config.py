@@ -19,6 +19,7 @@ from ..credentials import CredentialsError, token_problem
 from ..credentials import load as load_credentials
 from ..log.config import FsyncPolicy
 from ..metadata.state import NODE_ID
+from ..node.core import CoreConfig
 from ..tls import TlsFiles
 
 #: The ports and defaults are the settings table's (laminar/settings.py); these names stay
@@ -348,3 +349,18 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
         except CredentialsError as e:
             raise ConfigError(str(e)) from None
     return BrokerConfig(**values, secret=secret, token=token)
+
+
+def core_config(config: BrokerConfig) -> CoreConfig:
+    """What the node core takes of a broker's settings."""
+    return CoreConfig(
+        config.node_id,
+        election_ticks=config.election_ticks,
+        segment_bytes=config.segment_bytes,
+        fsync=config.fsync,
+        fsync_interval_ms=config.fsync_interval_ms,
+        max_pending_bytes_per_partition=config.max_pending_bytes_per_partition,
+        dead_grace_ms=config.dead_grace_ms,
+        initial_nodes=tuple(config.initial_nodes),
+        joins=bool(config.seeds),
+    )

@@ -149,3 +149,27 @@ class DeadLetterMover:
             pass  # an older sequence than the dead-letter partition's last: appended before
         except NotFound as e:
             raise LaminarError(503, "unavailable", f"{self.dlq} is not ready yet: {e}") from e
+
+
+class DeadLetterMovers:
+    """One mover task per partition led here that has dead letters (`start`, as the node
+    core asks in `Round.movers`); a task ends by itself when nothing is pending or the
+    replica stops leading."""
+
+    def __init__(self, client: Callable[[], AsyncClient]) -> None:
+        self._client = client
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, replica: Replica, topics: Callable[[], Mapping[str, Topic]]) -> None:
+        topic = topics().get(replica.topic)
+        if topic is None or replica.group in self.tasks:
+            return
+        mover = DeadLetterMover(self._client(), replica, topic)
+        task = asyncio.get_running_loop().create_task(mover.run(topics))
+        self.tasks[replica.group] = task
+        task.add_done_callback(lambda t: self._done(replica.group, t))
+
+    def _done(self, group: str, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(group, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: dead-letter mover failed", group, exc_info=task.exception())

@@ -20,10 +20,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..client.models import TopicDescription
 from ..kube import Credentials, KubeClient, KubeError, topic_status
+from ..partition.status_table import misplaced_partitions
 from .http import ApiError
-from .node import misplaced_partitions
 
 if TYPE_CHECKING:
     from .api import Api
@@ -56,7 +55,7 @@ class KubeStatusReporter:
             while True:
                 await asyncio.sleep(REPORT_INTERVAL_S)
                 broker = self.api.broker
-                if broker.metadata_leader != broker.id:
+                if broker.core.metadata_leader != broker.id:
                     self._members = None
                     continue
                 try:
@@ -77,13 +76,13 @@ class KubeStatusReporter:
             name = obj["metadata"]["name"]
             if (obj.get("spec") or {}).get("cluster") != self.cluster:
                 continue
-            if name not in broker.state.topics or obj["metadata"].get("deletionTimestamp"):
+            if name not in broker.core.state.topics or obj["metadata"].get("deletionTimestamp"):
                 continue
             try:
                 described = await self.api.describe(name, view)
             except ApiError:
                 continue  # deleted meanwhile
-            status = topic_status(TopicDescription.from_json(described))
+            status = topic_status(described)
             partitions += len(status["partitions"])
             under += status["underReplicated"]
             for p in status["partitions"]:
@@ -100,7 +99,7 @@ class KubeStatusReporter:
                 {
                     "name": node,
                     "state": state.name.lower(),
-                    "weight": broker.state.weight(node),
+                    "weight": broker.core.state.weight(node),
                     "leaders": leaders.get(node, 0),
                     "replicas": hosted.get(node, 0),
                 }
@@ -110,7 +109,7 @@ class KubeStatusReporter:
             "partitions": partitions,
             "underReplicated": under,
             "rebalancingPartitions": misplaced_partitions(
-                view, broker.state.topics, broker.candidates()
+                view, broker.core.state.topics, broker.core.candidates()
             ),
         }
         now = time.monotonic()

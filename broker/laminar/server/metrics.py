@@ -53,7 +53,7 @@ class _BrokerCollector(Collector):
             "1 while the replica refetches records its log lost to damage on disk",
             labels=labels,
         )
-        for replica in sorted(broker.replicas.values(), key=lambda r: r.group):
+        for replica in sorted(broker.core.replicas.values(), key=lambda r: r.group):
             values = [replica.topic, str(replica.partition)]
             role.add_metric(values, 1.0 if replica.raft.role is Role.LEADER else 0.0)
             commit.add_metric(values, replica.commit_index)
@@ -77,7 +77,7 @@ class _BrokerCollector(Collector):
         meta = GaugeMetricFamily(
             "laminar_metadata_leader", "1 if this broker leads the metadata group"
         )
-        meta.add_metric([], 1.0 if broker.metadata_leader == broker.id else 0.0)
+        meta.add_metric([], 1.0 if broker.core.metadata_leader == broker.id else 0.0)
         yield meta
         for prefix, name, help_text in (
             ("raft", "elections", "Raft elections this broker started"),
@@ -92,7 +92,7 @@ class _BrokerCollector(Collector):
             ("storage", "quarantined_replicas", "replicas of topics never known here, set aside"),
         ):
             counter = CounterMetricFamily(f"laminar_{prefix}_{name}", help_text)
-            counter.add_metric([], broker.counters[name])
+            counter.add_metric([], broker.core.counters[name])
             yield counter
         malformed = CounterMetricFamily(
             "laminar_malformed_records",
@@ -101,7 +101,7 @@ class _BrokerCollector(Collector):
             "(settled unseen for a group), dead_letter (moved without the record); each once",
             labels=["path"],
         )
-        for path, count in broker.malformed_records.items():
+        for path, count in broker.core.malformed_records.items():
             malformed.add_metric([path], count)
         yield malformed
         for name, value in broker.timers.items():
@@ -216,7 +216,7 @@ def _group_metrics(broker: Broker) -> Iterator[Metric]:
             ("dead_lettered", "messages moved to the dead-letter topic (total)"),
         )
     }
-    for replica in sorted(broker.replicas.values(), key=lambda r: r.group):
+    for replica in sorted(broker.core.replicas.values(), key=lambda r: r.group):
         if replica.groups is None or replica.raft.role is not Role.LEADER:
             continue
         for group in sorted(replica.groups.state.groups):

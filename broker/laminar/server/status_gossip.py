@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..partition import status_table
 from ..partition.signal import Signal
-from ..partition.status_table import ReportError, Row, StatusTable
-from ..raft.messages import Entry, Message, MessageType
+from ..partition.status_table import ReportError, Row, StatusPublisher, StatusTable
+from ..raft.messages import Message, MessageType
 
 if TYPE_CHECKING:
     from .node import Broker
@@ -38,9 +38,7 @@ class StatusGossip:
         self.broker = broker
         self.table = StatusTable()
         # versions grow across restarts too: microseconds of the wall clock at start, then +1
-        self._version = time.time_ns() // 1_000
-        self._published: tuple[tuple[Any, ...], ...] | None = None
-        self._published_ms = 0
+        self.publisher = StatusPublisher(broker.id, time.time_ns() // 1_000)
         self._warned = 0.0
         #: notified whenever a newer report is merged
         self._merged = Signal()
@@ -50,25 +48,25 @@ class StatusGossip:
         """Every alive member's hosted replicas: this broker's live, the others' reports no
         older than `max_age_ms`."""
         broker = self.broker
-        view = self.table.view(broker.swim_alive(), _now_ms(), max_age_ms)
+        view = self.table.view(broker.core.alive(), _now_ms(), max_age_ms)
         view.pop(broker.id, None)
-        return {broker.id: broker.hosted(), **view}
+        return {broker.id: broker.core.hosted(), **view}
 
     def on_message(self, message: Message) -> None:
         """A peer's STATUS message: its report, or (no entry) its request for this one's."""
-        if not message.entries:
+        if status_table.is_request(message):
             self.publish(force=True, only=message.src)
             return
         try:
-            rows = status_table.decode_report(message.entries[0].data)
+            merged = self.table.receive(message, _now_ms())
         except ReportError as e:
-            self.broker.counters["bad_status_reports"] += 1
+            self.broker.core.counters["bad_status_reports"] += 1
             now = time.monotonic()
             if now - self._warned >= WARNING_INTERVAL_S:
                 self._warned = now
                 log.warning("status report from %s ignored: %s", message.src, e)
             return
-        if self.table.merge(message.src, message.index, rows, _now_ms()):
+        if merged:
             self._merged.notify()
 
     async def merged(self, timeout_s: float) -> bool:
@@ -86,13 +84,11 @@ class StatusGossip:
 
     async def _refresh(self, timeout_s: float) -> None:
         broker = self.broker
-        peers = sorted(broker.swim_alive() - {broker.id})
+        peers = sorted(broker.core.alive() - {broker.id})
         if not peers:
             return
         before = {peer: self.table.version_of(peer) for peer in peers}
-        broker.send_node_messages(
-            Message(MessageType.STATUS, "", broker.id, peer, 0) for peer in peers
-        )
+        broker.send(Message(MessageType.STATUS, "", broker.id, peer, 0) for peer in peers)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while any(self.table.version_of(p) == before[p] for p in peers):
@@ -114,25 +110,16 @@ class StatusGossip:
     def publish(self, *, force: bool = False, only: str | None = None) -> bool:
         """Send this broker's report to every alive peer if it changed, or is due (`force`:
         now; `only`: to that peer alone, which asked for it)."""
-        broker = self.broker
+        core = self.broker.core
+        now = _now_ms()
         if only is not None:
-            peers = [only] if only in broker.swim_alive() else []
+            shape = None
+            peers = [only] if only in core.alive() else []
         else:
-            shape = broker.hosted_structure()
-            now = _now_ms()
-            due = now - self._published_ms >= status_table.REFRESH_MS
-            if not (force or due or shape != self._published):
+            shape = core.hosted_structure()
+            if not (force or self.publisher.due(shape, now)):
                 return False
-            peers = sorted(broker.swim_alive() - {broker.id})
-            self._published, self._published_ms = shape, now
-        if not peers:
-            return False
-        self._version += 1
-        data = status_table.encode_report(broker.hosted())
-        entry = Entry(0, 1, 0, data)
-        version = self._version
-        broker.send_node_messages(
-            Message(MessageType.STATUS, "", broker.id, peer, 0, index=version, entries=(entry,))
-            for peer in peers
-        )
-        return True
+            peers = sorted(core.alive() - {core.id})
+        messages = self.publisher.publish(shape, core.hosted() if peers else [], peers, now)
+        self.broker.send(messages)
+        return bool(messages)

@@ -1,0 +1,1063 @@
+"""The node core: everything one broker decides, with no I/O of its own (sans-I/O).
+
+`NodeCore` owns the node's Raft groups (`MultiRaft`): the `__cluster` metadata group, whose
+state machine (`ClusterState`) it applies, and the data partitions' replicas, which it hosts,
+repairs, quarantines and drops. It runs placement control (each leader moves its group one
+step toward its rendezvous target), retention, metadata compaction, metadata barriers (read
+index) and a partition leader's consumer-group duties.
+
+Its inputs: `receive(messages)` from peers, `tick()` from the clock, `set_clock(...)`,
+`propose_metadata(command)`, `request_barrier()`, membership events (`on_member_event`) and
+the members SWIM reports (`membership`, a function given at construction). Its output is
+one `Round` at a time (`begin`): the group-commit round. A round has been written to the
+logs (page cache) and applied as far as committed; it lists
+
+* `before`: messages to send at once (a leader's appends and heartbeats: sent before its
+  own fsync, as etcd's `msgs`);
+* `syncs` then `saves`: the fdatasyncs of every storage the round wrote (logs, staged
+  checkpoint and topic files), then the durable hard-state writes;
+* `after`: messages to send only once those are durable (votes and acknowledgements:
+  etcd's `msgsAfterAppend`);
+* `answers` (metadata proposals applied) and `barriers` (metadata read barriers passed);
+* `movers`: partitions whose dead letters want moving.
+
+The runtime (`laminar.server.node.Broker`) carries a round out with real sockets, threads
+and files, then calls `finish`; the simulator (`laminar.sim.node_cluster`) carries it out
+over a simulated network and `MemoryDirectory` storage. Both run this class.
+
+A replica's data is removed only after a committed change this node has applied says so: a
+deletion of its topic (known by identity: the metadata index that created it, recorded beside
+the replica), or a configuration that no longer counts this node. Metadata that may be stale
+(a restart replays only what it saved) never removes anything. A replica whose log is found
+damaged is reopened repaired (`laminar.raft.repair`): cut at the damage and fetched again from
+the leader; a damaged leader so steps down. Other replicas are not touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from ..log.batch import Record, decode_batch, encode_batch
+from ..log.config import FsyncPolicy, LogConfig
+from ..log.errors import STORAGE_FAILURES, CorruptBatchError
+from ..metadata import (
+    METADATA_GROUP,
+    AlterTopic,
+    ClusterState,
+    Command,
+    CreateTopic,
+    MetadataError,
+    decode_command,
+    encode_command,
+    metadata_voters,
+    validate_proposal,
+)
+from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
+from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
+from ..partition.reconcile import StepKind, leader_step
+from ..partition.replica import Replica
+from ..placement import Candidate, place
+from ..queue.state import QueueConfig
+from ..raft.config import RaftConfig
+from ..raft.log_storage import LogStorage
+from ..raft.messages import ConfState, EntryKind, Message, MessageType
+from ..raft.multi import MultiRaft
+from ..raft.raft import ProposalDropped, Raft, Ready, Role
+from ..raft.round import plan
+from ..raft.storage import StorageUnavailable, stored_entries
+from ..swim.member import EventKind, MembershipEvent, MemberStatus
+from .barriers import Barriers
+from .store import NodeStorage
+
+log = logging.getLogger(__name__)
+MT = MessageType
+#: The messages that may create a replica here (a leader reaching a member it added).
+LEADER_MESSAGES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT})
+CONTROL_INTERVAL_MS = 250
+#: A learner within this many indexes of the leader's log may be promoted.
+CATCH_UP_LAG_INDEXES = 256
+#: Compact the metadata log once this many entries sit behind the commit.
+METADATA_COMPACT_ENTRIES = 256
+RETENTION_INTERVAL_MS = 2_000
+#: ticks stepped per round at most (a stalled loop does not fire a burst of elections)
+MAX_TICKS_PER_ROUND = 3
+#: what can meet malformed records (`NodeCore.report_malformed`)
+MALFORMED_PATHS = ("read", "acquire", "dead_letter")
+#: batches whose report is remembered (beyond it, reports start over)
+MALFORMED_SEEN_LIMIT = 10_000
+DEFAULT_MAX_DELIVERIES = QueueConfig().max_deliveries
+
+#: a member as SWIM reports it: (status, API address, peer address)
+Member = tuple[MemberStatus, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """What the core needs of the broker's settings."""
+
+    node_id: str
+    election_ticks: int = 10
+    segment_bytes: int = 64 << 20
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 1_000
+    max_pending_bytes_per_partition: int = 64 << 20
+    dead_grace_ms: int = 60_000
+    #: the nodes that start the metadata group; empty: this node alone, unless `joins`
+    initial_nodes: tuple[str, ...] = ()
+    #: this node joins a running cluster (it was given seeds)
+    joins: bool = False
+    #: a replica a leader no longer counts is dropped once it is older than this
+    removed_grace_ms: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    role: Role
+    lead: str | None
+    term: int
+
+
+@dataclass(slots=True)
+class Round:
+    """One group-commit round (see the module's docstring): carry it out in this order."""
+
+    readies: dict[str, Ready]
+    before: list[Message] = field(default_factory=list)
+    syncs: list[Callable[[], None]] = field(default_factory=list)
+    saves: list[Callable[[], None]] = field(default_factory=list)
+    after: list[Message] = field(default_factory=list)
+    #: (index, term, result) of each metadata entry proposed here and now applied
+    answers: list[tuple[int, int, MetadataError | None]] = field(default_factory=list)
+    barriers: list[int] = field(default_factory=list)
+    movers: list[str] = field(default_factory=list)
+
+
+class NodeCore:
+    def __init__(
+        self,
+        config: CoreConfig,
+        storage: NodeStorage,
+        membership: Callable[[], Mapping[str, Member]],
+        *,
+        seed: int | None = None,
+    ) -> None:
+        """`membership`: the members SWIM knows (this node may be missing from it); `seed`:
+        for the Raft groups' election jitter (None: the system's randomness)."""
+        self.config = config
+        self.id = config.node_id
+        self.storage = storage
+        self.membership = membership
+        self.seed = seed
+        self.raft_config = RaftConfig(
+            election_ticks=config.election_ticks,
+            heartbeat_ticks=1,
+            max_inflight_appends=16,
+            max_append_bytes=1 << 20,
+            promote_lag_indexes=CATCH_UP_LAG_INDEXES,
+        )
+        self.multi = MultiRaft(self.id)
+        self.replicas: dict[str, Replica] = {}  # data partitions, by group
+        self.meta: Replica | None = None
+        self.state = ClusterState()
+        self.meta_applied_index = -1  # last metadata-group index applied (no-ops included)
+        self.now_ms = 0  # monotonic
+        self.wall_ms = 0  # the leases' clock
+        #: called when work arrives outside a round (proposals, damage): run one soon
+        self.wake: Callable[[], None] = _nothing
+        self.stopping = False
+        self._inbox: list[Message] = []
+        self._ticks_due = 0
+        self._control_at_ms = -CONTROL_INTERVAL_MS
+        self._control_due = True
+        self._next_sync_ms = 0
+        self._retained_at_ms = 0
+        self._dead_since_ms: dict[str, int] = {}
+        self._status: dict[str, GroupStatus] = {}
+        self._hosted_at_ms: dict[str, int] = {}
+        self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
+        self._replaying = False  # re-applying the metadata log at start
+        self._damaged: dict[str, int] = {}  # group -> first damaged index: reopen repaired
+        self._meta_waiting: set[int] = set()  # metadata indexes proposed here
+        self._answers: list[tuple[int, int, MetadataError | None]] = []
+        self.barriers = Barriers()
+        self.movers_wanted: set[str] = set()
+        #: counters read by the metrics module
+        self.counters: dict[str, int] = {
+            "elections": 0,
+            "leader_changes": 0,
+            "fsyncs": 0,
+            "ready_rounds": 0,
+            "dropped_messages": 0,
+            "bad_status_reports": 0,
+            # storage damage (laminar_storage_*)
+            "corrupt_batches": 0,
+            "repairs": 0,
+            "data_loss_repairs": 0,
+            "quarantined_replicas": 0,
+        }
+        #: records of malformed batches skipped, by what met them (read, acquire,
+        #: dead_letter), each counted once (laminar_malformed_records_total)
+        self.malformed_records: dict[str, int] = dict.fromkeys(MALFORMED_PATHS, 0)
+        self._malformed_seen: set[tuple[str, str, int, str]] = set()
+
+    # ---- inputs ----------------------------------------------------------------------------
+
+    def set_clock(self, now_ms: int, wall_ms: int) -> None:
+        self.now_ms, self.wall_ms = now_ms, wall_ms
+
+    def receive(self, messages: Iterable[Message]) -> None:
+        """Messages from peers, stepped at the start of the next round."""
+        self._inbox.extend(messages)
+
+    def tick(self) -> None:
+        self._ticks_due += 1
+
+    def on_member_event(self, event: MembershipEvent) -> None:
+        if event.kind in (EventKind.DEAD, EventKind.LEFT):
+            self._dead_since_ms.setdefault(event.state.id, self.now_ms)
+        elif event.kind in (EventKind.JOINED, EventKind.ALIVE):
+            self._dead_since_ms.pop(event.state.id, None)
+        self._control_due = True
+
+    # ---- opening ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open what this node stored: the metadata group, then every replica."""
+        voters = self.initial_metadata_voters()
+        if self.storage.exists(None) or self.id in voters:
+            self._host_metadata(ConfState(voters if self.id in voters else ()))
+        for topic, partition in self.storage.partitions():
+            created = self.storage.topic_identity(topic, partition)
+            if created is not None and self._topic_deleted(topic, created):
+                log.info(
+                    "removing %s/%d: its topic (created at metadata index %d) was deleted",
+                    topic,
+                    partition,
+                    created,
+                )
+                self.storage.remove(topic, partition)
+                continue
+            # a topic the metadata does not know (yet): its replica is hosted all the
+            # same; the metadata this node replayed may be behind the cluster's
+            self._host(topic, partition, self._reopen_bootstrap(topic, partition, created))
+
+    def close(self) -> None:
+        for replica in self.all_replicas():
+            replica.close()
+
+    def refuse_proposals(self) -> None:
+        self.stopping = True
+        for replica in self.all_replicas():
+            replica.refuse_proposals()
+
+    def initial_metadata_voters(self) -> tuple[str, ...]:
+        nodes = self.config.initial_nodes or (() if self.config.joins else (self.id,))
+        return tuple(sorted(metadata_voters(Candidate(n) for n in nodes)))
+
+    def _log_config(self, overrides: Mapping[str, object] | None = None) -> LogConfig:
+        settings: dict[str, object] = {"segment_bytes": self.config.segment_bytes}
+        settings.update((k, v) for k, v in (overrides or {}).items() if k in LOG_CONFIG_KEYS)
+        settings["fsync"] = self.config.fsync
+        return LogConfig(**settings)  # type: ignore[arg-type]
+
+    def _host_metadata(self, bootstrap: ConfState, *, repair_at: int | None = None) -> None:
+        replica = Replica(
+            METADATA_GROUP,
+            0,
+            self.id,
+            self.storage.directory(None),
+            self._log_config(),
+            self.raft_config,
+            bootstrap,
+            group=METADATA_GROUP,
+            queues=False,
+            commit_save_indexes=1,  # a restart replays the metadata up to its commit
+            repair_at=repair_at,
+            seed=self._seed(METADATA_GROUP),
+        )
+        self._opened(replica)
+        self.meta = replica
+        self.multi.add(replica.raft)
+        state, applied = self.state, self.meta_applied_index
+        self._restore_metadata()
+        storage = replica.storage
+        commit = storage.initial_state()[0].commit
+        if commit >= storage.first_index():
+            # replaying what this node applied before: its replicas are on disk already
+            self._replaying = True
+            try:
+                self._apply_metadata(storage.first_index(), commit)
+            finally:
+                self._replaying = False
+        if state.applied_index > self.state.applied_index:
+            # reopened after a repair cut committed entries: what was applied stays applied
+            self.state, self.meta_applied_index = state, applied
+
+    def _seed(self, group: str) -> int | None:
+        if self.seed is None:
+            return None
+        return zlib.crc32(f"{self.seed}/{self.id}/{group}".encode())
+
+    def _restore_metadata(self) -> None:
+        assert self.meta is not None
+        snapshot = self.meta.storage.snapshot()
+        self.state = ClusterState.restore(snapshot.data) if snapshot.data else ClusterState()
+        self.meta_applied_index = snapshot.index
+
+    def _reopen_bootstrap(self, topic: str, partition: int, created: int | None) -> ConfState:
+        """The configuration a replica found on disk is opened with, used only when it never
+        saved its Raft state (created just before a crash): the partition's initial voters,
+        as when it was created (safe for a member with an empty log: nothing it never
+        persisted was counted in a quorum), or none while the topic is unknown."""
+        known = self.state.topics.get(topic)
+        found = self._assignment_conf(f"{topic}/{partition}")
+        if known is None or found is None or created not in (None, known.created_index):
+            return ConfState(())
+        return found[2]
+
+    def _topic_deleted(self, topic: str, created_index: int) -> bool:
+        """Has this node applied the deletion of the topic created at `created_index`?"""
+        state = self.state
+        current = state.topics.get(topic)
+        replaced = current is None or current.created_index != created_index
+        return state.applied_index >= created_index and replaced
+
+    # ---- hosting groups --------------------------------------------------------------------
+
+    def _host(
+        self,
+        topic: str,
+        partition: int,
+        bootstrap: ConfState,
+        *,
+        repair_at: int | None = None,
+        joining: bool = False,
+    ) -> Replica:
+        group = f"{topic}/{partition}"
+        replica = Replica(
+            topic,
+            partition,
+            self.id,
+            self.storage.directory(topic, partition),
+            self._log_config(),
+            self.raft_config,
+            bootstrap,
+            max_pending_bytes=self.config.max_pending_bytes_per_partition,
+            repair_at=repair_at,
+            joining=joining,
+            seed=self._seed(group),
+        )
+        self._opened(replica)
+        self.replicas[replica.group] = replica
+        if replica.groups is not None:
+            replica.groups.on_propose = self.wake
+            replica.groups.on_malformed = partial(self.report_malformed, replica.group)
+        self._hosted_at_ms[replica.group] = self.now_ms
+        self.multi.add(replica.raft)
+        if (topic_state := self.state.topics.get(topic)) is not None:
+            self._adopt(replica, topic_state)
+        log.info("%s hosts %s (conf %s)", self.id, replica.group, replica.raft.conf)
+        return replica
+
+    def _adopt(self, replica: Replica, topic: Topic) -> None:
+        """`replica` belongs to `topic` (unless it is marked as another topic of the same
+        name): record that, and take the topic's log settings."""
+        if replica.topic_created_index is None:
+            replica.bind_topic(topic.created_index)
+        if replica.topic_created_index == topic.created_index:
+            replica.log.config = self._log_config(topic.config)
+
+    def _opened(self, replica: Replica) -> None:
+        """Report what opening `replica` repaired; listen for damage found later."""
+        replica.on_damage = self._on_damage
+        for damage in replica.repairs:
+            self.counters["repairs"] += 1
+            if damage.data_loss:
+                self.counters["data_loss_repairs"] += 1
+                log.error(
+                    "%s: %s: %s; records from %d on are lost (it has no other voter to fetch "
+                    "them from)",
+                    self.id,
+                    replica.group,
+                    damage.reason,
+                    damage.first_index,
+                )
+            else:
+                log.error(
+                    "%s: %s: %s; the log is cut at %d and fetched again from the leader (it "
+                    "had reached %s; until then this replica neither leads nor votes below it)",
+                    self.id,
+                    replica.group,
+                    damage.reason,
+                    damage.first_index,
+                    damage.floor,
+                )
+
+    def report_malformed(self, group: str, path: str, first: int, end: int, reason: str) -> None:
+        """Records [first, end) of `group` are malformed (a valid checksum, broken framing:
+        stored before appends checked records) and `path` went past them: a read answered 422,
+        an acquire skipped them, the dead-letter mover moved a letter without its record. Log
+        and count each once (a reader that retries is not news; `reason` names the consumer
+        group that skipped them)."""
+        key = (group, path, first, reason)
+        if key in self._malformed_seen:
+            return
+        if len(self._malformed_seen) >= MALFORMED_SEEN_LIMIT:
+            self._malformed_seen.clear()
+        self._malformed_seen.add(key)
+        self.malformed_records[path] = self.malformed_records.get(path, 0) + end - first
+        log.warning(
+            "%s: %s: records %d..%d are malformed and skipped (%s): %s",
+            self.id,
+            group,
+            first,
+            end - 1,
+            path,
+            reason,
+        )
+
+    def _on_damage(self, replica: Replica, index: int) -> None:
+        """A read met a damaged batch of `replica`: reopen it repaired (next round), unless
+        it is its group's only voter (then reads of that batch are refused, and it stays)."""
+        self.counters["corrupt_batches"] += 1
+        repairable = replica.repairable
+        log.error(
+            "%s: %s: batch %d is damaged on disk%s",
+            self.id,
+            replica.group,
+            index,
+            "; repairing the replica" if repairable else " and this is its only replica",
+        )
+        if repairable:
+            self._repair_later(replica, index)
+
+    def _repair_later(self, replica: Replica, index: int) -> None:
+        self._damaged[replica.group] = min(index, self._damaged.get(replica.group, index))
+        self.wake()
+
+    def _repair_damaged(self) -> None:
+        """Reopen each damaged replica with its log cut at the damage (between rounds)."""
+        damaged, self._damaged = self._damaged, {}
+        for group, index in sorted(damaged.items()):
+            replica = self.replica_of(group)
+            if replica is None or replica.closed or self.stopping:
+                continue
+            self._unhost(replica)
+            replica.close()
+            conf = replica.raft.conf  # bootstraps the reopened group if it never saved one
+            if group == METADATA_GROUP:
+                self._host_metadata(conf, repair_at=index)
+            else:
+                self._host(replica.topic, replica.partition, conf, repair_at=index)
+
+    def _unhost(self, replica: Replica) -> None:
+        self.multi.remove(replica.group)
+        if replica is not self.meta:
+            self.replicas.pop(replica.group, None)
+        self._status.pop(replica.group, None)
+        self.movers_wanted.discard(replica.group)
+
+    def _drop(self, replica: Replica) -> None:
+        log.info("%s drops %s", self.id, replica.group)
+        self._unhost(replica)
+        with contextlib.suppress(*STORAGE_FAILURES):
+            replica.close()  # (what closing would save is deleted next)
+        self.storage.remove(replica.topic, replica.partition)
+
+    def collect_removed(self, leaders: Mapping[str, Mapping[str, object]]) -> list[str]:
+        """Drop replicas whose group's leader (`leaders`: fresh reports of the leader of each
+        group, from other brokers) no longer counts us as a member, seen twice in a row: a
+        removed replica may never learn of its removal from Raft (the leader stops talking
+        to it once the change commits)."""
+        excluded = set()
+        now = self.now_ms
+        for group, replica in self.replicas.items():
+            report = leaders.get(group)
+            if report is None or replica.raft.role is Role.LEADER:
+                continue
+            members = set(report["voters"]) | set(report["learners"])  # type: ignore[call-overload]
+            hosted_ms = now - self._hosted_at_ms.get(group, now)
+            current = int(report["term"]) >= replica.raft.term  # type: ignore[call-overload]
+            if self.id not in members and current and hosted_ms > self.config.removed_grace_ms:
+                excluded.add(group)
+        dropped = sorted(excluded & self._excluded)
+        self._excluded = excluded - set(dropped)
+        for group in dropped:
+            found = self.replicas.get(group)
+            if found is not None:
+                self._drop(found)
+        return dropped
+
+    def _assignment_conf(self, group: str) -> tuple[str, int, ConfState] | None:
+        topic_name, _, number = group.rpartition("/")
+        topic = self.state.topics.get(topic_name)
+        if topic is None or not (number.isascii() and number.isdigit()):
+            return None
+        if int(number) >= len(topic.assignment):
+            return None  # (the assignment lists every partition of a topic it knows)
+        partition = int(number)
+        return topic_name, partition, ConfState(tuple(sorted(topic.assignment[partition])))
+
+    def _maybe_host_for(self, group: str, kind: MT) -> bool:
+        """A message for a group we do not host: a leader added us to it, if a leader sent
+        it. The replica starts joining (it neither campaigns nor votes until it holds an
+        entry a leader wrote): the message may be a stale one, reaching us after our removal
+        from the group (and after we dropped our replica), and the configuration it starts
+        with is only the group's initial one. Nothing else creates a replica: a removed
+        member still campaigning must find no voter here."""
+        if group == METADATA_GROUP:
+            if self.meta is None:
+                self._host_metadata(ConfState(()))
+            return True
+        found = self._assignment_conf(group)
+        if found is None or self.stopping or kind not in LEADER_MESSAGES:
+            return False
+        topic, partition, conf = found
+        self._host(topic, partition, conf, joining=True)
+        return True
+
+    def all_replicas(self) -> list[Replica]:
+        return ([self.meta] if self.meta is not None else []) + list(self.replicas.values())
+
+    def replica(self, topic: str, partition: int) -> Replica | None:
+        return self.replicas.get(f"{topic}/{partition}")
+
+    def replica_of(self, group: str) -> Replica | None:
+        return self.meta if group == METADATA_GROUP else self.replicas.get(group)
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def members(self) -> dict[str, Member]:
+        """id -> (status, api address, peer address), this node included (as alive)."""
+        out = dict(self.membership())
+        found = out.get(self.id)
+        out[self.id] = (MemberStatus.ALIVE, *(found[1:] if found else ("", "")))
+        return out
+
+    def alive(self) -> set[str]:
+        """The members SWIM counts as alive (suspects included), this node included."""
+        alive = {
+            node
+            for node, (status, _, _) in self.membership().items()
+            if status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)
+        }
+        return alive | {self.id}
+
+    def candidates(self) -> list[Candidate]:
+        """Every known member, alive for placement if SWIM says so or it died recently."""
+        now = self.now_ms
+        out = []
+        for node, (status, _, _) in sorted(self.members().items()):
+            alive = status in (MemberStatus.ALIVE, MemberStatus.SUSPECT) or (
+                now - self._dead_since_ms.get(node, now) < self.config.dead_grace_ms
+            )
+            out.append(
+                Candidate(
+                    node,
+                    self.state.weight(node),
+                    alive=alive or node == self.id,
+                    draining=node in self.state.draining,
+                )
+            )
+        return out
+
+    # ---- the round -------------------------------------------------------------------------
+
+    def begin(self) -> Round | None:
+        """Repair, step what arrived, tick, control, then write and apply one Ready of every
+        group; None when there is nothing to do."""
+        if self._damaged:
+            self._repair_damaged()
+        self._step_inbox()
+        ticks, self._ticks_due = min(self._ticks_due, MAX_TICKS_PER_ROUND), 0
+        for _ in range(ticks):
+            self.multi.tick()
+        if self._control_due or self.now_ms - self._control_at_ms >= CONTROL_INTERVAL_MS:
+            self._control_due = False
+            self._control_at_ms = self.now_ms
+            self._control()
+        self.barriers.ask(self.meta.raft if self.meta is not None else None, self.now_ms)
+        readies, messages = self.multi.ready()
+        interval_sync = (
+            self.config.fsync is FsyncPolicy.INTERVAL and self.now_ms >= self._next_sync_ms
+        )
+        staged = any(r.storage.needs_sync for r in self.all_replicas())
+        if not readies and not messages and not interval_sync and not staged:
+            return None
+        round_, written = self._write(readies, messages)
+        if interval_sync:
+            # fsync policy `interval`: every log now (acks went out before)
+            self._next_sync_ms = self.now_ms + self.config.fsync_interval_ms
+            written = [r.storage for r in self.all_replicas()]
+        elif self.config.fsync is not FsyncPolicy.ALWAYS:
+            written = []
+        # and the files staged (checkpoints this round's applying wrote among them)
+        written += [r.storage for r in self.all_replicas() if r.storage.needs_sync]
+        to_sync = {id(s): s for s in written}  # each storage once, in order
+        round_.syncs = [s.sync for s in to_sync.values()]
+        self.counters["fsyncs"] += len(round_.syncs)
+        round_.answers, self._answers = self._answers, []
+        round_.barriers, self.barriers.passed = self.barriers.passed, []
+        round_.movers = sorted(self.movers_wanted)
+        self.movers_wanted.clear()
+        return round_
+
+    def _step_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, []
+        for message in inbox:
+            self.step(message)
+
+    def step(self, message: Message) -> None:
+        """Step one message from a peer now; `receive` is the same, deferred to the next
+        round."""
+        self.admit(message)
+        self.multi.step(message)
+
+    def admit(self, message: Message) -> None:
+        """Before `message` is stepped: host its group if a leader added this node to it
+        (`_maybe_host_for`), or count it dropped."""
+        folded = message.type in (MT.HEARTBEATS, MT.HEARTBEATS_RESP)
+        for part in message.batch if folded else (message,):
+            if part.group not in self.multi.groups and not self._maybe_host_for(
+                part.group, part.type
+            ):
+                self.counters["dropped_messages"] += 1
+
+    def _write(
+        self, readies: dict[str, Ready], messages: list[Message]
+    ) -> tuple[Round, list[LogStorage]]:
+        """Write every Ready's snapshot and entries, apply what committed (durable on a
+        majority already: its appends are answered now, not after this round's fsync of
+        newer entries), and list the saves the round needs; returns it with the storages
+        that took entries."""
+        if readies:
+            self.counters["ready_rounds"] += 1
+        gone = {group for group in readies if self.replica_of(group) is None}
+        steps = plan(readies, messages, gone)  # raft/round.py: the steps, in their order
+        round_ = Round(readies, before=steps.before, after=steps.after)
+        written = []
+        for group, ready in readies.items():
+            replica = self.replica_of(group)
+            if replica is None:
+                continue
+            storage = replica.storage
+            if ready.snapshot is not None:
+                storage.apply_snapshot(ready.snapshot)
+                if replica is self.meta:
+                    self._restore_metadata()
+                elif replica.groups is not None:
+                    replica.groups.reset()
+            if ready.entries:
+                storage.append(ready.entries)
+                written.append(storage)
+                if replica.groups is not None:
+                    replica.groups.applier.written(ready.entries)
+        for group, ready in readies.items():
+            if ready.committed is not None:
+                self._apply(group, *ready.committed)
+        if (meta_ready := readies.get(METADATA_GROUP)) is not None and meta_ready.read_states:
+            self.barriers.answered(meta_ready.read_states)
+        if self.barriers.waiting:
+            self.barriers.release(self.meta_applied_index, self.now_ms)
+        for group, ready in readies.items():
+            replica = self.replica_of(group)
+            if replica is None or ready.hard_state is None:
+                continue
+            storage = replica.storage
+            if storage.saves_durably(ready.hard_state):
+                # term, vote or configuration changed: written and fsynced off the loop
+                round_.saves.append(partial(storage.set_hard_state, ready.hard_state))
+            else:
+                storage.set_hard_state(ready.hard_state)  # memory, or the unsynced hint
+        return round_, written
+
+    def finish(self, round_: Round) -> None:
+        """The round was carried out (synced, saved, sent): advance every group."""
+        self.multi.advance(round_.readies)
+        self._observe(round_.readies)
+
+    def _observe(self, readies: dict[str, Ready]) -> None:
+        """Count elections and leader changes; tell replicas about leadership."""
+        for group in readies:
+            raft = self.multi.groups.get(group)
+            if raft is None:
+                continue
+            before = self._status.get(group)
+            if (before is None or before.lead != raft.lead) and raft.lead is not None:
+                self.counters["leader_changes"] += 1
+            if raft.role is Role.CANDIDATE and (before is None or before.term != raft.term):
+                self.counters["elections"] += 1
+            self._status[group] = GroupStatus(raft.role, raft.lead, raft.term)
+            replica = self.replica_of(group)
+            if replica is not None:
+                with contextlib.suppress(CorruptBatchError):
+                    # a new leader reads its newest batch headers: damage there was reported
+                    # (on_damage) and the replica reopens repaired next round
+                    replica.on_leadership()
+
+    # ---- applying committed entries --------------------------------------------------------
+
+    def _apply(self, group: str, first: int, last: int) -> None:
+        replica = self.replica_of(group)
+        try:
+            if group == METADATA_GROUP:
+                self._apply_metadata(first, last)
+            if replica is not None:
+                replica.on_committed(first, last)
+        except (CorruptBatchError, StorageUnavailable):
+            # a committed entry its state machine must read is damaged: the replica reopens
+            # with its log cut there (an only voter loses what follows), then applies again
+            if replica is None or replica.damaged_at is None:
+                raise
+            self._repair_later(replica, replica.damaged_at)
+
+    def _apply_metadata(self, first: int, last: int) -> None:
+        assert self.meta is not None
+        storage = self.meta.storage
+        first = max(first, storage.first_index(), self.meta_applied_index + 1)
+        if first > last:
+            return
+        for entry in stored_entries(storage, first, last):
+            self.meta_applied_index = entry.last_index
+            if entry.index <= self.state.applied_index:
+                continue
+            if entry.kind is not EntryKind.NORMAL:
+                continue
+            (record,) = decode_batch(entry.data)
+            assert record.value is not None
+            command = decode_command(record.value)
+            result = self.state.apply(entry.index, command)
+            if entry.index in self._meta_waiting:
+                self._meta_waiting.discard(entry.index)
+                self._answers.append((entry.index, entry.term, result))
+            if result is None:
+                self._after_metadata(command)
+        self.meta_applied_index = max(self.meta_applied_index, last)
+        self._control_due = True
+
+    def _after_metadata(self, command: Command) -> None:
+        """Host a created topic's partitions; a deleted topic's replicas go in `_control`."""
+        if not isinstance(command, CreateTopic | AlterTopic):
+            return
+        topic = self.state.topics[command.name]
+        for replica in self.replicas.values():
+            if replica.topic == command.name:
+                self._adopt(replica, topic)
+        if self._replaying:
+            return
+        # host the partitions this command made that this node is an initial voter of
+        # (replicas placed later are created when their leader first reaches this node).
+        # Only those: a partition this node left since has a group without it, and a
+        # replica made again from its initial voters would be a voter with an empty log,
+        # which could elect another such member beside the group's real leader.
+        made = len(command.assignment) if isinstance(command, AlterTopic) else topic.partitions
+        for partition in range(topic.partitions - made, topic.partitions):
+            voters = topic.assignment[partition]
+            group = f"{topic.name}/{partition}"
+            if self.id in voters and group not in self.replicas and not self.stopping:
+                self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
+
+    # ---- metadata commands -----------------------------------------------------------------
+
+    @property
+    def metadata_leader(self) -> str | None:
+        return self.meta.raft.lead if self.meta is not None else None
+
+    def propose_metadata(self, command: Command) -> tuple[int, int]:
+        """Propose an admin command to the metadata group (leader only): its (index, term);
+        its result comes in a round's `answers` once applied. Raises MetadataError (invalid),
+        NotLeader or ReplicaClosed."""
+        meta = self.meta
+        if meta is not None and (meta.closed or meta.closing):
+            raise ReplicaClosed(f"{meta.group} is closed")
+        if meta is None or meta.raft.role is not Role.LEADER:
+            raise NotLeader(self.metadata_leader)
+        if (
+            isinstance(command, CreateTopic)
+            and not command.assignment
+            and _valid_int(command.partitions, MAX_PARTITIONS)
+            and _valid_int(command.replication_factor, MAX_REPLICATION_FACTOR)
+        ):
+            command = replace(command, assignment=self._assign(command.name, 0, command))
+        if isinstance(command, AlterTopic) and _valid_int(command.partitions, MAX_PARTITIONS):
+            topic = self.state.topics.get(command.name)
+            assert command.partitions is not None
+            if topic is not None and command.partitions > topic.partitions:
+                extra = self._assign(command.name, topic.partitions, command)
+                command = replace(command, assignment=extra)
+        validate_proposal(command)
+        batch = encode_batch([Record(value=encode_command(command))])
+        try:
+            index = meta.raft.propose(batch, 1)
+        except ProposalDropped as e:
+            raise NotLeader(meta.raft.lead) from e
+        self._meta_waiting.add(index)
+        return index, meta.raft.term
+
+    def forget_proposal(self, index: int) -> None:
+        """The proposer stopped waiting for metadata entry `index`."""
+        self._meta_waiting.discard(index)
+
+    def _assign(
+        self, topic: str, first: int, command: CreateTopic | AlterTopic
+    ) -> tuple[tuple[str, ...], ...]:
+        if isinstance(command, CreateTopic):
+            partitions, rf = command.partitions, command.replication_factor
+        else:
+            assert command.partitions is not None
+            partitions, rf = command.partitions, self.state.topics[topic].replication_factor
+        candidates = self.candidates()
+        eligible = [c for c in candidates if c.eligible]
+        if len(eligible) < rf:
+            raise MetadataError(
+                "invalid",
+                f"replication_factor={rf} but only {len(eligible)} brokers can host replicas",
+            )
+        return tuple(tuple(place(f"{topic}/{p}", candidates, rf)) for p in range(first, partitions))
+
+    # ---- control: placement, hosting, compaction -------------------------------------------
+
+    def _control(self) -> None:
+        if self.stopping:
+            return
+        candidates = self.candidates()
+        alive = self.alive()
+        meta = self.meta
+        if meta is not None:
+            if meta.raft.role is Role.LEADER:
+                target = metadata_voters(candidates)
+                self._reconcile(meta, target, alive, followers=alive)
+            self._compact_metadata()
+        retain = self.now_ms - self._retained_at_ms >= RETENTION_INTERVAL_MS
+        if retain:
+            self._retained_at_ms = self.now_ms
+        for replica in list(self.replicas.values()):
+            raft = replica.raft
+            if self._collect_unowned(replica):
+                continue
+            if retain:
+                self._apply_retention(replica)
+            topic_state = self.state.topics.get(replica.topic)
+            if raft.role is Role.LEADER and topic_state is not None:
+                target = place(replica.group, candidates, topic_state.replication_factor)
+                self._reconcile(replica, target, alive, followers=frozenset())
+                self._queue_duties(replica, topic_state)
+        # A replica whose own configuration no longer counts it is not dropped here: a
+        # member removed and added again passes through its removal while it catches up
+        # (its leader already counts its acknowledgements). Only its leader's word removes
+        # it (`collect_removed`).
+
+    def _collect_unowned(self, replica: Replica) -> bool:
+        """Drop `replica` if its topic's deletion is applied here; move it aside if it has no
+        recorded topic and the metadata, caught up since it was hosted, does not know its
+        topic. True if it went."""
+        created = replica.topic_created_index
+        if created is not None:
+            if not self._topic_deleted(replica.topic, created):
+                return False
+            log.info("%s: %s: its topic was deleted", self.id, replica.group)
+            self._drop(replica)
+            return True
+        if replica.topic in self.state.topics:
+            return False  # hosted before its topic was known: _adopt records it
+        if self.barriers.passed_ms <= self._hosted_at_ms.get(replica.group, 0):
+            self.request_barrier()  # is the metadata behind, or is the topic unknown?
+            return False
+        self._quarantine(replica)
+        return True
+
+    def _quarantine(self, replica: Replica) -> None:
+        """Move a replica of a topic the cluster does not know out of the way, keeping it."""
+        self._unhost(replica)
+        replica.close()
+        target = self.storage.quarantine(replica.topic, replica.partition, self.wall_ms)
+        self.counters["quarantined_replicas"] += 1
+        log.error(
+            "%s: %s belongs to no topic the cluster knows and recorded none itself: moved "
+            "to %s (kept, not deleted)",
+            self.id,
+            replica.group,
+            target,
+        )
+
+    def _queue_duties(self, replica: Replica, topic: Topic) -> None:
+        """A partition leader's part in its consumer groups: settings, lease expiry, and
+        asking for a mover of dead letters to `<topic>.dlq`."""
+        groups = replica.groups
+        assert groups is not None
+        try:
+            groups.configure(int(topic.config.get("max_deliveries", DEFAULT_MAX_DELIVERIES)))
+            groups.expire_due(self.wall_ms)
+        except (NotLeader, Overloaded):
+            return
+        if groups.dead_letters():
+            self.movers_wanted.add(replica.group)
+
+    def _apply_retention(self, replica: Replica) -> None:
+        """Remove whole committed segments past the topic's retention: first record the
+        snapshot point at their end (replicas needing older entries get a snapshot)."""
+        config = replica.log.config
+        if config.retention_bytes is None and config.retention_ms is None:
+            return
+        groups = replica.groups
+        assert groups is not None
+        # the snapshot carries the consumer groups as applied (at or after the point)
+        applied = min(replica.commit_index, groups.applier.applied_index)
+        point = replica.log.retention_point(limit_index=applied)
+        if point is None or point < replica.log.start_index:
+            return
+        replica.storage.compact(point, groups.applier.snapshot_data())
+        report = replica.log.remove_through(point)
+        groups.applier.trim()
+        removed = len(report.removed_base_indexes)
+        log.info("%s: retention removed %d segments", replica.group, removed)
+
+    def _reconcile(
+        self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
+    ) -> None:
+        raft = replica.raft
+        step = leader_step(
+            raft,
+            target,
+            alive=alive,
+            followers=frozenset(followers),
+            lag_indexes=CATCH_UP_LAG_INDEXES,
+        )
+        if step is None:
+            return
+        try:
+            if step.kind is StepKind.TRANSFER_LEADERSHIP:
+                raft.transfer_leadership(step.node)
+            else:
+                if step.kind is StepKind.ADD_LEARNER and replica is self.meta:
+                    # a joining node learns the metadata (and the group's configuration)
+                    # from a snapshot, never from a log that starts before its bootstrap
+                    self._compact_metadata(force=True)
+                raft.propose_conf_change(step.conf_change())
+        except ProposalDropped:
+            return
+        log.info("%s %s: %s %s", self.id, replica.group, step.kind.value, step.node)
+
+    def _compact_metadata(self, *, force: bool = False) -> None:
+        meta = self.meta
+        if meta is None:
+            return
+        storage = meta.storage
+        commit = min(meta.raft.log.committed, self.meta_applied_index)
+        if commit < storage.first_index() or commit > storage.last_index():
+            return
+        if self.state.applied_index > commit:
+            return  # the state is ahead of the log (kept through a repair): not a snapshot
+        if not force and commit - storage.first_index() < METADATA_COMPACT_ENTRIES:
+            return
+        if storage.log.batch_range(commit)[1] - 1 != commit:
+            return
+        storage.compact(commit, self.state.snapshot())
+        storage.log.remove_through(commit)
+
+    def transfer_leaderships(self, alive: set[str]) -> bool:
+        """Hand each leadership to a caught-up voter in `alive` (one pass: a broker about to
+        stop calls it until it returns False, nothing left to move)."""
+        moved = False
+        for replica in self.all_replicas():
+            raft = replica.raft
+            if raft.role is not Role.LEADER:
+                continue
+            if raft.transferee is not None:
+                moved = True
+                continue
+            last = raft.log.last_index()
+            successors = [
+                n
+                for n in raft.conf.voters
+                if n != self.id and n in alive and raft.progress[n].match >= last - 1
+            ] or [n for n in raft.conf.voters if n != self.id and n in alive]
+            if successors:
+                with contextlib.suppress(ProposalDropped):
+                    raft.transfer_leadership(successors[0])
+                    moved = True
+                    log.info("%s hands %s to %s", self.id, replica.group, successors[0])
+        return moved
+
+    def leading(self) -> int:
+        return sum(1 for r in self.all_replicas() if r.raft.role is Role.LEADER)
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def in_sync(self, raft: Raft, alive: set[str]) -> list[str]:
+        """A leader's voters within CATCH_UP_LAG_INDEXES of its log (itself included); a
+        follower reports only itself."""
+        if raft.role is not Role.LEADER:
+            return [self.id]
+        return sorted(
+            n
+            for n in raft.progress
+            if n in raft.conf.voters
+            and (n == self.id or (n in alive and raft.caught_up(n, CATCH_UP_LAG_INDEXES)))
+        )
+
+    def group_status(self, replica: Replica) -> dict[str, object]:
+        raft: Raft = replica.raft
+        return {
+            "topic": replica.topic,
+            "partition": replica.partition,
+            "role": raft.role.name.lower(),
+            "leader": raft.lead,
+            "term": raft.term,
+            "voters": list(raft.conf.voters),
+            "learners": list(raft.conf.learners),
+            "in_sync": self.in_sync(raft, self.alive()),
+            "log_start": replica.log_start,
+            "commit_index": replica.commit_index,
+            "log_end": replica.log_end,
+            "bytes": replica.log.size_bytes,
+        }
+
+    def hosted(self) -> list[dict[str, object]]:
+        ordered = sorted(self.replicas.values(), key=lambda r: (r.topic, r.partition))
+        return [self.group_status(r) for r in ordered]
+
+    def hosted_structure(self) -> tuple[tuple[object, ...], ...]:
+        """What a change of is published at once (status_gossip): the replicas hosted, with
+        each one's role, leader, term, configuration and (leaders) in-sync set; not the
+        indexes, which move with every write."""
+        alive = self.alive()
+        shape = []
+        for group, replica in self.replicas.items():
+            raft = replica.raft
+            in_sync = tuple(self.in_sync(raft, alive)) if raft.role is Role.LEADER else ()
+            shape.append((group, raft.role, raft.lead, raft.term, raft.conf, in_sync))
+        return tuple(shape)
+
+    def readiness(self) -> str | None:
+        """Why this node cannot serve yet, before a metadata barrier (None: it may)."""
+        if self.meta is None:
+            return "waiting to join the metadata group"
+        if self.meta.raft.lead is None:
+            return "no metadata leader known"
+        return None
+
+    # ---- metadata barriers -----------------------------------------------------------------
+
+    def request_barrier(self) -> int:
+        """A ticket, listed in a round's `barriers` once this node has applied every metadata
+        entry committed before now (`laminar.node.barriers`)."""
+        ticket = self.barriers.request()
+        self.wake()
+        return ticket
+
+    def cancel_barrier(self, ticket: int) -> None:
+        self.barriers.cancel(ticket)
+
+
+def _valid_int(value: object, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
+
+
+def _nothing() -> None:
+    pass
