@@ -130,3 +130,21 @@ def test_followers_join_as_learners_and_are_not_churned() -> None:
     assert next_step(
         conf, ["a", "b", "d"], leader="a", caught_up=alive, alive=alive, followers=alive
     ) == Step(StepKind.ADD_LEARNER, "c")
+
+
+def test_a_dead_voter_stays_while_the_rest_lacks_a_caught_up_live_majority() -> None:
+    """ "Dead" is the failure detector's word, and it can be wrong: with voters a, b, c and
+    both b and c thought dead, removing either would leave a group whose commits need a node
+    the leader has no evidence of; the replacement d is added instead."""
+    conf = ConfState(("a", "b", "c"))
+    step = next_step(conf, ["a", "b", "d"], leader="a", caught_up={"a"}, alive={"a", "d"})
+    assert step == Step(StepKind.ADD_LEARNER, "d")
+    # b caught up (it acknowledges the leader): c may go
+    step = next_step(conf, ["a", "b", "d"], leader="a", caught_up={"a", "b"}, alive={"a", "b"})
+    assert step == Step(StepKind.REMOVE, "c")
+
+
+def test_dead_voters_never_shrink_a_group_below_a_majority_of_its_target() -> None:
+    conf = ConfState(("a", "b"))
+    step = next_step(conf, ["a", "c", "d"], leader="a", caught_up={"a"}, alive={"a", "c", "d"})
+    assert step == Step(StepKind.ADD_LEARNER, "c")

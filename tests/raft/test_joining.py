@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from laminar.log import MemoryDirectory, SegmentedLog
-from laminar.raft import ConfState, HardState, MemoryRaftStorage, Raft, Role
+from laminar.raft import ConfState, HardState, MemoryRaftStorage, Raft, RaftConfig, Role
 from laminar.raft.log_storage import LogStorage
 
 from .test_log_storage import CONFIG
@@ -75,3 +75,26 @@ def test_joining_is_durable_from_creation() -> None:
     directory.crash()
     reopened = LogStorage(directory, SegmentedLog.open(directory, CONFIG), conf=ConfState(()))
     assert reopened.initial_state()[0] == HardState(conf=ConfState(ABC), joining=True)
+
+
+def test_a_learner_stops_ignoring_votes_once_its_leader_is_silent() -> None:
+    """Vote stickiness (check-quorum) ignores a candidate while a leader is heard from. A
+    member that may not campaign (a learner: it believes itself outside the voters, perhaps
+    because the change that made it a voter has not reached it) must still let that lease run
+    out, or a group whose leader died for good could never elect another."""
+    config = RaftConfig(election_ticks=ET, heartbeat_ticks=1, pre_vote=True, check_quorum=True)
+    storage = MemoryRaftStorage(ConfState(("a", "c"), ("b",)))
+    raft = Raft(GROUP, "b", storage, config, random.Random(3))
+    raft.step(msg(MT.HEARTBEAT, "a", "b", 1, commit=-1))
+    persist(raft)
+    assert raft.lead == "a"
+    raft.step(msg(MT.PRE_VOTE, "c", "b", 2, index=-1, log_term=0))
+    assert not of_type(persist(raft), MT.PRE_VOTE_RESP)  # within the lease: ignored
+    for _ in range(ET):  # the leader is gone: nothing more from it
+        raft.tick()
+    for tick in range(ET * 3):  # from then on, every time
+        raft.tick()
+        persist(raft)
+        raft.step(msg(MT.PRE_VOTE, "c", "b", 2, index=-1, log_term=0))
+        answers = of_type(persist(raft), MT.PRE_VOTE_RESP)
+        assert len(answers) == 1 and not answers[0].reject, tick

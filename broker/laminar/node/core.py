@@ -512,7 +512,10 @@ class NodeCore:
         member still campaigning must find no voter here."""
         if group == METADATA_GROUP:
             if self.meta is None:
-                self._host_metadata(ConfState(()))
+                # the group's bootstrap configuration, as its initial voters saved it: the
+                # conf changes of its log apply on top of it (unknown without initial
+                # nodes: then only a snapshot, `_control`'s compaction, brings the conf)
+                self._host_metadata(ConfState(self.initial_metadata_voters()))
             return True
         found = self._assignment_conf(group)
         if found is None or self.stopping or kind not in LEADER_MESSAGES:
@@ -832,6 +835,11 @@ class NodeCore:
             if meta.raft.role is Role.LEADER:
                 target = metadata_voters(candidates)
                 self._reconcile(meta, target, alive, followers=alive)
+                progress = meta.raft.progress
+                if any(p.match < 0 for n, p in progress.items() if n != self.id):
+                    # a member with nothing yet learns the metadata from a snapshot, never
+                    # from a log that starts before its bootstrap
+                    self._compact_metadata(force=True)
             self._compact_metadata()
         retain = self.now_ms - self._retained_at_ms >= RETENTION_INTERVAL_MS
         if retain:

@@ -65,8 +65,16 @@ def next_step(
     for node in sorted(learners - wanted - set(followers)):
         return Step(StepKind.REMOVE, node)
     # 3. A dead voter outside the target goes at once: it can neither vote nor catch up.
+    #    Only while the voters left keep a majority that is alive and caught up (the
+    #    leader's own evidence: a failure detector can be wrong both ways, and a "dead"
+    #    voter may be the one holding what the others lack) and are at least a majority of
+    #    the target (a group of one voter survives nothing). Past that, its replacement
+    #    catches up and votes first.
+    floor = len(wanted) // 2 + 1
     for node in sorted(voters - wanted):
-        if node not in alive and node != leader:
+        rest = voters - {node}
+        live_majority = len(rest & alive & caught_up) > len(rest) // 2
+        if node not in alive and node != leader and len(rest) >= floor and live_majority:
             return Step(StepKind.REMOVE, node)
     # 4. Add the next missing target node, one learner catching up at a time.
     missing = [node for node in target if node not in voters | learners]

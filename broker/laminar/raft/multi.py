@@ -22,6 +22,9 @@ class MultiRaft:
     def __init__(self, node_id: str) -> None:
         self.id = node_id
         self.groups: dict[str, Raft] = {}
+        #: every node a message came from: a repairing group asks them all for what it lost
+        #: (the member still holding it may have left the group's configuration since)
+        self.peers: set[str] = set()
 
     def add(self, raft: Raft) -> None:
         assert raft.id == self.id and raft.group not in self.groups
@@ -32,10 +35,14 @@ class MultiRaft:
 
     def tick(self) -> None:
         for group in sorted(self.groups):
-            self.groups[group].tick()
+            raft = self.groups[group]
+            if raft.repair_floor is not None:
+                raft.repair_peers |= self.peers
+            raft.tick()
 
     def step(self, message: Message) -> None:
         """Deliver a message from the network; messages for unknown groups are dropped."""
+        self.peers.add(message.src)
         parts = message.batch if message.type in FOLDED.values() else (message,)
         for part in parts:
             raft = self.groups.get(part.group)

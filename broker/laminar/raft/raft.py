@@ -240,10 +240,12 @@ class Raft:
         if self.repair_floor is not None:
             self._tick_repair()
         self.election_elapsed += 1
-        if self.election_elapsed >= self.randomized_election_ticks:
+        # (as etcd: only a node that may campaign starts over; one that may not, a learner or
+        # a replica under repair, lets its lease on the last leader run out, or it would
+        # ignore the votes of a group that lost its leader for good)
+        if self.election_elapsed >= self.randomized_election_ticks and self._promotable():
             self.election_elapsed = 0
-            if self._promotable():
-                self._hup(transfer=False)
+            self._hup(transfer=False)
 
     def _tick_leader(self) -> None:
         self.heartbeat_elapsed += 1

@@ -1,10 +1,12 @@
 """`python -m laminar.sim --seed N` replays one seed; `--seeds A:B` runs [A, B).
 
-`--placement` runs the placement scenario (joins, a drain, a weight change and a crash,
-with 50 partitions following rendezvous placement) instead of the Raft fault mix; `--queue`
-runs the shared-queue scenario (consumers acquiring, accepting, releasing, rejecting and
-crashing on top of the fault mix). Exits non-zero if any seed violates an invariant,
-printing the seed and its last events.
+The default scenario is the Raft fault mix (`laminar.sim.cluster`: Raft groups over the real
+log). `--node` runs whole brokers' cores (`laminar.sim.node_cluster`: the `NodeCore` the
+broker runs, with SWIM, placement, the metadata group and the partition status table inside:
+joins, a drain, a weight change and a crash under every fault); `--queue` runs the
+shared-queue scenario (consumers acquiring, accepting, releasing, rejecting and crashing on
+top of the fault mix). Exits non-zero if any seed violates an invariant, printing the seed,
+its last events and its replay command.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import sys
 import time
 from dataclasses import replace
 
+from .cluster import SCENARIO as RAFT_SCENARIO
 from .cluster import InvariantViolation, SimConfig, run_seed
-from .placement_cluster import run_placement_seed
+from .node_cluster import SCENARIO as NODE_SCENARIO
+from .node_cluster import run_node_seed
 from .queue_sim import SCENARIO as QUEUE_SCENARIO
 from .queue_sim import run_queue_seed
 
@@ -25,8 +29,8 @@ from .queue_sim import run_queue_seed
 def _run(args: tuple[int, SimConfig, str]) -> tuple[int, str | None, dict[str, int]]:
     seed, config, scenario = args
     try:
-        if scenario == "placement":
-            return seed, None, run_placement_seed(seed)
+        if scenario == "node":
+            return seed, None, run_node_seed(seed, config)
         if scenario == "queue":
             return seed, None, run_queue_seed(seed, config)
         return seed, None, run_seed(seed, config)
@@ -43,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
     scenarios = parser.add_mutually_exclusive_group()
     scenarios.add_argument(
-        "--placement", action="store_true", help="run the placement scenario (slower per seed)"
+        "--node", action="store_true", help="run the node scenario (NodeCore; slower per seed)"
     )
     scenarios.add_argument("--queue", action="store_true", help="run the shared-queue scenario")
     args = parser.parse_args(argv)
     # Recovery reports of torn tails are expected here: crashes are the point.
-    logging.getLogger("laminar.log").setLevel(logging.ERROR)
-    scenario = "placement" if args.placement else "queue" if args.queue else "raft"
-    config = QUEUE_SCENARIO if args.queue else SimConfig()
+    logging.getLogger("laminar").setLevel(logging.CRITICAL)
+    scenario = "node" if args.node else "queue" if args.queue else "raft"
+    config = NODE_SCENARIO if args.node else QUEUE_SCENARIO if args.queue else RAFT_SCENARIO
     if args.ticks is not None:
         config = replace(config, ticks=args.ticks)
     if args.seed is not None:
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 totals[key] = totals.get(key, 0) + value
         if len(seeds) == 1 and failure is None:
             print(f"seed {seed}: ok {stats}")
-        elif failure is None and args.placement:
+        elif failure is None and args.node:
             print(f"seed {seed}: ok", flush=True)
     elapsed = time.monotonic() - started
     print(f"{len(seeds) - failures} passed, {failures} failed ({elapsed:.1f} s) totals {totals}")

@@ -1,0 +1,635 @@
+"""The node scenario: whole brokers' cores (`NodeCore`, the class the broker runs) with SWIM
+inside, under every fault the simulation injects.
+
+Each simulated node runs a `laminar.node.core.NodeCore` over `MemoryDirectory` storage (its
+`NodeStorage` in memory: a crash loses what was not fsynced) and a `laminar.swim.core.Swim`
+whose datagrams cross the simulated network. Rounds are carried out as the broker carries
+them out (`NodeCore.begin`, then the early messages, the syncs, the saves, the late messages,
+`finish`); membership comes from SWIM; topics, weights and drains from admin commands
+proposed through the metadata group (`NodeCore.propose_metadata`); every node gossips its
+partition status report (`StatusPublisher`, `StatusTable`) and collects the replicas their
+leaders no longer count (`NodeCore.collect_removed`), as brokers do.
+
+The script: three nodes start the metadata group; a topic of PARTITIONS partitions (RF 3) is
+created through it; two nodes join through SWIM; one is drained; one changes weight; the
+metadata leader crashes for good, after which the group must still take a weight change. The
+fault injectors of `laminar.sim.faults` act throughout (drops, duplicates, delays, reordering,
+partitions, crashes also mid-write, clock jumps, full disks, bit flips). On top of the base
+simulation's invariants (Raft safety, no acknowledged record lost), after settling:
+
+* placement converged: every partition's and the metadata group's configuration is its
+  rendezvous target (the metadata group's other live nodes are its learners);
+* the partition status table agrees with the groups: on every live node, the table's leader
+  of each partition, with its term and voters, is the group's real leader;
+* idempotent dedupe: each partition's producer (one batch in flight, retried with the same
+  producer id and sequence until acknowledged, through `Replica.propose` as the HTTP append
+  does) finds every batch committed exactly once, however often it retried it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+
+from ..log.batch import Record, encode_batch, parse_header
+from ..log.storage import MemoryDirectory
+from ..metadata import (
+    METADATA_GROUP,
+    ClusterState,
+    Command,
+    CreateTopic,
+    MetadataError,
+    SetDraining,
+    SetWeight,
+    metadata_voters,
+)
+from ..node.core import CoreConfig, Member, NodeCore, Round
+from ..node.store import NodeStorage
+from ..partition.errors import NotLeader, Overloaded, ReplicaClosed, SequenceConflict
+from ..partition.status_table import (
+    FRESH_MS,
+    ReportError,
+    StatusPublisher,
+    StatusTable,
+    leaders,
+)
+from ..placement import place
+from ..raft.messages import Message, MessageType
+from ..raft.raft import Role
+from ..swim.config import SwimConfig
+from ..swim.core import Swim
+from ..swim.member import Addresses
+from ..swim.member import Member as SwimMember
+from .cluster import SCENARIO as RAFT_SCENARIO
+from .cluster import TICK_MS, SimConfig, SimNode, Simulation, _hash
+from .faults import Partition
+
+TOPIC = "events"
+PARTITIONS = 6
+REPLICATION_FACTOR = 3
+INITIAL_NODES = ("n0", "n1", "n2")
+JOINING_NODES = ("n3", "n4")
+CLUSTER_ID = "sim-cluster"
+SECRET = b"sim-cluster-secret"
+#: an admin command not answered within this many ticks is proposed again
+RETRY_ADMIN_TICKS = 50
+#: when the metadata leader crashes for good (or as soon after as it may)
+CRASH_TICK = 600
+#: how often each node collects replicas its leaders no longer count (the API's collector)
+COLLECT_EVERY_TICKS = 50
+#: a producer's batch not acknowledged within this many ticks is sent again (same sequence)
+RETRY_PRODUCE_TICKS = 30
+#: SWIM at simulation speed: the same protocol, faster timers
+SWIM = SwimConfig(
+    probe_interval_ms=100,
+    probe_timeout_ms=50,
+    gossip_interval_ms=20,
+    push_pull_interval_ms=2_000,
+    reconnect_interval_ms=1_000,
+    join_retry_interval_ms=100,
+    gossip_to_the_dead_ms=3_000,
+)
+
+SCENARIO = replace(
+    RAFT_SCENARIO,
+    nodes=5,
+    groups=(),
+    ticks=1_000,
+    settle_ticks=600,
+    partition_rate=0.004,
+    crash_rate=0.002,  # and the one scripted crash
+    crash_in_persist_rate=0.001,
+    propose_rate=0.3,
+    conf_change_rate=0.0,  # the leaders' placement control changes memberships
+    compact_rate=0.0,  # the core compacts the metadata itself
+    corrupt_rate=0.003,
+    clock_jump_rate=0.003,
+    disk_full_rate=0.002,
+)
+
+
+@dataclass(slots=True)
+class Producer:
+    """An idempotent producer of one partition: one batch in flight, retried until acked."""
+
+    id: int
+    sequence: int = 0
+    batch: bytes | None = None
+    answer: asyncio.Future[int] | None = None
+    sent_tick: int = 0
+
+
+@dataclass(slots=True)
+class Runtime:
+    """A live node's parts besides its Raft groups (`SimNode.multi` is its core's)."""
+
+    core: NodeCore
+    swim: Swim
+    publisher: StatusPublisher
+    table: StatusTable
+
+
+class NodeSimulation(Simulation):
+    replay_command = "python -m laminar.sim --node"
+
+    def __init__(
+        self, seed: int, config: SimConfig = SCENARIO, *, partitions: int = PARTITIONS
+    ) -> None:
+        self.partitions = partitions
+        self.runtimes: dict[str, Runtime] = {}
+        self.stores: dict[str, NodeStorage] = {}
+        self.datagrams: list[tuple[int, int, str, bytes, str]] = []  # SWIM's, in flight
+        self.datagram_seq = 0
+        self.epoch = 0
+        self.admin: list[Command] = []
+        self.admin_sent: tuple[int, int, int] | None = None  # (index, term, tick) in flight
+        self.admin_done = 0
+        self.crashed_for_good = False
+        self.producers: dict[str, Producer] = {}
+        #: where `Replica.propose` makes its answers (never run: nothing here waits)
+        self.loop = asyncio.new_event_loop()
+        self.ticks = 0
+        super().__init__(seed, config)
+        self.group_names = []  # partition groups, once the topic exists
+        self.stats.update(
+            dropped=0,
+            status_reports=0,
+            metadata_snapshots=0,
+            retries=0,
+            duplicates_answered=0,
+            crashed_for_good=0,
+        )
+
+    # ---- nodes -----------------------------------------------------------------------------
+
+    def _initial_nodes(self) -> list[SimNode]:
+        return [self.nodes[n] for n in INITIAL_NODES]
+
+    def _start(self, node: SimNode) -> None:
+        store = self.stores.get(node.id)
+        if store is None:
+            store = NodeStorage(
+                None, memory=node.directories, new_memory=partial(self._new_directory, node)
+            )
+            self.stores[node.id] = store
+        config = CoreConfig(
+            node.id,
+            election_ticks=self.config.raft.election_ticks,
+            segment_bytes=16 << 10,
+            initial_nodes=INITIAL_NODES,
+            joins=node.id not in INITIAL_NODES,
+            dead_grace_ms=500,
+            removed_grace_ms=1_000,
+        )
+        core = NodeCore(config, store, partial(self._members, node), seed=self.rng.getrandbits(32))
+        core.set_clock(self.now_ms, self.clock_ms(node))
+        self.epoch += 1
+        member = SwimMember(node.id, _addresses(node.number), epoch=self.epoch)
+        seeds = [_addresses(self.nodes[n].number).gossip for n in INITIAL_NODES]
+        swim = Swim(
+            SWIM, member, seeds, random.Random(self.rng.getrandbits(64)), CLUSTER_ID, SECRET
+        )
+        first_version = self.now_ms * 1_000  # (the broker: the wall clock's microseconds)
+        self.runtimes[node.id] = Runtime(
+            core, swim, StatusPublisher(node.id, first_version), StatusTable()
+        )
+        core.open()
+        node.multi = core.multi
+        self._refresh(node)
+        swim.tick(self.now_ms, self.clock_ms(node))
+        self._route_swim(node)
+
+    def _new_directory(self, node: SimNode) -> MemoryDirectory:
+        return MemoryDirectory(0 if self._disk_full(node) else None)
+
+    def _refresh(self, node: SimNode) -> None:
+        """The base simulation's view of the node's groups (its checks read storages)."""
+        runtime = self.runtimes.get(node.id)
+        if runtime is None or node.multi is None:
+            node.storages = {}
+            return
+        node.storages = {r.group: r.storage for r in runtime.core.all_replicas()}
+
+    def _crash(self, node: SimNode, *, torn: bool) -> None:
+        super()._crash(node, torn=torn)
+        self.runtimes.pop(node.id, None)
+
+    def _members(self, node: SimNode) -> dict[str, Member]:
+        runtime = self.runtimes.get(node.id)
+        if runtime is None:
+            return {}
+        return {
+            member_id: (state.status, state.member.addresses.api, state.member.addresses.peer)
+            for member_id, state in runtime.swim.members().items()
+        }
+
+    def _core(self, node: SimNode) -> NodeCore | None:
+        runtime = self.runtimes.get(node.id)
+        return runtime.core if runtime is not None and node.multi is not None else None
+
+    # ---- rounds: as the broker carries them out --------------------------------------------
+
+    def _drain_rounds(self, node: SimNode) -> None:
+        while (core := self._core(node)) is not None:
+            core.set_clock(self.now_ms, self.clock_ms(node))
+            round_ = core.begin()
+            if round_ is None:
+                return
+            self._refresh(node)
+            for group, ready in round_.readies.items():
+                if ready.snapshot is not None:
+                    self.stats["snapshots"] += 1
+                    if group == METADATA_GROUP:
+                        self.stats["metadata_snapshots"] += 1
+                    self._log(f"{node.id} {group} installs snapshot at {ready.snapshot.index}")
+            for message in round_.before:
+                self._send(message)
+            for group, ready in round_.readies.items():
+                if ready.committed is not None and group in node.storages:
+                    self._check_commit(node, group, ready.committed)
+            written = [g for g, ready in round_.readies.items() if ready.entries]
+            if (
+                written
+                and self.faulty
+                and any(injector.on_persist(self, node) for injector in self.injectors)
+            ):
+                return  # crashed: written and sent, never fsynced
+            for sync in round_.syncs:
+                sync()
+            for group in written:
+                if group in node.storages:
+                    self._check_entries(node, group, round_.readies[group])
+            for save in round_.saves:
+                save()
+            for message in round_.after:
+                self._send(message)
+            self._answered(round_)
+            core.finish(round_)
+
+    def _deliver_due(self) -> None:
+        """Hand each node the messages due, then run its rounds: as the broker's transport
+        fills its core's inbox and its driver steps it at the start of the next round."""
+        receiving: dict[str, SimNode] = {}
+        while self.in_flight and self.in_flight[0][0] <= self.now_ms:
+            _, _, message = heapq.heappop(self.in_flight)
+            node = self.nodes[message.dst]
+            core = self._core(node)
+            if core is None or not all(i.delivers(self, message) for i in self.filters):
+                continue
+            self.trace.append((self.now_ms, message))  # formatted only if a check fails
+            if message.type is MessageType.STATUS:
+                self._on_status(node, message)
+            else:
+                core.receive([message])
+                receiving[node.id] = node
+        for _, node in sorted(receiving.items()):
+            self._process(node)
+
+    # ---- SWIM ------------------------------------------------------------------------------
+
+    def _swim(self) -> None:
+        """Deliver the datagrams due, tick every live node's SWIM, hand its events to its
+        core."""
+        while self.datagrams and self.datagrams[0][0] <= self.now_ms:
+            _, _, target, data, source = heapq.heappop(self.datagrams)
+            node = self.nodes[target]
+            runtime = self.runtimes.get(target)
+            if runtime is None or node.multi is None or not self._connected(source, target):
+                continue
+            runtime.swim.receive(data, _addresses(self.nodes[source].number).gossip, self.now_ms)
+            self._route_swim(node)
+        for node in self._alive():
+            runtime = self.runtimes[node.id]
+            if runtime.swim.next_tick_ms() <= self.now_ms:
+                runtime.swim.tick(self.now_ms, self.clock_ms(node))
+                self._route_swim(node)
+
+    def _route_swim(self, node: SimNode) -> None:
+        runtime = self.runtimes[node.id]
+        for address, data in runtime.swim.outbox():
+            target = _node_at(address)
+            if target is None or self.rng.random() < self.config.drop_rate:
+                continue
+            self.datagram_seq += 1
+            delay_ms = self.rng.randint(1, max(1, self.config.max_delay_ms))
+            heapq.heappush(
+                self.datagrams, (self.now_ms + delay_ms, self.datagram_seq, target, data, node.id)
+            )
+        for event in runtime.swim.events():
+            if event.kind.name in ("DEAD", "LEFT"):
+                runtime.table.forget(event.state.id)
+            runtime.core.on_member_event(event)
+
+    def _connected(self, a: str, b: str) -> bool:
+        sides = [i.side for i in self.injectors if isinstance(i, Partition) and i.side]
+        return all((a in side) == (b in side) for side in sides)
+
+    # ---- the partition status table --------------------------------------------------------
+
+    def _publish(self, node: SimNode, *, force: bool = False) -> None:
+        runtime = self.runtimes[node.id]
+        core = runtime.core
+        shape = core.hosted_structure()
+        if not (force or runtime.publisher.due(shape, self.now_ms)):
+            return
+        peers = sorted(core.alive() - {node.id})
+        for message in runtime.publisher.publish(shape, core.hosted(), peers, self.now_ms):
+            self._send(message)
+
+    def _on_status(self, node: SimNode, message: Message) -> None:
+        try:
+            if self.runtimes[node.id].table.receive(message, self.now_ms):
+                self.stats["status_reports"] += 1
+        except ReportError as e:
+            self._fail(f"{node.id}: a status report it cannot read: {e}")
+
+    def _collect(self, node: SimNode) -> None:
+        """What the broker's API collector does every few seconds."""
+        runtime = self.runtimes[node.id]
+        view = runtime.table.view(runtime.core.alive(), self.now_ms, FRESH_MS)
+        view.pop(node.id, None)
+        try:
+            dropped = runtime.core.collect_removed(leaders(view))
+        except Exception as e:
+            self._stop_if_no_space(node, e)
+            return
+        if dropped:
+            self.stats["dropped"] += len(dropped)
+            self._log(f"{node.id} drops {dropped}")
+            self._refresh(node)
+
+    # ---- admin commands --------------------------------------------------------------------
+
+    def _metadata_leader(self) -> tuple[SimNode, NodeCore] | None:
+        for node in self._alive():
+            core = self._core(node)
+            if core is not None and core.meta is not None and core.meta.raft.role is Role.LEADER:
+                return node, core
+        return None
+
+    def _send_admin(self) -> None:
+        if not self.admin:
+            return
+        if self.admin_sent is not None and self.ticks - self.admin_sent[2] < RETRY_ADMIN_TICKS:
+            return
+        found = self._metadata_leader()
+        if found is None:
+            return
+        node, core = found
+        command = self.admin[0]
+        try:
+            index, term = core.propose_metadata(command)
+        except (NotLeader, ReplicaClosed, MetadataError) as e:
+            self._log(f"{node.id} refuses {type(command).__name__}: {e}")
+            return
+        self.admin_sent = (index, term, self.ticks)
+        self._log(f"{node.id} proposes {type(command).__name__} at {index}")
+        self._process(node)
+
+    def _answered(self, round_: Round) -> None:
+        sent = self.admin_sent
+        for index, term, result in round_.answers:
+            if sent is None or (index, term) != sent[:2]:
+                continue
+            if result is not None and result.code != "exists":
+                self._fail(f"admin command {self.admin[0]!r} failed: {result}")
+            self.admin.pop(0)
+            self.admin_sent = sent = None
+            self.admin_done += 1
+            if self.admin_done == 1:
+                self.group_names = [f"{TOPIC}/{p}" for p in range(self.partitions)]
+
+    # ---- the idempotent producers ----------------------------------------------------------
+
+    def _propose(self, group: str) -> None:
+        """The partition's producer: a new batch once the last is acknowledged, else the same
+        batch again after RETRY_PRODUCE_TICKS (its answer lost with a crash, a partition or
+        a leader change), through the leader's `Replica.propose`."""
+        producer = self.producers.get(group)
+        if producer is None:
+            producer = Producer(zlib.crc32(group.encode()) | 1)
+            self.producers[group] = producer
+        answer = producer.answer
+        if answer is not None and answer.done() and answer.exception() is None:
+            assert producer.batch is not None
+            producer.sequence += parse_header(producer.batch).record_count
+            producer.batch = producer.answer = None
+        elif answer is not None and self.ticks - producer.sent_tick < RETRY_PRODUCE_TICKS:
+            return
+        found = self._leader_of(group)
+        core = self._core(found[0]) if found is not None else None
+        replica = core.replicas.get(group) if core is not None else None
+        if found is None or replica is None:
+            return
+        node, raft = found
+        retry = producer.batch is not None
+        if producer.batch is None:
+            count = self.rng.randint(1, 3)
+            records = [
+                Record(value=f"{group}:{producer.sequence + i}".encode()) for i in range(count)
+            ]
+            producer.batch = encode_batch(
+                records, producer_id=producer.id, producer_seq=producer.sequence, now_ms=0
+            )
+        batch = producer.batch
+        before = raft.log.last_index()
+
+        async def propose() -> tuple[asyncio.Future[int], bool]:
+            return replica.propose(batch, parse_header(batch))
+
+        try:
+            producer.answer, duplicate = self.loop.run_until_complete(propose())
+        except (NotLeader, ReplicaClosed, Overloaded, SequenceConflict):
+            return
+        producer.sent_tick = self.ticks
+        self.stats["retries"] += retry
+        self.stats["duplicates_answered"] += duplicate
+        if not duplicate:
+            self.proposals[group][before + 1] = (raft.term, _hash(batch), node.id)
+        self._process(node)
+
+    def _check_dedupe(self) -> None:
+        """Every producer's sequence is committed once in its partition, and every sequence
+        it was acknowledged for is there."""
+        for group in self.group_names:
+            found = self._leader_of(group)
+            assert found is not None
+            log = found[1].log
+            storage = found[0].storages[group].log
+            seen: dict[tuple[int, int], int] = {}
+            for header in storage.batch_headers(log.first_index()):
+                if header.base_index > log.committed:
+                    break
+                if not header.producer_id:
+                    continue
+                key = (header.producer_id, header.producer_seq)
+                if key in seen:
+                    self._fail(
+                        f"idempotent dedupe: {group} holds producer {key[0]} sequence {key[1]} "
+                        f"at {seen[key]} and {header.base_index}"
+                    )
+                seen[key] = header.base_index
+            producer = self.producers.get(group)
+            if producer is not None and producer.sequence > 0:
+                acked = (producer.id, producer.sequence - 1)
+                if not any(k[0] == acked[0] and k[1] <= acked[1] for k in seen):
+                    self._fail(f"{group}: the producer's acknowledged batches are gone")
+        self.stats["dedupe_checked"] = len(self.group_names)
+
+    # ---- the script ------------------------------------------------------------------------
+
+    def _tick(self, *, faulty: bool) -> None:
+        self.ticks += 1
+        script: dict[int, Callable[[], None]] = {
+            30: lambda: self.admin.append(CreateTopic(TOPIC, self.partitions, REPLICATION_FACTOR)),
+            150: self._join,
+            300: lambda: self.admin.append(SetDraining("n1", True)),
+            450: lambda: self.admin.append(SetWeight("n2", 3)),
+            # the metadata group must still take writes without its old leader
+            750: lambda: self.admin.append(SetWeight("n3", 2)),
+        }
+        action = script.get(self.ticks)
+        if action is not None:
+            self._log(f"script at tick {self.ticks}")
+            action()
+        if self.ticks >= CRASH_TICK and not self.crashed_for_good and faulty:
+            self.crashed_for_good = self._crash_metadata_leader()
+            self.stats["crashed_for_good"] = int(self.crashed_for_good)
+        self._swim()
+        super()._tick(faulty=faulty)
+        # the answers' callbacks (the HTTP handlers' side: exceptions retrieved)
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self._send_admin()
+        for node in self._alive():
+            self._publish(node)
+            if self.ticks % COLLECT_EVERY_TICKS == 0:
+                self._collect(node)
+
+    def _join(self) -> None:
+        for name in JOINING_NODES:
+            self._start(self.nodes[name])
+
+    def _crash_metadata_leader(self) -> bool:
+        """Crash the metadata leader for good (True), unless that is more than its groups can
+        survive (False: try again next tick): a group it is a member of has a damaged replica
+        elsewhere, no leader, a configuration change in flight, or too few other live voters
+        for a majority. Its groups then count as damaged for good (no more bit flips
+        there)."""
+        found = self._metadata_leader()
+        if found is None:
+            return False
+        node, core = found
+        groups = [r.group for r in core.all_replicas() if node.id in r.raft.conf.members()]
+        if any(group in self.unrepaired for group in groups):
+            return False
+        live = {n.id for n in self._alive()} - {node.id}
+        for group in groups:
+            if self._leader_of(group) is None:
+                return False
+            rafts = [r for n in self._alive() if n.multi and (r := n.multi.groups.get(group))]
+            for raft in rafts:  # every configuration a live member holds, stale ones too
+                voters = raft.conf.voters
+                if len(live & set(voters)) <= len(voters) // 2:
+                    return False
+                if raft.pending_conf_index > raft.log.committed:
+                    return False  # a change in flight: its outcome is not known yet
+        self._crash(node, torn=True)
+        node.down_until_ms = -1  # for good
+        for group in groups:
+            self.unrepaired[group] = (node.id, -1)
+        return True
+
+    # ---- invariants after settling ---------------------------------------------------------
+
+    def run(self) -> dict[str, int]:
+        try:
+            super().run()
+        finally:
+            self.loop.close()
+        try:
+            self._check_converged()
+            self._check_status_table()
+            self._check_dedupe()
+        except AssertionError as e:
+            raise type(e)(self.report(str(e))) from None
+        return dict(self.stats)
+
+    def _check_converged(self) -> None:
+        found = self._metadata_leader()
+        if found is None:
+            self._fail("the metadata group has no leader after settling")
+            return
+        node, core = found
+        state: ClusterState = core.state
+        if self.admin or TOPIC not in state.topics or state.draining != {"n1"}:
+            self._fail(f"admin commands missing from the metadata: {self.admin!r}")
+        if state.weight("n2") != 3 or state.weight("n3") != 2:
+            self._fail(f"weights missing from the metadata: {state.weights!r}")
+        candidates = core.candidates()
+        alive = {c.id for c in candidates if c.alive}
+        if alive != {n.id for n in self._alive()}:
+            self._fail(f"{node.id}'s SWIM sees {sorted(alive)} alive after settling")
+        metadata_target = set(metadata_voters(candidates))
+        assert core.meta is not None
+        conf = core.meta.raft.conf
+        if set(conf.voters) != metadata_target or set(conf.learners) != alive - metadata_target:
+            self._fail(f"metadata group {conf} != voters {sorted(metadata_target)} + learners")
+        for group in self.group_names:
+            leader = self._leader_of(group)
+            if leader is None:
+                self._fail(f"{group} has no leader after settling")
+                return
+            conf = leader[1].conf
+            target = set(place(group, candidates, REPLICATION_FACTOR))
+            if set(conf.voters) != target or conf.learners:
+                self._fail(f"{group}: voters {conf.voters} learners {conf.learners} != {target}")
+        if self.stats["metadata_snapshots"] < len(JOINING_NODES):
+            self._fail("the joining nodes did not learn the metadata from a snapshot")
+        self.stats["converged_partitions"] = len(self.group_names)
+
+    def _check_status_table(self) -> None:
+        """Publish once more, deliver, then every live node's table names each partition's
+        real leader, term and voters."""
+        for node in self._alive():
+            self._publish(node, force=True)
+        for _ in range(self.config.max_delay_ms // TICK_MS + 2):
+            self.now_ms += TICK_MS
+            self._deliver_due()
+        for node in self._alive():
+            runtime = self.runtimes[node.id]
+            view = runtime.table.view(runtime.core.alive(), self.now_ms)
+            view[node.id] = runtime.core.hosted()
+            table = leaders(view)
+            for group in self.group_names:
+                found = self._leader_of(group)
+                row = table.get(group)
+                assert found is not None
+                leader, raft = found
+                if row is None or (row["leader"], row["term"]) != (leader.id, raft.term):
+                    self._fail(
+                        f"{node.id}'s status table has {group} led by {row!r}, not "
+                        f"{leader.id} in term {raft.term}"
+                    )
+                elif set(row["voters"]) != set(raft.conf.voters):
+                    self._fail(f"{node.id}'s status table has {group} voters {row['voters']}")
+        self.stats["status_tables_checked"] = len(self._alive())
+
+
+def _addresses(number: int) -> Addresses:
+    host = f"10.0.0.{number + 1}"
+    return Addresses(api=f"{host}:8080", peer=f"{host}:7000", gossip=f"{host}:7946")
+
+
+def _node_at(gossip_address: str) -> str | None:
+    host = gossip_address.rsplit(":", 1)[0]
+    number = int(host.rsplit(".", 1)[1]) - 1 if host.startswith("10.0.0.") else -1
+    return f"n{number}" if number >= 0 else None
+
+
+def run_node_seed(seed: int, config: SimConfig = SCENARIO) -> dict[str, int]:
+    return NodeSimulation(seed, config).run()
