@@ -25,10 +25,12 @@ The runtime (`laminar.server.node.Broker`) carries a round out with real sockets
 and files, then calls `finish`; the simulator (`laminar.sim.node_cluster`) carries it out
 over a simulated network and `MemoryDirectory` storage. Both run this class.
 
-A replica's data is removed only after a committed change this node has applied says so: a
-deletion of its topic (known by identity: the metadata index that created it, recorded beside
-the replica), or a configuration that no longer counts this node. Metadata that may be stale
-(a restart replays only what it saved) never removes anything. A replica whose log is found
+A replica's data is removed only after a committed change says so: a deletion of its topic
+that this node has applied (known by identity: the metadata index that created it, recorded
+beside the replica), or its group's leader no longer counting this node, seen in two fresh
+status reports (`collect_removed`; never the replica's own configuration, which a member
+added again passes through while it catches up). Metadata that may be stale (a restart
+replays only what it saved) never removes anything. A replica whose log is found
 damaged is reopened repaired (`laminar.raft.repair`): cut at the damage and fetched again from
 the leader; a damaged leader so steps down. Other replicas are not touched.
 """
