@@ -151,7 +151,7 @@ class NodeSimulation(Simulation):
         self.admin_done = 0
         self.crashed_for_good = False
         self.producers: dict[str, Producer] = {}
-        #: where `Replica.propose` makes its answers (never run: nothing here waits)
+        #: where `Replica.propose` makes its answers (run once a tick, for their callbacks)
         self.loop = asyncio.new_event_loop()
         self.ticks = 0
         super().__init__(seed, config)
