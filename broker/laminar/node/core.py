@@ -43,6 +43,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
@@ -60,6 +61,7 @@ from ..metadata import (
     validate_proposal,
 )
 from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
+from ..models import HostedPartition
 from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
 from ..partition.reconcile import StepKind, leader_step
 from ..partition.replica import Replica
@@ -1011,26 +1013,32 @@ class NodeCore:
             and (n == self.id or (n in alive and raft.caught_up(n, CATCH_UP_LAG_INDEXES)))
         )
 
-    def group_status(self, replica: Replica) -> dict[str, object]:
+    def group_status(self, replica: Replica, alive: set[str]) -> HostedPartition:
+        """What this node reports of `replica` (`alive`: the members SWIM counts alive)."""
         raft: Raft = replica.raft
-        return {
-            "topic": replica.topic,
-            "partition": replica.partition,
-            "role": raft.role.name.lower(),
-            "leader": raft.lead,
-            "term": raft.term,
-            "voters": list(raft.conf.voters),
-            "learners": list(raft.conf.learners),
-            "in_sync": self.in_sync(raft, self.alive()),
-            "log_start": replica.log_start,
-            "commit_index": replica.commit_index,
-            "log_end": replica.log_end,
-            "bytes": replica.log.size_bytes,
-        }
+        return HostedPartition(
+            topic=replica.topic,
+            partition=replica.partition,
+            role=raft.role.name.lower(),
+            leader=raft.lead,
+            term=raft.term,
+            voters=raft.conf.voters,
+            learners=raft.conf.learners,
+            in_sync=tuple(self.in_sync(raft, alive)),
+            log_start=replica.log_start,
+            commit_index=replica.commit_index,
+            log_end=replica.log_end,
+            bytes=replica.log.size_bytes,
+        )
 
-    def hosted(self) -> list[dict[str, object]]:
+    def hosted_partitions(self) -> list[HostedPartition]:
+        alive = self.alive()
         ordered = sorted(self.replicas.values(), key=lambda r: (r.topic, r.partition))
-        return [self.group_status(r) for r in ordered]
+        return [self.group_status(r, alive) for r in ordered]
+
+    def hosted(self) -> list[dict[str, Any]]:
+        """`hosted_partitions` as the status table's rows."""
+        return [p.to_json() for p in self.hosted_partitions()]
 
     def hosted_structure(self) -> tuple[tuple[object, ...], ...]:
         """What a change of is published at once (status_gossip): the replicas hosted, with

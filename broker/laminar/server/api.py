@@ -73,7 +73,6 @@ from ..models import (
     ClusterInfo,
     CreateTopicRequest,
     Handoff,
-    HostedPartition,
     Member,
     ModelError,
     NodeAdminState,
@@ -474,7 +473,7 @@ class Api:
     async def node_partitions(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         if node == self.broker.id:
-            hosted = tuple(HostedPartition.from_json(p) for p in self.broker.core.hosted())
+            hosted = tuple(self.broker.core.hosted_partitions())
             return json_response(NodePartitions(node, hosted).to_json())
         address = self.broker.api_address_of(node)
         if address is None:
