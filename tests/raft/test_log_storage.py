@@ -223,3 +223,34 @@ def test_a_torn_commit_hint_is_ignored() -> None:
     assert open_storage(directory).hard_state.commit == 2
     directory.open("raft.commit", create=False).write(3, (b"\xff",))
     assert open_storage(directory).hard_state.commit == 0
+
+
+def test_a_snapshot_install_cut_short_by_a_crash_completes_on_reopening() -> None:
+    """The state file names the snapshot before the log is emptied: a crash in between (here
+    the log's reset fails) leaves a log that does not hold the snapshot's last entry, and
+    opening empties it as the install would have. A log that does hold it is kept."""
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(10, 1), (10, 1)]))  # 0..19, term 1
+    storage.sync()
+
+    def crash(start_index: int) -> None:
+        raise OSError("killed mid-install")
+
+    storage.log.reset = crash  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        storage.apply_snapshot(Snapshot(29, 3, ConfState(("a", "b"))))  # beyond the log
+    directory.crash()
+    reopened = open_storage(directory)
+    assert reopened.snapshot().index == 29
+    assert (reopened.first_index(), reopened.last_index()) == (30, 29)
+
+    kept = MemoryDirectory()
+    storage = open_storage(kept)
+    storage.append(entries_from(0, [(10, 1), (10, 1)]))
+    storage.sync()
+    storage.log.reset = crash  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        storage.apply_snapshot(Snapshot(9, 1, CONF))  # the log holds 9 with term 1
+    kept.crash()
+    assert open_storage(kept).last_index() == 19
