@@ -41,9 +41,6 @@ class Storage(Protocol):
 class Directory(Protocol):
     """A folder of storages; creations and removals are durable only after `sync()`."""
 
-    #: True when `Storage.sync` blocks on a device and should run in a worker thread.
-    sync_blocks: bool
-
     def names(self) -> list[str]: ...
     def open(self, name: str, *, create: bool) -> Storage: ...
     def remove(self, name: str) -> None: ...
@@ -116,8 +113,6 @@ class FileStorage:
 
 class FileDirectory:
     """A real directory; `sync()` fsyncs the directory itself."""
-
-    sync_blocks = True
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -234,8 +229,6 @@ class MemoryStorage:
 
 class MemoryDirectory:
     """An in-memory directory whose creations and removals are durable only after `sync()`."""
-
-    sync_blocks = False
 
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.files: dict[str, MemoryStorage] = {}

@@ -620,20 +620,15 @@ class NodeCore:
             self.step(message)
 
     def step(self, message: Message) -> None:
-        """Step one message from a peer now; `receive` is the same, deferred to the next
-        round."""
-        self.admit(message)
-        self.multi.step(message)
-
-    def admit(self, message: Message) -> None:
-        """Before `message` is stepped: host its group if a leader added this node to it
-        (`_maybe_host_for`), or count it dropped."""
+        """Step one message from a peer now, hosting its group first if a leader added this
+        node to it (`_maybe_host_for`); `receive` is the same, deferred to the next round."""
         folded = message.type in (MT.HEARTBEATS, MT.HEARTBEATS_RESP)
         for part in message.batch if folded else (message,):
             if part.group not in self.multi.groups and not self._maybe_host_for(
                 part.group, part.type
             ):
                 self.counters["dropped_messages"] += 1
+        self.multi.step(message)
 
     def _write(
         self, readies: dict[str, Ready], messages: list[Message]

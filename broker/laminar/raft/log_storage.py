@@ -113,12 +113,6 @@ class LogStorage:
         if sync:
             self.directory.sync()
 
-    def save_file(self, name: str, data: bytes) -> None:
-        """Atomically and durably replace a file of the state machine's beside the log."""
-        if name in (STATE_FILE, SNAPSHOT_FILE):
-            raise ValueError(f"{name} belongs to the Raft storage")
-        self._replace(name, data)
-
     def stage_file(self, name: str, data: bytes) -> None:
         """Write a file of the state machine's beside the log now; it replaces the old one,
         atomically and durably, at the next `sync` (the node's group-commit round, off the
@@ -140,7 +134,7 @@ class LogStorage:
         return bool(self._staged)
 
     def load_file(self, name: str) -> bytes | None:
-        """A file written by `save_file`, or None."""
+        """A file written by `stage_file` (as of its last sync), or None."""
         return self._read(name) if name in self.directory.names() else None
 
     def _load(self) -> tuple[HardState, Snapshot]:
