@@ -332,7 +332,8 @@ KUBE_CONFIG = Setting(
     "kube_config",
     str,
     None,
-    "kubeconfig for the status reports (unset: the pod's ServiceAccount)",
+    "kubeconfig for the status reports (unset: KUBECONFIG, ~/.kube/config, else the pod's "
+    "ServiceAccount)",
     flag="--kube-config",
     env="LAMINAR_KUBE_CONFIG",
 )

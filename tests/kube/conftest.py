@@ -4,7 +4,9 @@ etcd (Debian's etcd-server) and the pinned Kubernetes release's kube-apiserver a
 kube-controller-manager (built from the Go module proxy by e2e/kube/build-binaries.sh, cached
 across runs) run on loopback ports of their own, with RBAC on; the controller manager runs the
 garbage collector only (there are no nodes: pods are never scheduled). `kube.kubectl(...)`
-runs the kubectl built with them against it as an admin (system:masters).
+runs the kubectl built with them against it as an admin (system:masters). The API server
+takes bearer tokens (`--token-auth-file`, ServiceAccount tokens) and client certificates of
+`KubeApi.client_ca` (`--client-ca-file`): `client_cert_kubeconfig` writes a kubeconfig as kind's.
 
 `operator_identity(...)` installs what the Helm chart grants the operator (its ServiceAccount,
 ClusterRole or Roles and their bindings, rendered by `helm template`), and `run_operator(...)`
@@ -16,7 +18,9 @@ Skipped, with the reason, where etcd or Go is missing (.ci/run installs both).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import datetime
 import itertools
 import json
 import os
@@ -35,6 +39,12 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from laminar import certs
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "laminar-operator"
@@ -58,6 +68,7 @@ class KubeApi:
     kubeconfig: Path
     bin_dir: Path
     workdir: Path
+    client_ca: certs.KeyPair  # the API server trusts client certificates this CA signed
 
     def kubectl(
         self,
@@ -95,6 +106,78 @@ class KubeApi:
             _kubeconfig(self.url, token, self.workdir / "certs" / "apiserver.crt", namespace)
         )
         return path
+
+    def client_cert_kubeconfig(
+        self, name: str, user: str, groups: tuple[str, ...] = ("system:masters",)
+    ) -> Path:
+        """A kubeconfig as kind writes one: the server's CA, and a client certificate (of the
+        user `user` in `groups`) and its key, all inline (`*-data`), context `kind-<name>`."""
+        pair = client_certificate(self.client_ca, user, groups)
+        server_ca = (self.workdir / "certs" / "apiserver.crt").read_bytes()
+
+        def inline(data: bytes) -> str:
+            return base64.b64encode(data).decode()
+
+        path = self.workdir / f"{name}.kubeconfig"
+        context = f"kind-{name}"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": context,
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": inline(server_ca),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": context,
+                    "user": {
+                        "client-certificate-data": inline(pair.cert_pem),
+                        "client-key-data": inline(pair.key_pem),
+                    },
+                }
+            ],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+            "current-context": context,
+            "preferences": {},
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+
+def client_certificate(ca: certs.KeyPair, user: str, groups: tuple[str, ...]) -> certs.KeyPair:
+    """A client certificate as the API server reads one: the user is the subject's CN, the
+    groups its Os."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+        + [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,  # "EC PRIVATE KEY", as kubeadm's
+        serialization.NoEncryption(),
+    )
+    return certs.KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
 
 
 def _kubeconfig(url: str, token: str, ca: Path, namespace: str) -> str:
@@ -194,6 +277,8 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
         )
         tokens = work / "tokens.csv"
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+        client_ca = certs.make_ca("laminar-test-client-ca")
+        (work / "client-ca.crt").write_bytes(client_ca.cert_pem)
         port = _free_port()
         url = f"https://127.0.0.1:{port}"
         apiserver, apiserver_log = start(
@@ -204,6 +289,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
                 f"--secure-port={port}", f"--cert-dir={work / 'certs'}",
                 f"--token-auth-file={tokens}",
+                f"--client-ca-file={work / 'client-ca.crt'}",
                 "--authorization-mode=RBAC",
                 # as OpenShift has it: owner references that block deletion need the right to
                 # update the owner's finalizers (the operator's rules grant it)
@@ -225,13 +311,13 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
             [
                 str(bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={admin}",
-                "--controllers=garbagecollector",
+                "--controllers=garbagecollector,persistentvolume-binder",
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--use-service-account-credentials=false",
             ],
         )
-        yield KubeApi(url, admin, bin_dir, work)
+        yield KubeApi(url, admin, bin_dir, work, client_ca)
     finally:
         for proc in reversed(procs):
             proc.terminate()

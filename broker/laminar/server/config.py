@@ -112,7 +112,7 @@ class BrokerConfig:
     segment_bytes: int = settings.SEGMENT_BYTES.default
     #: Kubernetes status reporting (docs/kubernetes.md): the LaminarCluster object this broker
     #: belongs to and its namespace (both, or neither: no reporting), and a kubeconfig (None:
-    #: the pod's ServiceAccount)
+    #: KUBECONFIG, ~/.kube/config, else the pod's ServiceAccount)
     kube_namespace: str | None = settings.KUBE_NAMESPACE.default
     kube_cluster: str | None = settings.KUBE_CLUSTER.default
     kube_config: str | None = settings.KUBE_CONFIG.default

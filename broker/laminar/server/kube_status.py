@@ -83,7 +83,7 @@ class KubeStatusReporter:
             except ApiError:
                 continue  # deleted meanwhile
             status = topic_status(described)
-            partitions += len(status["partitions"])
+            partitions += status["partitionCount"]
             under += status["underReplicated"]
             for p in status["partitions"]:
                 if p["leader"] in leaders:
