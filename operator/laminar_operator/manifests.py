@@ -27,6 +27,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from laminar import credentials, settings
@@ -70,19 +72,35 @@ CLIENT_LABEL = f"{API_GROUP}/client"
 #: Namespaces with this label are admitted to the API port (Prometheus scrapes /metrics there)
 #: while spec.networkPolicy.metricsNamespaceSelector is unset (set, it replaces this).
 METRICS_LABEL = f"{API_GROUP}/metrics"
+#: The label telling a cluster's two Services apart ("client" and "peers"): the chart's
+#: ServiceMonitor selects the client Service's, so that each broker is scraped once.
+SERVICE_LABEL = f"{API_GROUP}/service"
 #: The label of the operator's pods (the chart's), admitted from the operator's namespace.
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "laminar-operator"}
 
 Object = dict[str, Any]
+
+#: The StatefulSet's volumeClaimTemplate: each broker's PersistentVolumeClaim is
+#: `data-<name>-<ordinal>` (`claim_name`).
+CLAIM_TEMPLATE = "data"
+#: spec.storage.persistentVolumeClaimRetentionPolicy's default: the brokers' volumes (their
+#: logs) outlive the cluster and a scale-down, until deleted by hand (docs/kubernetes.md,
+#: "Storage").
+RETAIN_CLAIMS = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+#: The node label the default pod anti-affinity spreads the brokers across.
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
+#: The seccomp profile Pod Security "restricted" asks for: the brokers' pods', which every
+#: container takes but the XDP init container (Unconfined, the one exception).
+RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
 
 #: The CRD's defaults (crds/laminarclusters.laminarmq.io.yaml; tests/test_settings.py holds
 #: them to it), and the operator's where the CRD has none (resources,
 #: networkPolicy.clientSelectors and metricsNamespaceSelector).
 DEFAULTS: Object = {
     "replicas": 3,
-    "image": "laminar-broker:latest",
+    "image": "laminar-broker:0.1.0",  # the project's version (pyproject.toml)
     "imagePullPolicy": "IfNotPresent",
-    "storage": {"size": "10Gi"},
+    "storage": {"size": "10Gi", "persistentVolumeClaimRetentionPolicy": RETAIN_CLAIMS},
     "resources": {},
     "config": {"replicationFactor": 3, "fsync": settings.FSYNC.default.value},
     "xdp": {"enabled": False},
@@ -94,8 +112,10 @@ DEFAULTS: Object = {
         "metricsNamespaceSelector": {"matchLabels": {METRICS_LABEL: "true"}},
     },
 }
-#: Spec fields that change no pod: a change of them does not roll the StatefulSet.
-NOT_IN_PODS = ("replicas", "networkPolicy")
+#: Spec fields that change no pod: a change of them does not roll the StatefulSet. (storage:
+#: the volumes grow under the running pods, docs/kubernetes.md "Storage"; its class cannot
+#: change.)
+NOT_IN_PODS = ("replicas", "networkPolicy", "storage")
 
 
 def spec_of(cluster: Object) -> Object:
@@ -436,7 +456,7 @@ def peer_service(cluster: Object) -> Object:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(cluster, peer_service_name(name)),
+        "metadata": _service_meta(cluster, peer_service_name(name), "peers"),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -451,12 +471,18 @@ def client_service(cluster: Object) -> Object:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(cluster, name),
+        "metadata": _service_meta(cluster, name, "client"),
         "spec": {
             "selector": _pod_selector(name),
             "ports": [{"name": "api", "port": API_PORT, "targetPort": "api", "protocol": "TCP"}],
         },
     }
+
+
+def _service_meta(cluster: Object, name: str, role: str) -> Object:
+    meta = _meta(cluster, name)
+    meta["labels"][SERVICE_LABEL] = role
+    return meta
 
 
 def _pod_selector(name: str) -> dict[str, str]:
@@ -485,7 +511,11 @@ def stateful_set(
 ) -> Object:
     """The brokers. `replicas` overrides spec.replicas (a scale-down shrinks the StatefulSet
     only once the leaving brokers host nothing). The privileged XDP init container is there
-    only when spec.xdp.enabled asks for it and the operator's `xdp_allowed` permits it."""
+    only when spec.xdp.enabled asks for it and the operator's `xdp_allowed` permits it.
+
+    The pods pass Pod Security "restricted" (non-root, seccomp RuntimeDefault, no privilege
+    escalation, no capabilities), the XDP init container apart; spec.template.pod adds
+    scheduling, labels, annotations and pull secrets (`_pod_template`)."""
     name, _ = names(cluster)
     spec = spec_of(cluster)
     storage = spec["storage"]
@@ -587,10 +617,18 @@ def stateful_set(
     pod: Object = {
         "serviceAccountName": service_account_name(name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
-        "securityContext": {"fsGroup": BROKER_UID, "runAsNonRoot": True},
+        "securityContext": {
+            "fsGroup": BROKER_UID,
+            "runAsNonRoot": True,
+            "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP),
+        },
         "containers": [broker],
         "volumes": volumes,
     }
+    metadata = _pod_template(spec, name, pod)
+    metadata["annotations"][SPEC_HASH_ANNOTATION] = spec_hash(
+        cluster, initial_replicas, xdp_allowed
+    )
     if xdp_wanted(cluster) and xdp_allowed:
         pod["initContainers"] = [xdp_init_container(cluster)]
         volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
@@ -615,18 +653,104 @@ def stateful_set(
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": pod_labels},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        SPEC_HASH_ANNOTATION: spec_hash(cluster, initial_replicas, xdp_allowed)
-                    },
-                },
-                "spec": pod,
-            },
+            "template": {"metadata": metadata, "spec": pod},
             "volumeClaimTemplates": [
-                {"metadata": {"name": "data", "labels": pod_labels}, "spec": claim_spec}
+                {"metadata": {"name": CLAIM_TEMPLATE, "labels": pod_labels}, "spec": claim_spec}
             ],
+            "persistentVolumeClaimRetentionPolicy": {
+                **RETAIN_CLAIMS,
+                **(storage.get("persistentVolumeClaimRetentionPolicy") or {}),
+            },
+        },
+    }
+
+
+def claim_name(name: str, ordinal: int) -> str:
+    """The PersistentVolumeClaim of the broker of `ordinal` (the StatefulSet controller's
+    name for it: `<volumeClaimTemplate>-<pod>`)."""
+    return f"{CLAIM_TEMPLATE}-{name}-{ordinal}"
+
+
+#: A Kubernetes quantity: a decimal number, then a suffix (binary, decimal SI) or an exponent.
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([a-zA-Z]*|[eE][+-]?[0-9]+)")
+_QUANTITY_SUFFIXES = {
+    "": Decimal(1),
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "m": Decimal("0.001"),
+}
+
+
+def quantity(text: str) -> Decimal:
+    """The value of a Kubernetes quantity ("10Gi", "1.5T", "1536Mi", "5e9"): for a storage
+    size, bytes. ValueError if `text` is not a quantity."""
+    match = _QUANTITY.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    number, suffix = match.groups()
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * Decimal(10) ** int(suffix[1:])
+        return Decimal(number) * _QUANTITY_SUFFIXES[suffix]
+    except (KeyError, InvalidOperation):
+        raise ValueError(f"not a Kubernetes quantity: {text!r}") from None
+
+
+def claim_size(sts: Object) -> str | None:
+    """The storage request of a StatefulSet's volumeClaimTemplate "data" (None: it has none)."""
+    for template in sts.get("spec", {}).get("volumeClaimTemplates") or []:
+        if (template.get("metadata") or {}).get("name") == CLAIM_TEMPLATE:
+            requests = ((template.get("spec") or {}).get("resources") or {}).get("requests")
+            size = (requests or {}).get("storage")
+            return str(size) if size is not None else None
+    return None
+
+
+def default_pod_anti_affinity(name: str) -> Object:
+    """The brokers of a cluster preferably on different nodes: a node lost takes one replica
+    of each partition with it, not several (preferred: a cluster larger than the nodes still
+    schedules)."""
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": _pod_selector(name)},
+                    "topologyKey": HOSTNAME_TOPOLOGY_KEY,
+                },
+            }
+        ]
+    }
+
+
+def _pod_template(spec: Object, name: str, pod: Object) -> Object:
+    """spec.template.pod into the brokers' pod spec `pod` (scheduling, pull secrets), and the
+    pod template's metadata: its extra labels (the selector's own labels always the
+    operator's) and annotations. The affinity is spec.template.pod.affinity with the
+    default pod anti-affinity (`default_pod_anti_affinity`) unless it sets podAntiAffinity
+    itself ({} for none). A topology spread constraint without a labelSelector counts the
+    cluster's brokers."""
+    template = (spec.get("template") or {}).get("pod") or {}
+    extra = template.get("metadata") or {}
+    selector_labels = _pod_selector(name)
+    affinity = dict(template.get("affinity") or {})
+    affinity.setdefault("podAntiAffinity", default_pod_anti_affinity(name))
+    pod["affinity"] = {key: value for key, value in affinity.items() if value}
+    if not pod["affinity"]:
+        del pod["affinity"]
+    for key in ("tolerations", "nodeSelector", "priorityClassName", "imagePullSecrets"):
+        if template.get(key):
+            pod[key] = template[key]
+    constraints = template.get("topologySpreadConstraints") or []
+    if constraints:
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": selector_labels}, **constraint}
+            for constraint in constraints
+        ]
+    return {
+        "labels": {**(extra.get("labels") or {}), **selector_labels},
+        "annotations": {
+            k: v for k, v in (extra.get("annotations") or {}).items() if k != SPEC_HASH_ANNOTATION
         },
     }
 
@@ -680,7 +804,13 @@ def xdp_init_container(cluster: Object) -> Object:
         ],
         # the cluster id and ports, as the brokers see them
         "envFrom": [{"configMapRef": {"name": config_map_name(name)}}],
-        "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        # the one exception to Pod Security "restricted" (docs/kubernetes.md, "Pod Security")
+        "securityContext": {
+            "privileged": True,
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "seccompProfile": {"type": "Unconfined"},
+        },
         "volumeMounts": [{"name": "bpffs", "mountPath": BPF_FS}],
     }
 

@@ -46,7 +46,7 @@ def scoped(crds: KubeApi) -> OperatorIdentity:
     )
 
 
-def test_cluster_wide_the_operator_reads_no_secret_and_deletes_nothing_it_owns(
+def test_cluster_wide_the_operator_reads_no_secret_and_deletes_almost_nothing_it_owns(
     crds: KubeApi, cluster_wide: OperatorIdentity
 ) -> None:
     can = cluster_wide.can
@@ -63,8 +63,15 @@ def test_cluster_wide_the_operator_reads_no_secret_and_deletes_nothing_it_owns(
         assert can(crds, verb, "secrets", "-n", "laminar-system"), verb
     for verb in ("list", "watch"):
         assert not can(crds, verb, "secrets", "-n", "laminar-system"), verb
-    for what in ("statefulsets", "services", "configmaps", "roles", "rolebindings", "secrets"):
+    for what in ("services", "configmaps", "roles", "rolebindings", "secrets"):
         assert not can(crds, "delete", what, "-n", "default"), what  # the GC collects them
+    # the StatefulSet made again with grown volumes; the claims grown, by name, nothing more
+    assert can(crds, "delete", "statefulsets", "-n", "default")
+    for verb in ("get", "patch"):
+        assert can(crds, verb, "persistentvolumeclaims", "-n", "default"), verb
+    for verb in ("list", "watch", "create", "update", "delete"):
+        assert not can(crds, verb, "persistentvolumeclaims", "-n", "default"), verb
+    assert not can(crds, "get", "storageclasses")  # the API server refuses what a class cannot
     assert not can(crds, "create", "pods", "-n", "default")
     assert not can(crds, "escalate", "roles", "-n", "default")
     assert not can(crds, "bind", "roles", "-n", "default")

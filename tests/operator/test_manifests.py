@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -65,7 +66,7 @@ def test_stateful_set() -> None:
     assert spec["replicas"] == 3 and spec["serviceName"] == "demo-peers"
     pod = spec["template"]["spec"]
     (broker,) = pod["containers"]
-    assert broker["image"] == "laminar-broker:latest" and broker["args"] == ["serve"]
+    assert broker["image"] == "laminar-broker:0.1.0" and broker["args"] == ["serve"]
     assert broker["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert broker["livenessProbe"]["httpGet"]["path"] == "/healthz"
     pre_stop = broker["lifecycle"]["preStop"]["exec"]["command"]
@@ -272,6 +273,11 @@ def test_broker_role_may_only_touch_status() -> None:
         (lambda s: s.update(networkPolicy={"enabled": False}), False),
         (lambda s: s.update(xdp={"enabled": True}), False),  # not allowed: the same pods
         (lambda s: s.update(tls={"enabled": False}), True),
+        # the volumes grow under the running pods; the retention is the StatefulSet's
+        (lambda s: s["storage"].update(size="2Gi"), False),
+        (lambda s: s["storage"].update(persistentVolumeClaimRetentionPolicy={}), False),
+        (lambda s: s.update(template={"pod": {"nodeSelector": {"disk": "ssd"}}}), True),
+        (lambda s: s.update(template={"pod": {"metadata": {"labels": {"a": "b"}}}}), True),
     ],
 )
 def test_spec_changes_roll_the_pods_but_scaling_does_not(change: Any, rolls: bool) -> None:
@@ -335,3 +341,110 @@ def test_tls_secrets_and_the_names_the_certificate_is_for() -> None:
     assert kept["metadata"]["namespace"] == "laminar-system"
     assert "ownerReferences" not in kept["metadata"]  # no owner across namespaces
     assert "ownerReferences" in m.ca_key_secret(CLUSTER, "prod", {"ca.crt": "Q0E="})["metadata"]
+
+
+def test_the_pods_are_restricted_but_the_xdp_router() -> None:
+    """Pod Security "restricted": non-root, seccomp RuntimeDefault, no privilege escalation,
+    no capabilities, for the broker; the XDP init container is the one exception."""
+    pod = build()["StatefulSet"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"]:
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert "seccompProfile" not in security  # the pod's
+    routed = build(with_spec(xdp={"enabled": True}), xdp_allowed=True)["StatefulSet"]
+    (init,) = routed["spec"]["template"]["spec"]["initContainers"]
+    assert init["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+
+
+def test_the_claims_are_retained_unless_the_spec_says() -> None:
+    sts = build()["StatefulSet"]["spec"]
+    assert sts["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Retain",
+        "whenScaled": "Retain",
+    }
+    storage = {"size": "1Gi", "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}}
+    sts = build(with_spec(storage=storage))["StatefulSet"]["spec"]
+    assert sts["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Delete",
+        "whenScaled": "Retain",
+    }
+    assert m.claim_name("demo", 2) == "data-demo-2"
+    assert m.claim_size(build()["StatefulSet"]) == "1Gi"
+    assert m.claim_size({"spec": {}}) is None
+
+
+def test_the_pod_template_adds_scheduling_labels_and_annotations() -> None:
+    plain = build()["StatefulSet"]["spec"]["template"]
+    assert plain["spec"]["affinity"] == {"podAntiAffinity": m.default_pod_anti_affinity("demo")}
+    (term,) = plain["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == plain["metadata"]["labels"]
+    for key in ("tolerations", "nodeSelector", "priorityClassName", "imagePullSecrets",
+                "topologySpreadConstraints"):  # fmt: skip
+        assert key not in plain["spec"], key
+
+    zone = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    template = {
+        "pod": {
+            # the selector's labels and the spec hash stay the operator's (the CRD refuses
+            # them too)
+            "metadata": {
+                "labels": {"team": "a", "app.kubernetes.io/instance": "other"},
+                "annotations": {"note": "x", m.SPEC_HASH_ANNOTATION: "mine"},
+            },
+            "affinity": {"nodeAffinity": zone},
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+            "nodeSelector": {"disk": "ssd"},
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"},
+                {"maxSkew": 2, "topologyKey": "node", "whenUnsatisfiable": "ScheduleAnyway",
+                 "labelSelector": {"matchLabels": {"team": "a"}}},
+            ],
+            "priorityClassName": "high",
+            "imagePullSecrets": [{"name": "registry"}],
+        }
+    }  # fmt: skip
+    sts = build(with_spec(template=template))["StatefulSet"]["spec"]
+    pod = sts["template"]
+    assert pod["metadata"]["labels"] == {**plain["metadata"]["labels"], "team": "a"}
+    assert sts["selector"]["matchLabels"] == plain["metadata"]["labels"]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["note"] == "x" and annotations[m.SPEC_HASH_ANNOTATION] != "mine"
+    assert pod["spec"]["affinity"] == {
+        "nodeAffinity": zone,
+        "podAntiAffinity": m.default_pod_anti_affinity("demo"),
+    }
+    assert pod["spec"]["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+    assert pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    first, second = pod["spec"]["topologySpreadConstraints"]
+    assert first["labelSelector"] == {"matchLabels": plain["metadata"]["labels"]}
+    assert second["labelSelector"] == {"matchLabels": {"team": "a"}}  # the user's own
+
+    # an anti-affinity of the user's replaces the default; {} for none
+    mine = {"requiredDuringSchedulingIgnoredDuringExecution": []}
+    for anti, wanted in ((mine, {"podAntiAffinity": mine}), ({}, None)):
+        cluster = with_spec(template={"pod": {"affinity": {"podAntiAffinity": anti}}})
+        got = build(cluster)["StatefulSet"]["spec"]["template"]["spec"].get("affinity")
+        assert got == wanted
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("10Gi", 10 * 2**30), ("1.5Gi", 1.5 * 2**30), ("1536Mi", 1.5 * 2**30), ("500m", 0.5),
+     ("2G", 2e9), ("1k", 1000), ("5e9", 5e9), ("007", 7), (".5Ki", 512)],
+)  # fmt: skip
+def test_quantities(text: str, value: float) -> None:
+    assert m.quantity(text) == Decimal(str(value))
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "10Gb", "1.2.3", "ten"])
+def test_not_quantities(text: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        m.quantity(text)
