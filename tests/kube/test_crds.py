@@ -1,10 +1,13 @@
 """The CRDs on a real API server: schemas, defaults, CEL rules, the scale subresource, printer
-columns; and the operator's builders' objects accepted by it and garbage-collected with the
+columns; every field described (`kubectl explain`); the documented upgrade of CRDs Helm
+installed; and the operator's builders' objects accepted by it and garbage-collected with the
 cluster that owns them."""
 
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,8 @@ import yaml
 from laminar.certs import issue, make_ca
 from laminar_operator import manifests
 
-from .conftest import ROOT, KubeApi
+from .conftest import ROOT, KubeApi, helm
+from .test_operator import wait_for
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -203,3 +207,133 @@ def test_network_policy_settings_are_validated(crds: KubeApi, namespace: str) ->
         refused = copy.deepcopy(cluster)
         refused["spec"]["networkPolicy"] = bad
         rejected(crds, refused, namespace)
+
+
+#: The custom resources, as `kubectl explain` names them.
+EXPLAINED = ("laminarclusters.laminarmq.io", "topics.laminarmq.io")
+EXPLAIN_WAIT_S = 60.0
+
+
+#: A field in `kubectl explain`'s FIELDS: indentation, name, type (enum lines have no tab).
+EXPLAINED_FIELD = re.compile(r"^( *)(\S+)\t(<[^>]+>)")
+#: What `kubectl explain` shows for a field or object without a description.
+UNDESCRIBED = ("<no description>", "<empty>")
+
+
+def _object_fields(kube: KubeApi, resource: str) -> list[str]:
+    """The paths of the fields of `resource` that hold fields (objects and lists of objects),
+    from `kubectl explain --recursive` (the API server's published OpenAPI v3); metadata's
+    (the standard ObjectMeta's) left out."""
+    explained = wait_for(  # the OpenAPI v3 of a new CRD is published a little after it
+        f"kubectl explain {resource}",
+        lambda: kube.kubectl("explain", resource, "--recursive", check=False).stdout,
+        timeout_s=EXPLAIN_WAIT_S,
+    )
+    paths: list[str] = []
+    stack: list[tuple[int, str]] = []
+    for line in explained.split("FIELDS:\n", 1)[1].splitlines():
+        if not (found := EXPLAINED_FIELD.match(line)):
+            continue
+        indent, name, kind = len(found[1]), found[2], found[3]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([*(part for _, part in stack), name])
+        stack.append((indent, name))
+        if kind in ("<Object>", "<[]Object>") and not path.startswith("metadata"):
+            paths.append(path)
+    return paths
+
+
+def _undescribed(explained: str, path: str) -> list[str]:
+    """What `kubectl explain` of `path` shows without a description: the object itself, and
+    each of its fields."""
+    head, _, fields = explained.partition("FIELDS:\n")
+    description = head.partition("DESCRIPTION:\n")[2].strip()
+    missing = [path or "(the resource)"] if description in ("", *UNDESCRIBED) else []
+    for block in re.split(r"\n\s*\n", fields):
+        lines = block.strip("\n").splitlines()
+        if not lines or not (found := EXPLAINED_FIELD.match(lines[0])):
+            continue
+        text = " ".join(line.strip() for line in lines[1:] if not line.startswith("  enum:"))
+        if text in ("", *UNDESCRIBED):
+            missing.append(f"{path}.{found[2]}".lstrip("."))
+    return missing
+
+
+@pytest.mark.parametrize("resource", EXPLAINED)
+def test_kubectl_explain_describes_every_field(crds: KubeApi, resource: str) -> None:
+    """`kubectl explain` of the resource and of each of its objects, spec and status: each
+    field it lists has a description (none says `<no description>`)."""
+    paths = _object_fields(crds, resource)
+    assert "spec" in paths and "status" in paths, paths
+    undescribed = []
+    for path in ["", *paths]:
+        out = crds.kubectl("explain", f"{resource}{'.' if path else ''}{path}").stdout
+        undescribed += _undescribed(out, path)
+    undescribed = list(dict.fromkeys(undescribed))  # a field: in its own and its parent's
+    assert not undescribed, f"{resource}: fields without a description: {undescribed}"
+
+
+def _renamed(path: Path, group: str) -> dict[str, Any]:
+    """The CRD at `path` in API group `group`, without its short names and categories (which
+    would make `lmc` and friends ambiguous for the other tests)."""
+    crd = yaml.safe_load(path.read_text().replace("laminarmq.io", group))
+    crd["spec"]["names"].pop("shortNames", None)
+    crd["spec"]["names"].pop("categories", None)
+    return crd
+
+
+def _crds_chart(path: Path, crds: list[dict[str, Any]]) -> Path:
+    """A chart of nothing but `crds` (its crds/ directory)."""
+    (path / "crds").mkdir(parents=True)
+    chart = {"apiVersion": "v2", "name": "laminar-crds-test", "version": "0.1.0"}
+    (path / "Chart.yaml").write_text(yaml.safe_dump(chart))
+    for crd in crds:
+        (path / "crds" / f"{crd['metadata']['name']}.yaml").write_text(yaml.safe_dump(crd))
+    return path
+
+
+def test_helm_upgrade_leaves_crds_and_the_documented_apply_updates_them(
+    kube: KubeApi, tmp_path: Path
+) -> None:
+    """docs/kubernetes.md, "Upgrading", with CRDs Helm installed (a chart's crds/, in an API
+    group of their own) from an older chart, here one without spec.workersPerPod: `helm
+    upgrade` to the new chart leaves them as they were; `kubectl apply --server-side` of the
+    new crds/ is refused (Helm's fields), and with --force-conflicts updates them."""
+    group = "upgrade.laminarmq.io"
+    new = [_renamed(path, group) for path in sorted((ROOT / "crds").glob("*.yaml"))]
+    (cluster_crd,) = [crd for crd in new if crd["spec"]["names"]["kind"] == "LaminarCluster"]
+    old = copy.deepcopy(new)
+    for crd in old:
+        if crd["spec"]["names"]["kind"] == "LaminarCluster":
+            (version,) = crd["spec"]["versions"]
+            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            del spec["properties"]["workersPerPod"]
+    name = cluster_crd["metadata"]["name"]
+    older, newer = _crds_chart(tmp_path / "old", old), _crds_chart(tmp_path / "new", new)
+    config = ("--namespace", "default", "--kubeconfig", str(kube.kubeconfig))
+
+    def fields() -> dict[str, Any]:
+        crd = kube.get(f"crd/{name}")
+        spec: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        return dict(spec["properties"]["spec"]["properties"])
+
+    helm(kube, "install", "crds-upgrade", str(older), *config)
+    try:
+        assert "workersPerPod" not in fields()
+        helm(kube, "upgrade", "crds-upgrade", str(newer), *config)
+        assert "workersPerPod" not in fields()  # what the docs warn of
+        crds_dir = str(newer / "crds")
+        refused = kube.kubectl("apply", "--server-side", "-f", crds_dir, check=False)
+        assert refused.returncode != 0 and "conflict" in refused.stderr.lower(), refused
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", crds_dir)
+        assert "workersPerPod" in fields()
+        crd = kube.get(f"crd/{name}")
+        assert crd["spec"] == {**cluster_crd["spec"], "conversion": crd["spec"]["conversion"]}
+    finally:
+        subprocess.run(
+            [str(kube.bin_dir / "helm"), "uninstall", "crds-upgrade", *config],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        for crd in new:
+            kube.kubectl("delete", "crd", crd["metadata"]["name"], "--wait=false", check=False)

@@ -18,3 +18,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: laminar-operator
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- define "laminar-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "laminar-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name: the existing ServiceAccount the operator runs as (serviceAccount.create is false)" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "laminar-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
