@@ -11,10 +11,12 @@ after every disruption (`Ledger`). LAMINAR_KIND_KEEP=1 leaves the cluster for a 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import subprocess
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +43,9 @@ TOPIC, PARTITIONS = "orders", 6
 PRODUCE_MAX_S = 300.0
 PRODUCE_MAX_RECORDS = 20_000
 CRDS = ("crd/laminarclusters.laminarmq.io", "crd/topics.laminarmq.io")
+#: Where the scenarios keep what a person would see (kubectl output), to read after a run.
+ARTIFACTS = Path(os.environ.get("LAMINAR_E2E_ARTIFACTS") or Path.home() / ".cache" / "laminar"
+                 / "artifacts" / "e2e")  # fmt: skip
 
 
 class Ledger:
@@ -123,6 +128,12 @@ class Watch:
         versions = self.versions()
         self.file.close()
         return versions
+
+
+def save_artifact(name: str, text: str) -> None:
+    """Keep what a person would see, under ARTIFACTS (the CI job's log names the folder)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / name).write_text(text)
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -311,6 +322,22 @@ def test_3_a_topic_reports_its_partitions(kube: Kube) -> None:
     # the brokers wrote it, from inside their pods, with their own ServiceAccount
     obj = kube.get(f"topic.laminarmq.io/{TOPIC}", "--show-managed-fields")
     assert "laminar-broker" in status_writers(obj, "f:partitions"), obj["metadata"]
+
+    # what a person sees (docs/kubernetes.md shows it): the effective replication factor, the
+    # wide columns, and the operator's decisions as events in `kubectl describe`
+    wide = kube.kubectl("get", "laminarclusters,topics", "-o", "wide")
+    assert "LIVE-PARTITIONS" in wide and "RECONCILED" in wide, wide
+    row = next(line.split() for line in wide.splitlines() if line.startswith("topic"))
+    assert row[3] == "3", wide  # RF, from status
+    save_artifact("get-wide.txt", wide)
+    for what, reason in (("laminarcluster/demo", "Applied"), (f"topic/{TOPIC}", "TopicCreated")):
+
+        def described(what: str = what, reason: str = reason) -> str | None:
+            out = kube.kubectl("describe", what)
+            return out if reason in out.split("Events:")[-1] else None
+
+        out = wait_for(f"{what}'s {reason} event", described)
+        save_artifact(f"describe-{what.replace('/', '-')}.txt", out)
 
 
 # ---------------------------------------------------------------------------- 4. records

@@ -28,20 +28,26 @@ once, never read back; the operator's own token for the cluster is kept in its n
 (`laminar-token-<uid>`, read back by name, deleted with the cluster), and every call to the
 brokers sends it.
 
-Status: replicas, readyReplicas and selector (the scale subresource's), phase, the Ready
-condition and observedGeneration, refreshed by a timer from the StatefulSet; the Rebalancing
-and Degraded conditions from what the brokers report (rebalancingPartitions, underReplicated),
-Unknown while their reports are stale.
+Status (docs/kubernetes.md, "LaminarCluster"): the reconcile's result is the condition
+ReconcileSuccess, with the generation it was computed from; a timer sets replicas,
+readyReplicas, selector (the scale subresource's) and phase from the StatefulSet, Ready from
+the reconcile's result and the brokers' readiness, as of status.observedGeneration (never over
+a failed reconcile), and Rebalancing and Degraded from what the brokers report
+(rebalancingPartitions, underReplicated), Unknown while their reports are stale. Conditions
+are JSON patches of the freshest object (`_set_condition`): concurrent handlers keep each
+other's. Decisions are Kubernetes Events, through a spam filter (`events`).
 
-A Topic is created or altered (partitions grow, config) through the brokers' admin API, and
-deleted with it (a finalizer; when the brokers stay unreachable the deletion lets go after
-DELETE_TIMEOUT_S, and at once when the cluster itself is gone). Unreachable brokers are a
-TemporaryError, retried with backoff, with the Ready condition saying why; a spec the broker
-refuses is a PermanentError (the schema rejects most before the operator sees them).
+A Topic is created, adopted or altered (partitions grow, config) through the brokers' admin
+API, and deleted with it (a finalizer; when the brokers stay unreachable the deletion lets go
+after DELETE_TIMEOUT_S, and at once when the cluster itself is gone). A failure is retried
+(a spec the broker refuses less often), with ReconcileSuccess and Ready saying why in the
+broker's words; an adopted topic that differs from the spec where it cannot change is told by
+SpecMismatch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import os
@@ -60,7 +66,7 @@ from laminar.credentials import new_token
 from laminar.kube import Credentials, KubeClient, KubeError, topic_status
 from laminar.tls import client_context
 
-from . import ca_rotation, manifests, topics
+from . import ca_rotation, events, logs, manifests, topics
 from .ca_rotation import CaState
 
 GROUP, VERSION = "laminarmq.io", "v1alpha1"
@@ -85,6 +91,10 @@ CA_CACHE_S = 300.0
 #: How long a CA rotation publishes the new CA before it signs (default: 10 minutes).
 CA_DWELL_ENV = "LAMINAR_CA_ROTATION_DWELL_S"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+#: Conditions and events carry at most this much of a message (an error's text can be long).
+MAX_CONDITION_MESSAGE = 4096
+MAX_EVENT_MESSAGE = 1024
+CONDITION_KEYS = ("status", "reason", "message", "observedGeneration")
 NOT_ADMITTED = (
     "the brokers do not admit the operator's token (its hash is in the Secret "
     '<cluster>-credentials the brokers mount; docs/kubernetes.md, "Client credentials")'
@@ -110,6 +120,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # (--namespace) or in all (--all-namespaces). So it needs no cluster-wide read of
     # namespaces or CRDs (docs/kubernetes.md, "Privileges").
     settings.scanning.disabled = True
+    logs.configure(logs.level_of(os.environ))
+    memo.events = events.EventLimiter()
     memo.kube = KubeClient(Credentials.from_environment())
     memo.xdp_allowed = xdp_allowed()
     memo.operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or None
@@ -143,7 +155,8 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     cluster = dict(body)
     name, namespace = manifests.names(cluster)
     allowed = bool(memo.xdp_allowed)
-    _xdp_condition(patch, body, manifests.xdp_wanted(cluster), allowed)
+    generation = body.metadata.get("generation")
+    _xdp_condition(memo, patch, body, manifests.xdp_wanted(cluster), allowed)
     try:
         initial = await _initial_replicas(kube, namespace, name, body.spec)
         replicas, draining = await _scale_step(kube, cluster, body, patch, memo)
@@ -164,25 +177,37 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
         await kube.create(credentials)
         if manifests.tls_enabled(cluster):  # before the pods that mount it
             await _ensure_tls(kube, memo, cluster, body, patch, restore=True)
+        # grown volumes (the StatefulSet made again), or its volume templates kept as they are
+        sts = next(obj for obj in objects if obj["kind"] == "StatefulSet")
+        await _expand_storage(kube, memo, cluster, body, patch, sts)
         for obj in objects:
             await kube.apply(obj)
         if not manifests.network_policy_enabled(cluster):
             await _delete_network_policy(kube, cluster)
     except KubeError as e:
-        _set_condition(patch, body, "Ready", "False", "ApplyFailed", str(e))
+        message = f"applying generation {generation}: {e}"
+        _set_condition(patch, body, "ReconcileSuccess", "False", "ApplyFailed", message)
+        _set_condition(patch, body, "Ready", "False", "ReconcileFailed", message)
+        _event(memo, body, "Warning", "ApplyFailed", message)
         raise kopf.TemporaryError(f"applying {namespace}/{name}: {e}", delay=BACKOFF_S) from e
     patch.status["selector"] = manifests.selector(name)
-    patch.status["observedGeneration"] = body.metadata.get("generation")
+    patch.status["observedGeneration"] = generation
+    message = f"generation {generation} applied"
+    _set_condition(patch, body, "ReconcileSuccess", "True", "Applied", message)
+    if body.status.get("observedGeneration") != generation:
+        _event(memo, body, "Normal", "Applied", message)
     if draining:
         raise kopf.TemporaryError(draining, delay=SCALE_POLL_S)
 
 
-def _xdp_condition(patch: kopf.Patch, body: kopf.Body, wanted: bool, allowed: bool) -> None:
+def _xdp_condition(
+    memo: kopf.Memo, patch: kopf.Patch, body: kopf.Body, wanted: bool, allowed: bool
+) -> None:
     """XdpAllowed: False (and a Warning event) while the spec asks for XDP that the operator
     does not allow; True otherwise (set only once a spec has asked for XDP)."""
     if wanted and not allowed:
         _set_condition(patch, body, "XdpAllowed", "False", "XdpNotAllowed", XDP_NOT_ALLOWED)
-        kopf.warn(body, reason="XdpNotAllowed", message=XDP_NOT_ALLOWED)
+        _event(memo, body, "Warning", "XdpNotAllowed", XDP_NOT_ALLOWED)
     elif wanted:
         message = "the XDP router is loaded by a privileged init container"
         _set_condition(patch, body, "XdpAllowed", "True", "XdpAllowed", message)
@@ -200,6 +225,110 @@ async def _delete_network_policy(kube: KubeClient, cluster: dict[str, Any]) -> N
     if found and any(o.get("uid") == uid for o in owners):
         policy_uid = found["metadata"]["uid"]
         await kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, name, policy_uid)
+
+
+#: How long a reconcile waits for the StatefulSet it deleted to make it again with grown
+#: volumes (its pods and claims orphaned) to be gone; after that the reconcile is retried.
+STS_RECREATE_TIMEOUT_S = 30.0
+STS_RECREATE_POLL_S = 0.5
+
+
+async def _expand_storage(
+    kube: KubeClient,
+    memo: kopf.Memo,
+    cluster: dict[str, Any],
+    body: kopf.Body,
+    patch: kopf.Patch,
+    sts: dict[str, Any],
+) -> None:
+    """spec.storage.size grown (docs/kubernetes.md, "Storage"): each broker's claim
+    (data-<name>-<ordinal>) is patched to the new size, then the StatefulSet is deleted with
+    its pods and claims orphaned (the brokers keep running), for `sts`, applied next, to make
+    it again with the new volumeClaimTemplate (a StatefulSet's cannot change in place).
+
+    When a claim refuses (its StorageClass does not allow expansion, it is not bound: the API
+    server says which; no StorageClass is read), the volumes keep their size: `sts` keeps the
+    existing StatefulSet's volumeClaimTemplates, so that every other change still rolls out
+    (never a 422 retried forever), and the condition StorageExpanded is False with a Warning
+    event. The expansion is tried again at the next reconcile (a spec change, the operator's
+    restart). Without a grown size, `sts` keeps the existing templates too."""
+    name, namespace = manifests.names(cluster)
+    existing = await kube.get("apps/v1", "StatefulSet", namespace, name)
+    if existing is not None and existing["metadata"].get("deletionTimestamp"):
+        existing = await _sts_gone(kube, namespace, name)  # a recreation under way
+    if existing is None:
+        return
+    have, want = manifests.claim_size(existing), manifests.claim_size(sts)
+    try:
+        grown = have is not None and want is not None
+        grown = grown and manifests.quantity(str(want)) > manifests.quantity(str(have))
+    except ValueError:
+        grown = False
+    if not grown:
+        sts["spec"]["volumeClaimTemplates"] = existing["spec"].get("volumeClaimTemplates") or []
+        return
+    ordinal, refused = 0, ""
+    replicas = max(int(existing["spec"].get("replicas") or 0), int(sts["spec"]["replicas"]))
+    while not refused:  # the brokers' claims, and those that outlived a scale-down (Retain)
+        claim = manifests.claim_name(name, ordinal)
+        found = await kube.get("v1", "PersistentVolumeClaim", namespace, claim)
+        if found is None and ordinal >= replicas:
+            break
+        ordinal += 1
+        size = (((found or {}).get("spec") or {}).get("resources") or {}).get("requests", {})
+        try:
+            if found is None or manifests.quantity(str(size.get("storage"))) >= (
+                manifests.quantity(str(want))
+            ):
+                continue
+            resize = {"spec": {"resources": {"requests": {"storage": want}}}}
+            await kube.patch("v1", "PersistentVolumeClaim", namespace, claim, resize)
+        except ValueError:
+            refused = f"{claim}: its size {size.get('storage')!r} is not a quantity"
+        except KubeError as e:
+            if e.status not in (403, 422):  # refused: by admission (the class), by validation
+                raise
+            refused = f"{claim}: {e}"
+    if refused:
+        message = (
+            f"the volumes stay at {have}, not {want}: the API server refused to expand "
+            f"{refused}. Use a StorageClass with allowVolumeExpansion: true (an administrator "
+            "may set it on this one): the operator expands the volumes at its next reconcile "
+            "(a spec change, or its restart). Meanwhile the StatefulSet keeps its volume "
+            "template and every other change still rolls out."
+        )
+        sts["spec"]["volumeClaimTemplates"] = existing["spec"].get("volumeClaimTemplates") or []
+        _set_condition(patch, body, "StorageExpanded", "False", "ExpansionRefused", message)
+        _event(memo, body, "Warning", "StorageExpansionRefused", message)
+        return
+    uid = existing["metadata"]["uid"]
+    await kube.delete("apps/v1", "StatefulSet", namespace, name, uid, propagation="Orphan")
+    await _sts_gone(kube, namespace, name)
+    message = (
+        f"the brokers' claims asked to grow from {have} to {want} (the storage driver resizes "
+        "them: kubectl get pvc shows their capacity); the StatefulSet made again with the new "
+        "size, its pods kept running"
+    )
+    _set_condition(patch, body, "StorageExpanded", "True", "Expanded", message)
+    _event(memo, body, "Normal", "StorageExpanded", message)
+
+
+async def _sts_gone(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """Wait (STS_RECREATE_TIMEOUT_S at most) for a StatefulSet being deleted to be gone: None,
+    or the one made since; a TemporaryError (retried) while it is still there."""
+    deadline = time.monotonic() + STS_RECREATE_TIMEOUT_S
+    while True:
+        found = await kube.get("apps/v1", "StatefulSet", namespace, name)
+        if found is None or not found["metadata"].get("deletionTimestamp"):
+            return found
+        if time.monotonic() >= deadline:
+            raise kopf.TemporaryError(
+                f"the StatefulSet {namespace}/{name}, deleted to be made again with grown "
+                "volumes (its pods orphaned, kept running), is not gone yet: the garbage "
+                "collector orphans its pods first",
+                delay=BACKOFF_S,
+            )
+        await asyncio.sleep(STS_RECREATE_POLL_S)
 
 
 def node_id(cluster: dict[str, Any], ordinal: int) -> str:
@@ -230,6 +359,7 @@ async def _scale_step(
         if wanted > current:  # until the new brokers joined and placement converged
             message = f"scaling up to {wanted}: new brokers join, then partitions move to them"
             _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
+            _event(memo, body, "Normal", "ScalingUp", f"scaling up from {current} to {wanted}")
         if sts is not None:
             await _undrain(cluster, body, current, wanted, memo)
         return wanted, ""
@@ -243,21 +373,25 @@ async def _scale_step(
                     f"{needed}; {current} brokers kept"
                 )
                 _set_condition(patch, body, "ScaleDown", "False", "WouldUnderReplicate", message)
-                kopf.warn(body, reason="ScaleDownRefused", message=message)
+                _event(memo, body, "Warning", "ScaleDownRefused", message)
                 return current, ""
             await client.drain(leaving)
             hosted = await client.node_partitions(leaving)
     except LaminarError as e:
         message = f"scale-down waits for the brokers: {e}"
         _set_condition(patch, body, "ScaleDown", "True", "BrokersUnreachable", message)
+        _event(memo, body, "Warning", "ScaleDownWaiting", message)
         return current, message
     if hosted.partitions:
         message = f"draining {leaving}: {len(hosted.partitions)} partition replicas left"
         _set_condition(patch, body, "ScaleDown", "True", "Draining", message)
+        what = f"draining {leaving}: its partitions move away before it is removed"
+        _event(memo, body, "Normal", "Draining", f"scaling down to {wanted}; {what}")
         return current, message
     message = f"{leaving} drained; {current - 1} brokers"
     more = f"scaling down to {wanted}" if current - 1 > wanted else ""
     _set_condition(patch, body, "ScaleDown", "True" if more else "False", "Drained", message)
+    _event(memo, body, "Normal", "ScaledDown", f"{leaving} drained and removed: {message}")
     return current - 1, more
 
 
@@ -281,7 +415,7 @@ async def _undrain(
     except LaminarError as e:
         if returning:
             message = f"{', '.join(returning)} may stay drained: {e}"
-            kopf.warn(body, reason="UndrainFailed", message=message)
+            _event(memo, body, "Warning", "UndrainFailed", message)
 
 
 @kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)
@@ -315,10 +449,7 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
     for key, value in changes.items():
         if status.get(key) != value:
             patch.status[key] = value
-    if ready >= wanted:
-        _set_condition(patch, body, "Ready", "True", "AllBrokersReady", f"{ready}/{wanted} ready")
-    else:
-        _set_condition(patch, body, "Ready", "False", "BrokersNotReady", f"{ready}/{wanted} ready")
+    _ready_condition(patch, body, ready, wanted)
     _placement_conditions(patch, body, reported, moving, joining)
     if manifests.tls_enabled(dict(body)) and sts is not None:
         try:  # the CA rotated when asked or due; the brokers' certificate renewed in place
@@ -326,6 +457,24 @@ async def cluster_status(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **
             await _ensure_tls(kube, memo, dict(body), body, patch, restore=False)  # life is left
         except KubeError as e:
             raise kopf.TemporaryError(f"renewing {namespace}/{name}'s certificate: {e}") from e
+
+
+def _ready_condition(patch: kopf.Patch, body: kopf.Body, ready: int, wanted: int) -> None:
+    """Ready, kept apart from the last reconcile's result: False while that failed (its
+    reason kept, from the generation it failed on); else whether the brokers are ready, as of
+    the generation last applied (status.observedGeneration). So `kubectl wait
+    --for=condition=Ready` never passes for a spec that was not applied."""
+    reconciled = condition(body, "ReconcileSuccess")
+    if reconciled is not None and reconciled["status"] == "False":
+        failed = reconciled.get("observedGeneration")
+        reason, message = "ReconcileFailed", reconciled["message"]
+        _set_condition(patch, body, "Ready", "False", reason, message, generation=failed)
+        return
+    applied = body.status.get("observedGeneration")
+    if applied is None:
+        return  # not reconciled yet: nothing to be ready as of
+    state, reason = ("True", "AllBrokersReady") if ready >= wanted else ("False", "BrokersNotReady")
+    _set_condition(patch, body, "Ready", state, reason, f"{ready}/{wanted} ready", applied)
 
 
 def _joining(cluster: dict[str, Any], wanted: int) -> list[str]:
@@ -345,27 +494,29 @@ def _joining(cluster: dict[str, Any], wanted: int) -> list[str]:
 def _placement_conditions(
     patch: kopf.Patch, body: kopf.Body, reported: bool, moving: int, joining: list[str]
 ) -> None:
-    """Rebalancing and Degraded, from what the brokers last reported."""
+    """Rebalancing and Degraded, from what the brokers last reported (as of the generation
+    last applied)."""
+    applied = body.status.get("observedGeneration")
     if not reported:
         why = f"no broker has reported for {STALE_REPORT_S:.0f} s"
-        _set_condition(patch, body, "Rebalancing", "Unknown", "NoRecentReport", why)
-        _set_condition(patch, body, "Degraded", "Unknown", "NoRecentReport", why)
+        _set_condition(patch, body, "Rebalancing", "Unknown", "NoRecentReport", why, applied)
+        _set_condition(patch, body, "Degraded", "Unknown", "NoRecentReport", why, applied)
         return
     if moving:
         message = f"{moving} partitions moving to the brokers placement chose"
-        _set_condition(patch, body, "Rebalancing", "True", "PartitionsMoving", message)
+        _set_condition(patch, body, "Rebalancing", "True", "PartitionsMoving", message, applied)
     elif joining:
         message = f"waiting for {', '.join(joining)} to join the cluster"
-        _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message)
+        _set_condition(patch, body, "Rebalancing", "True", "BrokersJoining", message, applied)
     else:
         message = "every led partition is on the brokers placement chose"
-        _set_condition(patch, body, "Rebalancing", "False", "Converged", message)
+        _set_condition(patch, body, "Rebalancing", "False", "Converged", message, applied)
     under = int(body.status.get("underReplicated") or 0)
     if under:
         message = f"{under} partitions have fewer in-sync replicas than their replication factor"
-        _set_condition(patch, body, "Degraded", "True", "UnderReplicated", message)
+        _set_condition(patch, body, "Degraded", "True", "UnderReplicated", message, applied)
     else:
-        _set_condition(patch, body, "Degraded", "False", "FullyReplicated", "")
+        _set_condition(patch, body, "Degraded", "False", "FullyReplicated", "", applied)
 
 
 def _now() -> str:
@@ -373,29 +524,59 @@ def _now() -> str:
 
 
 def _set_condition(
-    patch: kopf.Patch, body: kopf.Body, kind: str, state: str, reason: str, message: str
+    patch: kopf.Patch,
+    body: kopf.Body,
+    kind: str,
+    state: str,
+    reason: str,
+    message: str,
+    generation: int | None = None,
 ) -> None:
-    """Set one condition (Kubernetes conventions: the transition time moves only when the
-    status does); nothing is patched when nothing changed."""
-    pending = patch.get("status", {}).get("conditions")  # set earlier in this handler run
-    conditions = list(pending if pending is not None else body.status.get("conditions") or [])
-    old = next((c for c in conditions if c.get("type") == kind), None)
-    generation = body.metadata.get("generation")
-    if old and (old["status"], old["reason"], old["message"], old.get("observedGeneration")) == (
-        state, reason, message, generation
-    ):  # fmt: skip
-        return
-    now = _now()
-    since = now if old is None or old["status"] != state else old["lastTransitionTime"]
-    new = {
-        "type": kind,
-        "status": state,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": since,
-    }
-    patch.status["conditions"] = [c for c in conditions if c.get("type") != kind] + [new]
+    """Set one condition, computed from `generation` (default: the object's, the spec being
+    reconciled; a timer passes status.observedGeneration, the spec last applied), following
+    the Kubernetes conventions: the transition time moves only when the status does.
+
+    The condition is written as a JSON patch of the freshest object, guarded by its
+    resourceVersion (kopf retries on a conflict): a timer and a handler running at once each
+    change their own conditions, never drop the other's."""
+    if generation is None:
+        generation = body.metadata.get("generation")
+    message = message[:MAX_CONDITION_MESSAGE]
+
+    def upsert(fresh: Any) -> None:
+        status = fresh.setdefault("status", {})
+        conditions = list(status.get("conditions") or [])
+        old = next((c for c in conditions if c.get("type") == kind), None)
+        shown = (state, reason, message, generation)
+        if old and tuple(old.get(k) for k in CONDITION_KEYS) == shown:
+            return
+        now = _now()
+        since = now if old is None or old["status"] != state else old["lastTransitionTime"]
+        new: dict[str, Any] = {
+            "type": kind,
+            "status": state,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        status["conditions"] = [new if c is old else c for c in conditions] + ([] if old else [new])
+
+    patch.fns.append(upsert)
+
+
+def condition(body: Any, kind: str) -> dict[str, Any] | None:
+    """The object's condition of type `kind`, if set."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return next((dict(c) for c in conditions if c.get("type") == kind), None)
+
+
+def _event(memo: kopf.Memo, body: kopf.Body, kind: str, reason: str, message: str) -> None:
+    """A Kubernetes Event (`kind` Normal or Warning) on the object, unless the spam filter
+    (events.EventLimiter: repeats and bursts) holds it back."""
+    if memo.events.allow(body.metadata["uid"], reason, message, time.monotonic()):
+        kopf.event(body, type=kind, reason=reason, message=message[:MAX_EVENT_MESSAGE])
 
 
 # ---- topics ----------------------------------------------------------------------------------
@@ -411,6 +592,9 @@ NODE_IDS_ANNOTATION = f"{GROUP}/node-ids"
 DELETE_TIMEOUT_S = 300.0
 ADMIN_TIMEOUT_S = 10.0
 TOPIC_STATUS_INTERVAL_S = 3.0
+#: A topic spec the brokers refused is tried again this often (it may pass later: a
+#: replication factor waiting for more brokers).
+REJECTED_RETRY_S = 60.0
 #: Brokers report at least this often (a heartbeat in the LaminarCluster's status.reportedAt);
 #: past it the operator reads topic status from the brokers itself.
 STALE_REPORT_S = 90.0
@@ -588,7 +772,7 @@ async def _ensure_tls(
     })  # fmt: skip
     if state:
         message = f"the brokers' certificate renewed (until {issued['notAfter']})"
-        kopf.info(body, reason="CertificateRenewed", message=message)
+        _event(memo, body, "Normal", "CertificateRenewed", message)
 
 
 async def _rotate_ca(
@@ -616,7 +800,7 @@ async def _rotate_ca(
             "caRotation": {"phase": ca.phase, "since": now.strftime(TIME_FORMAT)},
         })  # fmt: skip
         message = f"rotating the CA: {reason}; the new CA is trusted first"
-        kopf.info(body, reason="CaRotationStarted", message=message)
+        _event(memo, body, "Normal", "CaRotationStarted", message)
         return
     if rotation.get("phase") != ca.phase or "since" not in rotation:
         # a step the status does not show yet (an operator restarted, a CA edited by hand)
@@ -639,13 +823,13 @@ async def _rotate_ca(
         await _store_ca(kube, memo, cluster, ca)
         _patch_tls(patch, {"caRotation": {"phase": ca.phase, "since": now.strftime(TIME_FORMAT)}})
         message = "every broker trusts the new CA: it signs their certificate now"
-        kopf.info(body, reason="CaRotationSigning", message=message)
+        _event(memo, body, "Normal", "CaRotationSigning", message)
     else:
         ca = ca.retire()
         await _store_ca(kube, memo, cluster, ca)
         _patch_tls(patch, {"caRotation": None})
         message = "every broker serves a certificate of the new CA: the old CA is dropped"
-        kopf.info(body, reason="CaRotated", message=message)
+        _event(memo, body, "Normal", "CaRotated", message)
 
 
 def _patch_tls(patch: kopf.Patch, fields: dict[str, Any]) -> dict[str, Any]:
@@ -694,13 +878,17 @@ async def _cluster_of(kube: KubeClient, body: kopf.Body) -> dict[str, Any] | Non
 @kopf.on.create(GROUP, VERSION, "topics")
 @kopf.on.update(GROUP, VERSION, "topics", field="spec")
 async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    """The brokers' topic created or altered to the spec. ReconcileSuccess says how that went,
+    with the broker's own reason when it refused; Ready is True once it went, and the topic
+    matches the spec (SpecMismatch says where an adopted topic does not)."""
     name = body.metadata["name"]
     cluster = await _cluster_of(memo.kube, body)
     if cluster is None:
         message = f"LaminarCluster {body.spec.get('cluster')!r} not found in this namespace"
-        _set_condition(patch, body, "Ready", "False", "ClusterNotFound", message)
+        _topic_failed(memo, patch, body, "ClusterNotFound", message)
         raise kopf.TemporaryError(message, delay=BACKOFF_S)
     want = topics.wanted(body.spec, cluster.get("spec") or {})
+    done = ""
     try:
         async with await _admin(memo, cluster) as client:
             try:
@@ -709,23 +897,57 @@ async def reconcile_topic(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, *
                 have = await client.create_topic(
                     name, want.partitions, want.replication_factor, want.config
                 )
+                done = "TopicCreated"
             else:
+                done = "TopicAdopted" if body.status.get("observedGeneration") is None else ""
                 if alter := topics.changes(want, have):
                     have = await client.alter_topic(name, **alter)
-    except BadRequest as e:  # the broker refuses the spec: retrying will not help
-        _set_condition(patch, body, "Ready", "False", "Rejected", str(e))
-        raise kopf.PermanentError(f"topic {name}: {e}") from e
+                    done = "TopicAltered"
+    except BadRequest as e:  # the broker refuses the spec; may pass later (more brokers)
+        _topic_failed(memo, patch, body, "Rejected", str(e))
+        raise kopf.TemporaryError(f"topic {name}: {e}", delay=REJECTED_RETRY_S) from e
     except (Unauthorized, Forbidden) as e:  # retried: the brokers may not have re-read yet
-        message = f"{e}: {NOT_ADMITTED}"
-        _set_condition(patch, body, "Ready", "False", "Unauthorized", message)
-        raise kopf.TemporaryError(f"topic {name}: {message}", delay=BACKOFF_S) from e
+        _topic_failed(memo, patch, body, "Unauthorized", f"{e}: {NOT_ADMITTED}")
+        raise kopf.TemporaryError(f"topic {name}: {e}: {NOT_ADMITTED}", delay=BACKOFF_S) from e
     except LaminarError as e:
-        _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
+        _topic_failed(memo, patch, body, "BrokersUnreachable", str(e))
         raise kopf.TemporaryError(f"topic {name}: {e}", delay=BACKOFF_S) from e
     for key, value in topic_status(have).items():
         patch.status[key] = value
-    patch.status["observedGeneration"] = body.metadata.get("generation")
-    _set_condition(patch, body, "Ready", "True", "Created", f"{have.partitions} partitions")
+    generation = body.metadata.get("generation")
+    patch.status["observedGeneration"] = generation
+    shape = f"{have.partitions} partitions, replication factor {have.replication_factor}"
+    applied = f"generation {generation} applied: {shape}"
+    _set_condition(patch, body, "ReconcileSuccess", "True", "Applied", applied)
+    if done:
+        _event(memo, body, "Normal", done, f"{DONE[done]}: {shape}")
+    differs = topics.mismatch(body.spec, want, have)
+    if differs:
+        _set_condition(patch, body, "SpecMismatch", "True", "AdoptedTopicDiffers", differs)
+        _set_condition(patch, body, "Ready", "False", "SpecMismatch", differs)
+        _event(memo, body, "Warning", "SpecMismatch", differs)
+        return
+    if condition(body, "SpecMismatch") is not None:
+        _set_condition(patch, body, "SpecMismatch", "False", "Matches", "")
+    _set_condition(patch, body, "Ready", "True", "Created", shape)
+
+
+#: The event each outcome of reconcile_topic posts.
+DONE = {
+    "TopicCreated": "created on the brokers",
+    "TopicAdopted": "adopted: the brokers had it already",
+    "TopicAltered": "altered on the brokers",
+}
+
+
+def _topic_failed(
+    memo: kopf.Memo, patch: kopf.Patch, body: kopf.Body, reason: str, message: str
+) -> None:
+    """A reconcile of the Topic failed: ReconcileSuccess and Ready False with the real reason
+    (the status timer leaves both alone until a reconcile succeeds), and a Warning event."""
+    _set_condition(patch, body, "ReconcileSuccess", "False", reason, message)
+    _set_condition(patch, body, "Ready", "False", reason, message)
+    _event(memo, body, "Warning", reason, message)
 
 
 @kopf.on.delete(GROUP, VERSION, "topics")
@@ -733,20 +955,26 @@ async def delete_topic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     name = body.metadata["name"]
     cluster = await _cluster_of(memo.kube, body)
     if cluster is None or cluster["metadata"].get("deletionTimestamp"):
+        memo.events.forget(body.metadata["uid"])
         return  # the cluster (and its data) is gone or going: nothing to delete
     try:
         async with await _admin(memo, cluster) as client:
             await client.delete_topic(name)
     except NotFound:
+        memo.events.forget(body.metadata["uid"])
         return
     except LaminarError as e:
         deleting = body.metadata.get("deletionTimestamp") or _now()
         since = datetime.datetime.fromisoformat(deleting.replace("Z", "+00:00"))
         waited = (datetime.datetime.now(datetime.UTC) - since).total_seconds()
         if waited >= DELETE_TIMEOUT_S:
-            kopf.warn(body, reason="TopicLeftBehind", message=f"brokers unreachable: {e}")
+            _event(memo, body, "Warning", "TopicLeftBehind", f"brokers unreachable: {e}")
+            memo.events.forget(body.metadata["uid"])
             return
+        _event(memo, body, "Warning", "DeleteWaiting", f"deleting the topic waits: {e}")
         raise kopf.TemporaryError(f"deleting topic {name}: {e}", delay=BACKOFF_S) from e
+    _event(memo, body, "Normal", "TopicDeleted", "deleted from the brokers")
+    memo.events.forget(body.metadata["uid"])
 
 
 @kopf.timer(GROUP, VERSION, "topics", interval=TOPIC_STATUS_INTERVAL_S, initial_delay=1.0)
@@ -754,19 +982,34 @@ async def refresh_topic_status(
     body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any
 ) -> None:
     """The fallback: while no broker of the cluster has reported for STALE_REPORT_S (brokers
-    without Kubernetes access, or all down), read the topic from the brokers here."""
+    without Kubernetes access, or all down), read the topic from the brokers here. Ready is
+    touched only once a reconcile succeeded: a failed one's reason stays (the broker's own
+    words), and it is only the reconcile's retry that changes it."""
     cluster = await _cluster_of(memo.kube, body)
     if cluster is None or body.metadata.get("deletionTimestamp") or _reported(cluster):
         return
+    reconciled = condition(body, "ReconcileSuccess")
+    if reconciled is None or reconciled["status"] != "True":
+        return
+    applied = body.status.get("observedGeneration")
     try:
         async with await _admin(memo, cluster) as client:
             have = await client.describe_topic(body.metadata["name"])
+    except NotFound:
+        message = "the brokers have no such topic (deleted there, not through this object)"
+        _set_condition(patch, body, "Ready", "False", "TopicMissing", message, applied)
+        _event(memo, body, "Warning", "TopicMissing", message)
+        return
     except LaminarError as e:
-        _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e))
+        _set_condition(patch, body, "Ready", "False", "BrokersUnreachable", str(e), applied)
         return
     for key, value in topic_status(have).items():
         if body.status.get(key) != value:
             patch.status[key] = value
+    ready = condition(body, "Ready")
+    if ready is not None and ready["reason"] in ("TopicMissing", "BrokersUnreachable"):
+        shape = f"{have.partitions} partitions, replication factor {have.replication_factor}"
+        _set_condition(patch, body, "Ready", "True", "Created", shape, applied)
 
 
 def _reported(cluster: dict[str, Any]) -> bool:

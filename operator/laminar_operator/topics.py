@@ -52,3 +52,22 @@ def changes(want: Wanted, have: TopicDescription) -> dict[str, Any]:
     if differing:
         out["config"] = differing
     return out
+
+
+def mismatch(spec: Mapping[str, Any], want: Wanted, have: TopicDescription) -> str:
+    """What the brokers' topic has that the spec cannot change ("" when none): a topic
+    adopted from the brokers with another replication factor (when the spec sets one), or
+    with more partitions than the spec asks (partitions never shrink)."""
+    found = []
+    if spec.get("replicationFactor") and have.replication_factor != want.replication_factor:
+        found.append(
+            f"the brokers' topic has replication factor {have.replication_factor}, the spec "
+            f"asks {want.replication_factor} (a replication factor never changes: set the "
+            f"spec to {have.replication_factor}, or recreate the topic)"
+        )
+    if have.partitions > want.partitions:
+        found.append(
+            f"the brokers' topic has {have.partitions} partitions, the spec asks "
+            f"{want.partitions} (partitions never shrink: set the spec to {have.partitions})"
+        )
+    return "; ".join(found)

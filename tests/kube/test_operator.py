@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import signal
 import threading
@@ -357,6 +358,9 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         condition = wait_for("the refusal", refused)
         assert "replication factor 3" in condition["message"]
         assert sts_replicas() == 3
+        # each step is an event on the cluster (kubectl describe shows them)
+        for reason in ("Draining", "ScaledDown", "ScaleDownRefused"):
+            wait_for(f"the {reason} event", lambda r=reason: events(crds, namespace, "demo", r))
 
         # scaling up again brings the drained broker back into placement
         crds.kubectl("scale", "laminarcluster/demo", "--replicas=4", "-n", namespace)
@@ -797,3 +801,286 @@ def test_the_ca_rotates_when_asked_without_downtime(
             assert total == producer.acked
         finally:
             brokers.stop()
+
+
+# ---- conditions tell the truth; events; quiet logs ------------------------------------------
+
+
+def retries(kube: KubeApi, what: str, namespace: str) -> int:
+    """The most retries kopf's progress annotations show for any handler of `what`."""
+    annotations = kube.get(what, "-n", namespace)["metadata"].get("annotations") or {}
+    counts = [0]
+    for key, value in annotations.items():
+        if key.startswith("laminarmq.io/") and value.startswith("{"):
+            counts.append(int(json.loads(value).get("retries") or 0))
+    return max(counts)
+
+
+def events(kube: KubeApi, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.name={name},reason={reason}"
+    found = kube.get("events", "-n", namespace, f"--field-selector={selector}")
+    return list(found["items"])
+
+
+def timer_ran(kube: KubeApi, what: str, namespace: str) -> None:
+    """Wait for the LaminarCluster status timer to run once more: it puts back a status field
+    set wrong by hand."""
+    kube.kubectl(
+        "patch", what, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", '{"status": {"replicas": 42}}',
+    )  # fmt: skip
+    wait_for(
+        "the status timer",
+        lambda: (kube.get(what, "-n", namespace).get("status") or {}).get("replicas") != 42,
+    )
+
+
+def deny_stateful_sets(kube: KubeApi, namespace: str) -> None:
+    """A ValidatingAdmissionPolicy refusing every StatefulSet written in `namespace`: the
+    operator's apply fails as a real API server fails it (the policy is in force once a
+    dry-run create is refused)."""
+    name = f"deny-sts-{namespace}"
+    kube.apply([
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["apps"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["statefulsets"],
+                }]},
+                "validations": [{"expression": "false", "message": "refused by test policy"}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": namespace},
+                }},
+            },
+        },
+    ])  # fmt: skip
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "serviceName": "probe",
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "probe"}]},
+            },
+        },
+    }
+
+    def refused() -> bool:
+        answer = kube.kubectl(
+            "create", "--dry-run=server", "-f", "-", stdin=json.dumps(probe), check=False
+        )
+        return answer.returncode != 0 and "refused by test policy" in answer.stderr
+
+    wait_for("the policy in force", refused)
+
+
+def allow_stateful_sets(kube: KubeApi, namespace: str) -> None:
+    name = f"deny-sts-{namespace}"
+    kube.kubectl("delete", "validatingadmissionpolicybinding", name)
+    kube.kubectl("delete", "validatingadmissionpolicy", name)
+
+
+def test_a_failed_reconcile_stays_visible_and_conditions_carry_their_generation(
+    crds: KubeApi, namespace: str, operator: Any
+) -> None:
+    what = "laminarcluster/demo"
+    deny_stateful_sets(crds, namespace)
+    crds.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "cluster.yaml"))
+
+    failed = wait_for(
+        "ReconcileSuccess False",
+        lambda: (
+            (c := condition(crds, what, namespace, "ReconcileSuccess"))
+            and c["status"] == "False"
+            and c
+        ),
+    )
+    assert failed["reason"] == "ApplyFailed" and "refused by test policy" in failed["message"]
+    assert failed["observedGeneration"] == 1
+    # retried, and the status timer ran since: Ready still says why, the event was posted once
+    wait_for("two retries", lambda: retries(crds, what, namespace) >= 2)
+    timer_ran(crds, what, namespace)
+    ready = condition(crds, what, namespace, "Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("False", "ReconcileFailed")
+    assert "refused by test policy" in ready["message"] and ready["observedGeneration"] == 1
+    assert "observedGeneration" not in crds.get(what, "-n", namespace)["status"]  # never applied
+    posted = wait_for(
+        "the ApplyFailed event", lambda: events(crds, namespace, "demo", "ApplyFailed")
+    )
+    assert len(posted) == 1 and posted[0]["type"] == "Warning", posted
+
+    def refused(generation: int) -> None:
+        """A new spec (an image change) is refused: ReconcileSuccess says so as of it."""
+        image = json.dumps({"spec": {"image": f"laminar:{generation}"}})
+        crds.kubectl("patch", what, "-n", namespace, "--type=merge", "-p", image)
+        wait_for(
+            f"the refusal of generation {generation}",
+            lambda: (
+                (c := condition(crds, what, namespace, "ReconcileSuccess"))
+                and (c["status"], c["observedGeneration"]) == ("False", generation)
+            ),
+        )
+
+    # a new spec, refused too: the conditions say which generation they were computed from
+    refused(2)
+
+    allow_stateful_sets(crds, namespace)
+    applied = wait_for(
+        "ReconcileSuccess True",
+        lambda: (
+            (c := condition(crds, what, namespace, "ReconcileSuccess"))
+            and c["status"] == "True"
+            and c
+        ),
+    )
+    assert applied["observedGeneration"] == 2
+    assert crds.get(what, "-n", namespace)["status"]["observedGeneration"] == 2
+    # no pods here (no kubelet): the StatefulSet's status is set by hand, as its controller would
+    crds.kubectl(
+        "patch", "statefulset/demo", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", '{"status": {"replicas": 3, "readyReplicas": 3, "availableReplicas": 3}}',
+    )  # fmt: skip
+    ready = wait_for(
+        "Ready True",
+        lambda: (c := condition(crds, what, namespace, "Ready")) and c["status"] == "True" and c,
+    )
+    assert ready["reason"] == "AllBrokersReady" and ready["observedGeneration"] == 2
+    crds.kubectl("wait", "--for=condition=Ready", what, "-n", namespace, "--timeout=5s")
+
+    # generation 3 refused: Ready is False as of generation 3, and `kubectl wait` does not pass
+    deny_stateful_sets(crds, namespace)
+    refused(3)
+    timer_ran(crds, what, namespace)
+    ready = condition(crds, what, namespace, "Ready")
+    assert ready is not None and (ready["status"], ready["observedGeneration"]) == ("False", 3)
+    waited = crds.kubectl(
+        "wait", "--for=condition=Ready", what, "-n", namespace, "--timeout=1s", check=False
+    )
+    assert waited.returncode != 0, waited.stdout
+    allow_stateful_sets(crds, namespace)
+
+
+class Records(logging.Handler):
+    """The operator's per-object log records (kopf.objects), as (object name, record)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[str, logging.LogRecord]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ref = getattr(record, "k8s_ref", None) or {}
+        self.seen.append((str(ref.get("name", "")), record))  # under the handler's own lock
+
+    def of(self, name: str, message: str) -> list[logging.LogRecord]:
+        with self.lock:  # logging.Handler's (an RLock that emit runs under)
+            return [r for n, r in self.seen if n == name and r.getMessage() == message]
+
+
+@pytest.fixture()
+def records() -> Iterator[Records]:
+    handler = Records()
+    logger = logging.getLogger("kopf.objects")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def test_topic_conditions_keep_the_brokers_reason_show_mismatches_and_events(
+    crds: KubeApi,
+    namespace: str,
+    identity: OperatorIdentity,
+    brokers: LocalCluster,
+    records: Records,
+) -> None:
+    crds.apply(local_cluster_object(namespace, brokers.urls))
+    too_wide, adopted, plain = (f"{n}-{namespace}" for n in ("wide", "adopted", "plain"))
+
+    async def create_adopted() -> None:
+        async with AsyncClient(
+            brokers.urls, token=brokers.token, ca_file=brokers.ca_file
+        ) as client:
+            await client.create_topic(adopted, 3, 1, {})
+
+    asyncio.run(create_adopted())
+    spec = {"cluster": "demo", "partitions": 2}
+    topics = [
+        (too_wide, {**spec, "replicationFactor": 5}),
+        (adopted, {**spec, "replicationFactor": 3}),
+        (plain, spec),
+    ]
+    crds.apply([
+        {"apiVersion": "laminarmq.io/v1alpha1", "kind": "Topic",
+         "metadata": {"name": name, "namespace": namespace}, "spec": body}
+        for name, body in topics
+    ])  # fmt: skip
+    timer = "Timer 'refresh_topic_status' succeeded."
+    with run_operator(identity, LAMINAR_OPERATOR_LOG_LEVEL="debug"):
+        trust_operator(crds, namespace, brokers)
+        # RF 5 on 3 brokers: the broker's own reason stays, timer runs after timer runs
+        rejected = wait_for(
+            "Ready False, Rejected",
+            lambda: (
+                (c := condition(crds, f"topic/{too_wide}", namespace, "Ready"))
+                and c["reason"] == "Rejected"
+                and c
+            ),
+        )
+        assert "replication_factor=5 but only 3 brokers" in rejected["message"], rejected
+        ran = len(records.of(too_wide, timer))
+        wait_for("two more timer runs", lambda: len(records.of(too_wide, timer)) >= ran + 2)
+        assert condition(crds, f"topic/{too_wide}", namespace, "Ready") == rejected
+        assert events(crds, namespace, too_wide, "Rejected")
+
+        # adopted with another replication factor and more partitions: said, not Ready
+        differs = wait_for(
+            "SpecMismatch",
+            lambda: condition(crds, f"topic/{adopted}", namespace, "SpecMismatch"),
+        )
+        assert differs["status"] == "True"
+        assert "replication factor 1, the spec asks 3" in differs["message"]
+        assert "3 partitions, the spec asks 2" in differs["message"]
+        ready = condition(crds, f"topic/{adopted}", namespace, "Ready")
+        assert ready is not None and (ready["status"], ready["reason"]) == ("False", "SpecMismatch")
+        status = crds.get(f"topic/{adopted}", "-n", namespace)["status"]
+        assert (status["replicationFactor"], status["partitionCount"]) == (1, 3)
+        wait_for("TopicAdopted", lambda: events(crds, namespace, adopted, "TopicAdopted"))
+        wait_for("SpecMismatch event", lambda: events(crds, namespace, adopted, "SpecMismatch"))
+
+        # no replication factor in the spec: the effective one (the cluster's default) shown
+        wait_for(
+            "plain Ready",
+            lambda: (
+                (c := condition(crds, f"topic/{plain}", namespace, "Ready"))
+                and c["status"] == "True"
+            ),
+        )
+        assert crds.get(f"topic/{plain}", "-n", namespace)["status"]["replicationFactor"] == 3
+        wide = crds.kubectl("get", "topics", "-n", namespace, "-o", "wide").stdout.splitlines()
+        header = wide[0].split()
+        assert header[:4] == ["NAME", "CLUSTER", "PARTITIONS", "RF"], header
+        assert {"LIVE-PARTITIONS", "REASON", "MISMATCH", "GENERATION"} <= set(header), header
+        row = next(line.split() for line in wide if line.startswith(plain))
+        assert row[3] == "3", wide
+        wait_for("TopicCreated", lambda: events(crds, namespace, plain, "TopicCreated"))
+
+        crds.kubectl("delete", f"topic/{plain}", "-n", namespace, "--timeout=60s")
+        wait_for("TopicDeleted", lambda: events(crds, namespace, plain, "TopicDeleted"))
+    # routine timer success is logged at debug only
+    routine = records.of(too_wide, timer)
+    assert routine and all(r.levelno == logging.DEBUG for r in routine)
