@@ -90,8 +90,10 @@ RETAIN_CLAIMS = {"whenDeleted": "Retain", "whenScaled": "Retain"}
 #: The node label the default pod anti-affinity spreads the brokers across.
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 #: The seccomp profile Pod Security "restricted" asks for: the brokers' pods', which every
-#: container takes but the XDP init container (Unconfined, the one exception).
+#: container takes but, with XDP, the init container and the broker's (Unconfined: the one
+#: exception; the broker reads the router's counters with bpf(), which RuntimeDefault refuses).
 RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
+UNCONFINED = {"type": "Unconfined"}
 
 #: The CRD's defaults (crds/laminarclusters.laminarmq.io.yaml; tests/test_settings.py holds
 #: them to it), and the operator's where the CRD has none (resources,
@@ -632,8 +634,13 @@ def stateful_set(
     if xdp_wanted(cluster) and xdp_allowed:
         pod["initContainers"] = [xdp_init_container(cluster)]
         volumes.append({"name": "bpffs", "hostPath": {"path": BPF_FS, "type": "DirectoryOrCreate"}})
-        # the broker reads its pod's counters (the map file is world-readable), nothing more
+        # the broker reads its pod's counters (the map file is world-readable), nothing more;
+        # with the bpf() system call, which seccomp's RuntimeDefault profile refuses: so its
+        # container is Unconfined too (the pod is not "restricted" with XDP anyway: the
+        # privileged init container is the documented exception)
         broker["env"] = [*broker["env"], {"name": "LAMINAR_XDP_PIN_DIR", "value": XDP_PIN_MOUNT}]
+        unconfined = {"seccompProfile": dict(UNCONFINED)}
+        broker["securityContext"] = {**broker["securityContext"], **unconfined}
         broker["volumeMounts"] = [
             *broker["volumeMounts"],
             {
@@ -809,7 +816,7 @@ def xdp_init_container(cluster: Object) -> Object:
             "privileged": True,
             "runAsUser": 0,
             "runAsNonRoot": False,
-            "seccompProfile": {"type": "Unconfined"},
+            "seccompProfile": dict(UNCONFINED),
         },
         "volumeMounts": [{"name": "bpffs", "mountPath": BPF_FS}],
     }

@@ -104,7 +104,9 @@ def test_xdp_adds_the_one_privileged_container_and_leaves_the_broker_unprivilege
     assert bpffs["hostPath"]["path"] == "/sys/fs/bpf"
     (broker,) = pod["containers"]
     (plain_broker,) = plain["containers"]
-    assert broker["securityContext"] == plain_broker["securityContext"]  # still unprivileged
+    # still unprivileged: seccomp Unconfined only, for bpf() on the router's counters
+    unconfined = {**plain_broker["securityContext"], "seccompProfile": {"type": "Unconfined"}}
+    assert broker["securityContext"] == unconfined
     assert pod["securityContext"] == plain["securityContext"]
     # ... and reads its own pod's counters, read-only, from where the init container pinned them
     (pins,) = [m for m in broker["volumeMounts"] if m["name"] == "bpffs"]
@@ -357,6 +359,10 @@ def test_the_pods_are_restricted_but_the_xdp_router() -> None:
     routed = build(with_spec(xdp={"enabled": True}), xdp_allowed=True)["StatefulSet"]
     (init,) = routed["spec"]["template"]["spec"]["initContainers"]
     assert init["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    # the broker reads the router's counters with bpf(), which RuntimeDefault refuses
+    (broker,) = routed["spec"]["template"]["spec"]["containers"]
+    assert broker["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert broker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_claims_are_retained_unless_the_spec_says() -> None:
