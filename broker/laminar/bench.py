@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -87,6 +88,7 @@ class ProduceOptions:
     seconds: float
     max_seconds: float
     linger_ms: float = 1.0
+    stream: bool = False
 
 
 async def ensure_topic(client: AsyncClient, topic: str, partitions: int, rf: int) -> int:
@@ -129,8 +131,42 @@ async def produce(client: AsyncClient, options: ProduceOptions, progress: bool) 
             latencies.append(time.perf_counter() - started)
             meter.add(options.batch)
 
+    async def streamer(partition: int) -> None:
+        # one streaming append per partition, `in_flight` batches unacknowledged on it
+        nonlocal next_batch
+        done = asyncio.get_running_loop().create_future()
+        acks = 0
+
+        def acked(sent_at: float, future: asyncio.Future[object]) -> None:
+            nonlocal acks
+            if future.exception() is None:
+                latencies.append(time.perf_counter() - sent_at)
+                meter.add(options.batch)
+            acks -= 1
+            if acks == 0 and sending_ended and not done.done():
+                done.set_result(None)
+
+        sending_ended = False
+        async with await client.append_stream(
+            options.topic, partition, max_in_flight=options.in_flight
+        ) as stream:
+            while next_batch < total_batches and time.perf_counter() < deadline:
+                number = next_batch
+                next_batch += 1
+                future = await stream.send(batches[number % DISTINCT_BATCHES])
+                acks += 1
+                future.add_done_callback(partial(acked, time.perf_counter()))
+            sending_ended = True
+            if acks:
+                await done
+
     started = time.perf_counter()
-    await asyncio.gather(*(worker(p) for p in range(partitions) for _ in range(options.in_flight)))
+    if options.stream:
+        await asyncio.gather(*(streamer(p) for p in range(partitions)))
+    else:
+        await asyncio.gather(
+            *(worker(p) for p in range(partitions) for _ in range(options.in_flight))
+        )
     elapsed = time.perf_counter() - started
     sent = len(latencies) * options.batch
     latencies.sort()
@@ -146,6 +182,7 @@ async def produce(client: AsyncClient, options: ProduceOptions, progress: bool) 
         "partitions": partitions,
         "batch_records": options.batch,
         "in_flight_per_partition": options.in_flight,
+        "transport": "stream" if options.stream else "http",
     }
 
 
@@ -277,7 +314,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=500, help="records per append")
     parser.add_argument("--partitions", type=int, default=6, help="when creating the topic")
     parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument("--in-flight", type=int, default=2, help="appends per partition")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=2,
+        help="appends in flight per partition (with --stream: unacknowledged batches, up to 4096)",
+    )
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="send the batches over one streaming append (WebSocket) per partition instead "
+        "of one HTTP request each",
+    )
     parser.add_argument("--rate", type=int, help="fixed offered rate (msg/s): latency mode")
     parser.add_argument("--seconds", type=float, default=10.0, help="fixed-rate duration")
     parser.add_argument(
@@ -298,8 +346,10 @@ def check(args: argparse.Namespace) -> str | None:
         return "--batch must be >= 1 and a batch must stay under 8 MiB"
     if args.rate is not None and not 1 <= args.rate <= 1_000_000:
         return "--rate must be in 1..1000000"
-    if not 1 <= args.in_flight <= 64:
-        return "--in-flight must be in 1..64"
+    if args.stream and args.rate is not None:
+        return "--stream measures throughput: leave out --rate"
+    if not 1 <= args.in_flight <= (4096 if args.stream else 64):
+        return f"--in-flight must be in 1..{4096 if args.stream else 64}"
     return None
 
 
@@ -330,6 +380,7 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
                 args.seconds,
                 args.max_seconds,
                 args.linger_ms,
+                args.stream,
             )
             result = await produce(client, options, progress)
     result.update({"topic": args.topic, "size": args.size})

@@ -151,6 +151,9 @@ DELETE_TOPIC = Route("DELETE", _TOPIC, "deleteTopic", "delete_topic", Action.ADM
 LIST_PARTITIONS = Route("GET", "/v1/partitions", "listPartitions", "list_partitions", Action.LIST)
 APPEND_RECORDS = Route("POST", _RECORDS, "appendRecords", "append", Action.PRODUCE)
 READ_RECORDS = Route("GET", _RECORDS, "readRecords", "read", Action.CONSUME)
+STREAM_APPEND = Route(
+    "GET", _RECORDS + "/stream", "streamAppendRecords", "append_stream", Action.PRODUCE
+)
 DESCRIBE_GROUP = Route("GET", _GROUP, "describeGroup", "groups.describe", Action.CONSUME)
 ACQUIRE = Route("POST", _GROUP + "/acquire", "acquireMessages", "groups.acquire", Action.CONSUME)
 ACCEPT = Route("POST", _GROUP + "/accept", "acceptMessages", "groups.settle", Action.CONSUME)
@@ -178,6 +181,7 @@ ROUTES: tuple[Route, ...] = (
     LIST_PARTITIONS,
     APPEND_RECORDS,
     READ_RECORDS,
+    STREAM_APPEND,
     DESCRIBE_GROUP,
     ACQUIRE,
     ACCEPT,

@@ -62,6 +62,8 @@ CASES: list[tuple[str, str, str, str, Any]] = [
     ("DELETE", "/v1/topics/{topic}", ADMIN, "/v1/topics/t-gone", None),
     ("POST", RECORDS, PRODUCE, "/v1/topics/t/partitions/0/records", {"records": [{"value": "v"}]}),
     ("GET", RECORDS, CONSUME, "/v1/topics/t/partitions/0/records?from=0", None),
+    # without the WebSocket upgrade: authorized first, then 426
+    ("GET", RECORDS + "/stream", PRODUCE, "/v1/topics/t/partitions/0/records/stream", None),
     ("GET", GROUP, CONSUME, "/v1/topics/t/partitions/0/groups/g", None),
     ("POST", GROUP + "/acquire", CONSUME, "/v1/topics/t/partitions/0/groups/g/acquire", {}),
     ("POST", GROUP + "/accept", CONSUME, "/v1/topics/t/partitions/0/groups/g/accept", SETTLE),

@@ -121,6 +121,7 @@ from .models import (
     TopicDescription,
     TopicInfo,
 )
+from .stream import AppendStream
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 5
@@ -630,6 +631,58 @@ class AsyncClient:
             timeout_s=timeout_s,
         )
         return _answer_as(answer, AppendResult)
+
+    async def append_stream(
+        self, topic: str, partition: int, *, max_in_flight: int = 1024
+    ) -> AppendStream:
+        """Open a streaming append to the partition's leader (laminar.client.stream): batches
+        over one WebSocket, acknowledged in order, at most `max_in_flight` unacknowledged."""
+        target = _Target("leader", topic, int(partition))
+        path = contract.STREAM_APPEND.url(topic=topic, partition=int(partition))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        headers = {} if self._token is None else {"Authorization": f"Bearer {self._token}"}
+        if self._metadata_index >= 0:
+            headers[METADATA_INDEX_HEADER] = str(self._metadata_index)
+        last: LaminarError = Unavailable(0, "unreachable", "no broker to stream to")
+        for base in await self._candidates(target, 0, deadline):
+            url = base + path
+            for _ in range(MAX_REDIRECTS + 1):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise Timeout(0, "timeout", f"no stream to {topic}/{partition} in time")
+                tls = self._ssl() if callable(self._ssl) else self._ssl
+                try:
+                    ws = await self._get_session().ws_connect(
+                        URL(url, encoded=True),
+                        headers=headers,
+                        ssl=True if tls is None else tls,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=min(remaining, 10.0)),
+                        max_msg_size=0,
+                        heartbeat=30.0,
+                    )
+                except aiohttp.WSServerHandshakeError as e:
+                    # aiohttp follows a 307 itself, without the Authorization header on
+                    # another origin: go to the leader it named ourselves, with the token
+                    redirect = e.history[-1].headers if e.history else e.headers
+                    location = redirect.get("Location") if redirect is not None else None
+                    if (e.history or e.status in (307, 308)) and location:
+                        url = str(URL(url).join(URL(location)))
+                        self._redirected(target, url)
+                        continue
+                    body = {"error": {"code": "unknown", "message": e.message}}
+                    error = error_from_response(e.status, body)
+                    if not error.retryable:
+                        raise error from e
+                    last = error
+                    break
+                except _CONNECT_ERRORS as e:
+                    self._unreachable(base, target)
+                    last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
+                    break
+                self._answered(base)
+                return AppendStream(ws, topic, int(partition), max_in_flight)
+        raise last
 
     async def read(
         self,

@@ -305,11 +305,15 @@ class SyncProducer:
         self.close()
 
 
+#: AsyncClient calls that answer an object for asyncio code (a streaming append): not blocking
+ASYNC_ONLY = frozenset({"append_stream"})
+
+
 def _add_blocking_calls(cls: type[Client]) -> None:
     """A `Blocking` method of `cls` for every public coroutine method of AsyncClient that it
-    does not have (a new API call is in the blocking client at once)."""
+    does not have, but those in ASYNC_ONLY (a new API call is in the blocking client at once)."""
     for name, member in vars(AsyncClient).items():
-        if name.startswith("_") or hasattr(cls, name):
+        if name.startswith("_") or name in ASYNC_ONLY or hasattr(cls, name):
             continue
         if inspect.iscoroutinefunction(member):
             setattr(cls, name, Blocking(member))

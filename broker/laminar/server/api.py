@@ -115,6 +115,7 @@ from .http import (
 )
 from .metrics import BrokerMetrics
 from .node import Broker
+from .streams import serve_stream
 
 log = logging.getLogger(__name__)
 #: JSON request bodies are decoded (parsed, checked, encoded as a batch) in worker threads,
@@ -246,7 +247,7 @@ class Api:
             if versioned:
                 await self._metadata_seen(request)
             response = await handler(request)
-            if versioned:
+            if versioned and not response.prepared:  # a WebSocket's were sent at its upgrade
                 response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
             return response
         except ApiError as e:
@@ -770,6 +771,16 @@ class Api:
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended_records.inc(header.record_count)
         return json_response(AppendResult(base, header.record_count, duplicate).to_json())
+
+    async def append_stream(self, request: web.Request) -> web.StreamResponse:
+        """Streaming appends over a WebSocket (laminar.server.streams)."""
+        topic, partition = await self._partition(request)
+        replica = self.broker.core.replica(topic, partition)
+        if replica is None:
+            raise await self._leader_elsewhere(request, f"{topic}/{partition}")
+        if not replica.is_leader:
+            raise self._redirect(request, replica.raft.lead, replica.group)
+        return await serve_stream(self, request, replica, lambda: self.auth.authorize(request))
 
     def _json_batch(self, body: bytes) -> bytes:
         """A JSON append's body as one batch (ApiError when it is not a valid one). Runs in a

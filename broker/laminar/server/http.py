@@ -60,9 +60,12 @@ class ApiError(Exception):
         self.close = close
         self.extra = extra
 
+    def body(self) -> dict[str, Any]:
+        """The API's error body (`ErrorBody`) as JSON."""
+        return ErrorBody(self.code, self.message, **self.extra).to_json()
+
     def response(self) -> web.Response:
-        body = ErrorBody(self.code, self.message, **self.extra).to_json()
-        response = json_response(body, status=self.status, headers=self.headers)
+        response = json_response(self.body(), status=self.status, headers=self.headers)
         if self.close:
             response.force_close()
         return response
@@ -460,6 +463,9 @@ class _ApiConnection(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._force_close or self._close:
             return  # closing: aiohttp drops what arrives now
+        if self._upgraded:  # a WebSocket (a streaming append): frames, no request heads
+            super().data_received(data)
+            return
         if self._last_body is None or self._last_body.is_eof():
             self._arm_head_timer()  # bytes of a request head: it has to be complete in time
         parsed = len(self._messages)
