@@ -5,8 +5,9 @@ is answered once that command is committed and applied here, so what a client wa
 after any failover. Every replica applies the same commands (`QueueApplier`); only the leader
 proposes them. The leader stamps commands with its clock (`now_ms`), picks the indexes an
 Acquire asks for from its applied state minus those its own uncommitted Acquires ask for
-(the state machine refuses any index that is no longer free when the command applies), and
-bounds what waits for a commit.
+(the state machine refuses any index that is no longer free when the command applies), then
+from the records it proposed and has not applied yet (pipelined: an Acquire right behind
+them commits with them; `laminar.queue.pending`), and bounds what waits for a commit.
 
 Records it cannot hand out, those of a batch whose checksum holds but whose records are
 malformed (stored before appends checked records), are never leased to a consumer: the
@@ -47,6 +48,7 @@ from ..queue import (
 )
 from ..queue.applier import QueueApplier
 from ..queue.entries import encode_entry
+from ..queue.pending import pending_records, stamped
 from ..queue.state import MAX_SCAN, DeadLetter, validate
 from ..raft.raft import ProposalDropped, Raft, Role
 from .errors import CommitLost, CommitUnknown, NotLeader, Overloaded, ReplicaClosed
@@ -282,11 +284,22 @@ class ConsumerGroups:
         if limit <= 0:
             return {}, {}
         indexes = [i for i in self.state.available(group, limit + len(held), now) if i not in held]
+        pending: dict[int, StoredBatch] = {}
+        if len(indexes) < limit:
+            # pipelined: records proposed here and not applied yet (laminar.queue.pending)
+            wanted = limit - len(indexes) + len(held)
+            for index, entry in pending_records(self.raft.log, self.state.end_index, wanted):
+                if index not in held and len(indexes) < limit:
+                    indexes.append(index)
+                    if entry.index not in pending:
+                        data = stamped(entry)
+                        pending[entry.index] = StoredBatch(parse_header(data), data)
         picked: dict[int, StoredBatch] = {}
         malformed: dict[int, StoredBatch] = {}
         size = 0
         for index in indexes[:limit]:
-            batch = self.batch(index)
+            batch = self._pending_batch(pending, index) if pending else None
+            batch = batch or self.batch(index)
             if batch is None:
                 continue
             if batch.malformed is not None:
@@ -344,6 +357,17 @@ class ConsumerGroups:
             raise ReplicaClosed(f"{self.raft.group} is closed")
         batch = self.batch(index)
         return None if batch is None else batch.record(index)
+
+    @staticmethod
+    def _pending_batch(pending: dict[int, StoredBatch], index: int) -> StoredBatch | None:
+        for base, batch in pending.items():
+            if base <= index < batch.header.next_index:
+                return batch
+        return None
+
+    def on_records_proposed(self) -> None:
+        """This leader proposed records: long-polling acquires may take them at once."""
+        self._changed.notify()
 
     def batch(self, index: int) -> StoredBatch | None:
         """The user-data batch holding `index` (None once retention removed it)."""

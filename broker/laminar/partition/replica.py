@@ -250,6 +250,8 @@ class Replica:
             raft.term, base + header.record_count - 1, len(batch), future
         )
         self.pending_bytes += len(batch)
+        if self.groups is not None:
+            self.groups.on_records_proposed()
         return future, False
 
     def _wait_committed(self, base: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int]:

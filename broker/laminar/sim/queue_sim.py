@@ -6,7 +6,8 @@ once they are durable, checkpoints often, is rebuilt from storage on restart, re
 snapshot is installed, and snapshotted when the log is compacted. Producers append record
 batches (the base simulation's proposals): the committed record indexes are the messages.
 Virtual consumers act through whichever node claims to lead the partition: the leader picks
-`available` indexes from its own applied state (minus those in its uncommitted Acquires) and
+`available` indexes from its own applied state, then records it proposed and has not applied
+(pipelined acquisition, `laminar.queue.pending`), minus those in its uncommitted Acquires, and
 proposes an Acquire with its own clock (a `ClockJump` puts a node's clock ahead of the
 others': leases then end early and are granted late); a consumer learns what it was granted
 only when the proposing node applies that entry (and the answer is not lost). Consumers accept,
@@ -50,6 +51,7 @@ import xxhash
 from ..log.batch import Record, encode_batch
 from ..queue.applier import Applied, QueueApplier
 from ..queue.entries import QUEUE_KEY
+from ..queue.pending import pending_records
 from ..queue.state import (
     Accept,
     Acquire,
@@ -720,7 +722,8 @@ class QueueSimulation(Simulation):
         return self.rng.randint(*LEASE_MS)
 
     def _choose(self, node: SimNode, raft: Raft, consumer: Consumer, n: int) -> Acquire | None:
-        """The leader's pick: available in its applied state, not in its pending Acquires."""
+        """The leader's pick: available in its applied state, then proposed and not applied yet
+        (laminar.queue.pending), not in its pending Acquires."""
         state = self.appliers[node.id][raft.group].state
         in_flight = self._in_flight(node, raft)
         taken = {i for c in in_flight if isinstance(c, Acquire) for i in c.indexes}
@@ -730,6 +733,12 @@ class QueueSimulation(Simulation):
         now = self.clock_ms(node)  # the leader's clock
         free = state.available(QUEUE_GROUP, n + len(taken), now)
         indexes = [i for i in free if i not in taken][:n]
+        if len(indexes) < n:  # pipelined, as the broker's leader: proposed, not applied yet
+            ahead = pending_records(raft.log, state.end_index, n - len(indexes) + len(taken))
+            pipelined = [i for i, _ in ahead if i not in taken][: n - len(indexes)]
+            if pipelined:
+                self._count("pipelined_acquires")
+            indexes += pipelined
         if not indexes:
             return None
         return Acquire(QUEUE_GROUP, consumer.name, tuple(indexes), self._lease(), now)
