@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "broker"))
 
 from machine import fdatasync_per_s  # noqa: E402
+from queue_peers import signals_raise  # noqa: E402
 
 from laminar.local_cluster import LocalCluster  # noqa: E402
 
@@ -127,8 +129,8 @@ def run_laminar(
         tls=tls,
     )
     log(f"laminar: {brokers} broker(s), RF {rf}, fsync {args.fsync}, {'TLS' if tls else 'plain'}")
-    cluster.start()
     try:
+        cluster.start()  # in the try: a start that fails half-way stops what it started
         common = ["--size", str(args.size), "--partitions", str(args.partitions)]
         common += ["--replication-factor", str(rf)]
         produce = laminar_bench(
@@ -148,6 +150,7 @@ def run_laminar(
         )
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.data_dir, ignore_errors=True)  # GBs of segments: free them now
     return {
         "brokers": brokers,
         "replication_factor": rf,
@@ -205,13 +208,18 @@ def main() -> None:
         "fsync": args.fsync,
         "linger_ms": args.linger_ms,
     }
-    results["machine"] = {**disk_limits(root), "loopback_tcp_mb_s": loopback_mb_s()}
-    log(f"machine: {results['machine']}")
-    for brokers, rf in configs:
-        if args.tls in ("off", "both"):
-            results[f"laminar_{brokers}b_rf{rf}"] = run_laminar(args, brokers, rf, root)
-        if args.tls in ("on", "both"):
-            results[f"laminar_{brokers}b_rf{rf}_tls"] = run_laminar(args, brokers, rf, root, True)
+    try:
+        with signals_raise():  # SIGTERM / SIGHUP: the finally blocks stop and remove all
+            results["machine"] = {**disk_limits(root), "loopback_tcp_mb_s": loopback_mb_s()}
+            log(f"machine: {results['machine']}")
+            for brokers, rf in configs:
+                key = f"laminar_{brokers}b_rf{rf}"
+                if args.tls in ("off", "both"):
+                    results[key] = run_laminar(args, brokers, rf, root)
+                if args.tls in ("on", "both"):
+                    results[key + "_tls"] = run_laminar(args, brokers, rf, root, True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     if not args.skip_nats:
         import nats_peer
 

@@ -23,3 +23,21 @@ def fdatasync_per_s(directory: Path, seconds: float = 2.0) -> float:
     finally:
         os.close(fd)
         path.unlink()
+
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of process `pid` (all its threads) in seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def load_avg_1m() -> float:
+    """The machine's 1-minute load average."""
+    return round(os.getloadavg()[0], 2)

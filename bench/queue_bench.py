@@ -557,6 +557,7 @@ def run_laminar(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     log(f"laminar: {a.brokers} brokers on {a.prefix}.x, fsync {a.fsync}")
     out: dict[str, Any] = {}
     _check_free(cluster)
+    token_file_env = os.environ.get("LAMINAR_TOKEN_FILE")
     try:
         cluster.start()
         urls = cluster.urls
@@ -592,6 +593,10 @@ def run_laminar(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     finally:
         cluster.stop()
         log("laminar: cluster stopped")
+        if token_file_env is None:  # the caller's environment as it was
+            os.environ.pop("LAMINAR_TOKEN_FILE", None)
+        else:
+            os.environ["LAMINAR_TOKEN_FILE"] = token_file_env
     return out
 
 
@@ -630,7 +635,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (also what `run_laminar` takes: bench/compare.py builds
+    them with this)."""
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -673,7 +680,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
     if not a.prefix.startswith("127."):
         parser.error("--prefix must be a loopback prefix (127.x.y)")
+    return a
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="laminar-qbench-"))
     results: dict[str, Any] = {"params": {k: v for k, v in vars(a).items()}}
     try:

@@ -470,13 +470,16 @@ def bench_system(
             _phase_note(res, f"{sysd.key} {name}", warnings)
             return res
 
-        setup()
-        pub = phase("publish", pub_cmd)
-        log(f"{sysd.key}: pre-published {pub.get('msgs_per_s', 0):,.0f} msg/s; draining")
-        drain = phase("drain", drain_cmd)
-        log(f"{sysd.key}: drain {drain.get('msgs_per_s', 0):,.0f} msg/s (consume + ack)")
+        pub: dict[str, Any] = {}
+        drain: dict[str, Any] = {}
+        if "drain" in a.phases:
+            setup()
+            pub = phase("publish", pub_cmd)
+            log(f"{sysd.key}: pre-published {pub.get('msgs_per_s', 0):,.0f} msg/s; draining")
+            drain = phase("drain", drain_cmd)
+            log(f"{sysd.key}: drain {drain.get('msgs_per_s', 0):,.0f} msg/s (consume + ack)")
         out["publish"], out["drain"], out["latency"] = pub, drain, {}
-        for rate in a.rates:
+        for rate in a.rates if "latency" in a.phases else ():
             setup()
             lat = phase(f"latency@{rate:g}", lat_cmd(rate))
             e2e = lat.get("latency_publish_to_ack", {})
@@ -534,8 +537,10 @@ def run(
     peers_dir: str | os.PathLike[str] = DEFAULT_PEERS,
     lock_wait: float = 600.0,
     log: Log | None = _log,
+    phases: Sequence[str] = ("drain", "latency"),
 ) -> dict[str, Any]:
-    """Run the work-queue peers; returns {"systems": {key: ...}, "machine": ..., ...}."""
+    """Run the work-queue peers; returns {"systems": {key: ...}, "machine": ..., ...}.
+    phases: "drain" (pre-publish, then drain) and/or "latency" (one run per rate)."""
     say: Log = log or (lambda _m: None)
     peers = Path(peers_dir).resolve()
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -547,7 +552,7 @@ def run(
     a = argparse.Namespace(
         size=size, count=count, consumers=consumers, prefetch=prefetch, ack_every=ack_every,
         batch=batch, rates=list(rates), duration=duration, max_seconds=max_seconds,
-        idle_wait=idle_wait, nats_acksync=nats_acksync,
+        idle_wait=idle_wait, nats_acksync=nats_acksync, phases=list(phases),
     )  # fmt: skip
     warnings: list[str] = []
     result: dict[str, Any] = {
