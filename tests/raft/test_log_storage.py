@@ -254,3 +254,66 @@ def test_a_snapshot_install_cut_short_by_a_crash_completes_on_reopening() -> Non
         storage.apply_snapshot(Snapshot(9, 1, CONF))  # the log holds 9 with term 1
     kept.crash()
     assert open_storage(kept).last_index() == 19
+
+
+def test_entries_written_later_are_part_of_the_log_only_once_published() -> None:
+    """The broker's round: `write_later` plans (on the event loop), `Flush.run` writes and
+    syncs (an I/O thread), `publish` (back on the loop) makes them part of the log."""
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(2, 1), (3, 1)]))
+    storage.sync()
+    storage.write_later(entries_from(5, [(1, 2), (4, 2)]))
+    assert storage.planned
+    flush = storage.flush(sync=True)
+    assert not storage.planned and flush.writes and flush.syncs
+    flush.run()
+    # written and synced, not published: the storage is as before
+    assert storage.last_index() == 4
+    assert [e.index for e in storage.entries(0, 1 << 20)] == [0, 2]
+    with pytest.raises(StorageUnavailable):
+        storage.term(5)
+    flush.publish()
+    assert storage.last_index() == 9 and storage.term(9) == 2
+    assert [e.index for e in storage.entries(0, 1 << 20)] == [0, 2, 5, 6]
+    directory.crash()  # synced by the flush
+    assert open_storage(directory).last_index() == 9
+
+
+def test_a_conflicting_suffix_is_cut_when_the_write_is_planned() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.append(entries_from(0, [(2, 1), (3, 1), (1, 1)]))
+    storage.write_later(entries_from(2, [(2, 3)]))  # replaces 2..5
+    assert storage.last_index() == 1  # cut now: nothing reads the old suffix any more
+    flush = storage.flush(sync=False)
+    flush.run()
+    flush.publish()
+    assert storage.last_index() == 3 and storage.term(2) == 3
+    assert [(e.index, e.term) for e in storage.entries(0, 1 << 20)] == [(0, 1), (2, 3)]
+
+
+def test_a_flush_syncs_the_files_staged_when_it_was_made() -> None:
+    directory = MemoryDirectory()
+    storage = open_storage(directory)
+    storage.stage_file("queue.checkpoint", b"first")
+    flush = storage.flush(sync=True)
+    assert not storage.needs_sync and not flush.writes
+    storage.stage_file("topic.json", b"later")  # staged after: the next flush's
+    flush.run()
+    flush.publish()
+    assert storage.needs_sync
+    directory.crash()
+    reopened = open_storage(directory)
+    assert reopened.load_file("queue.checkpoint") == b"first"
+    assert reopened.load_file("topic.json") is None
+
+
+def test_a_write_planned_by_a_round_that_failed_before_its_flush_is_planned_again() -> None:
+    storage = open_storage(MemoryDirectory())
+    storage.write_later(entries_from(0, [(2, 1)]))
+    storage.write_later(entries_from(0, [(2, 1), (1, 1)]))  # the next round's Ready
+    flush = storage.flush(sync=True)
+    flush.run()
+    flush.publish()
+    assert storage.last_index() == 2

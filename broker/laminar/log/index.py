@@ -48,6 +48,13 @@ class SegmentIndex:
         self.positions.append(position)
         self.terms.append(term)
 
+    def copy(self) -> SegmentIndex:
+        index = SegmentIndex()
+        index.starts = array("Q", self.starts)
+        index.positions = array("Q", self.positions)
+        index.terms = array("Q", self.terms)
+        return index
+
     def slot_of(self, relative_index: int) -> int:
         """The slot of the batch holding `relative_index` (which must be inside the segment)."""
         return bisect_right(self.starts, relative_index) - 1

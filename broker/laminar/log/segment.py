@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
@@ -68,6 +68,16 @@ class SegmentRecovery:
     damaged: bool = False
 
 
+@dataclass(slots=True)
+class PendingBatches:
+    """What a `LogWrite` adds to one segment until it publishes it: the batches (relative
+    index, position, term) and the segment's end after them."""
+
+    next_index: int
+    size: int
+    added: list[tuple[int, int, int]] = field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     data: bytes
@@ -87,6 +97,9 @@ class Segment:
         self.index = index
         self.base_index = store.base_index
         self.next_index = next_index
+        #: the store's bytes as the log knows them: whole batches only (bytes a `LogWrite`
+        #: is writing past it are not part of the segment until it publishes them)
+        self._size = store.size
         # True while the .index file on disk matches this segment; cleared before any change.
         self._index_file_current = False
         self._index_storage: Storage | None = None
@@ -147,6 +160,7 @@ class Segment:
         cut_bytes = store.size - scan.end_position
         if cut_bytes:
             store.truncate(scan.end_position)
+            segment._size = store.size
         segment.index = SegmentIndex.from_scan(
             base_index, scan.positions, scan.base_indexes, scan.terms
         )
@@ -181,8 +195,8 @@ class Segment:
 
     @property
     def size(self) -> int:
-        """Bytes in the store file, header included."""
-        return self.store.size
+        """Bytes of the store, header included, as far as they hold published batches."""
+        return self._size
 
     @property
     def is_empty(self) -> bool:
@@ -208,7 +222,7 @@ class Segment:
     def batch_end(self, slot: int) -> int:
         """The store position just after the batch in `slot`."""
         positions = self.index.positions
-        return positions[slot + 1] if slot + 1 < len(positions) else self.store.size
+        return positions[slot + 1] if slot + 1 < len(positions) else self._size
 
     # ---- writes ----------------------------------------------------------------------------
 
@@ -224,13 +238,11 @@ class Segment:
 
     def append(self, parts: Sequence[Buffer], record_count: int, term: int) -> int:
         """Append one stamped batch (header + payload parts) whose base index is next_index."""
-        self._before_change()
-        try:
-            position = self.store.append(parts)
-        except StoreError as e:
-            raise SegmentError(f"append to segment {self.base_index} failed: {e}") from e
+        position = self._size
+        self.write_at(position, parts)
         self.index.add(self.next_index - self.base_index, position, term)
         self.next_index += record_count
+        self._size = position + sum(len(part) for part in parts)
         return position
 
     def write_at(self, position: int, parts: Sequence[Buffer]) -> None:
@@ -244,6 +256,16 @@ class Segment:
     def commit_streamed(self, position: int, record_count: int, term: int) -> None:
         self.index.add(self.next_index - self.base_index, position, term)
         self.next_index += record_count
+        self._size = self.store.size
+
+    def publish(self, added: Sequence[tuple[int, int, int]], next_index: int, size: int) -> None:
+        """Make batches a `LogWrite` wrote (off the event loop) part of the segment: `added`
+        (relative index, position, term) each, ending at `next_index` and `size` bytes."""
+        index = self.index
+        for relative_index, position, term in added:
+            index.add(relative_index, position, term)
+        self.next_index = next_index
+        self._size = size
 
     def cut_store(self, position: int) -> None:
         """Drop store bytes from `position` on (abort of a streaming append)."""
@@ -267,6 +289,7 @@ class Segment:
             raise SegmentError(f"truncate of segment {self.base_index} failed: {e}") from e
         self.index.truncate(slot)
         self.next_index = index
+        self._size = self.store.size
 
     def sync(self) -> None:
         try:
@@ -274,26 +297,32 @@ class Segment:
         except StoreError as e:
             raise SegmentError(f"sync of segment {self.base_index} failed: {e}") from e
 
-    def save_index(self, *, sync: bool) -> bool:
-        """Write the index file for the segment as it is now. True if a new file was created."""
+    def save_index(self, *, sync: bool, pending: PendingBatches | None = None) -> bool:
+        """Write the index file for the segment as it is now, or as it will be once `pending`
+        batches are published. True if a new file was created."""
         if self._index_file_current:
             return False
+        index, next_index, size = self.index, self.next_index, self._size
+        if pending is not None:
+            index = index.copy()
+            for relative_index, position, term in pending.added:
+                index.add(relative_index, position, term)
+            next_index, size = pending.next_index, pending.size
         created = False
         try:
             if self._index_storage is None:
                 name = index_name(self.base_index)
                 created = name not in self.directory.names()
                 self._index_storage = self.directory.open(name, create=created)
-            self.index.save(
-                self._index_storage, self.base_index, self.next_index, self.store.size, sync=sync
-            )
+            index.save(self._index_storage, self.base_index, next_index, size, sync=sync)
         except (StorageError, SegmentIndexError) as e:
             raise SegmentError(f"cannot save index of segment {self.base_index}: {e}") from e
         self._index_file_current = True
         return created
 
-    def seal(self, now_ms: int, *, sync: bool) -> bool:
-        """Record the seal time, make the store durable and write the index file."""
+    def seal(self, now_ms: int, *, sync: bool, pending: PendingBatches | None = None) -> bool:
+        """Record the seal time, make the store durable and write the index file (describing
+        the `pending` batches too: a `LogWrite` rolling off the event loop)."""
         try:
             self.store.set_sealed(now_ms)
             if sync:
@@ -301,7 +330,7 @@ class Segment:
         except StoreError as e:
             raise SegmentError(f"cannot seal segment {self.base_index}: {e}") from e
         self._index_file_current = False
-        return self.save_index(sync=sync)
+        return self.save_index(sync=sync, pending=pending)
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -321,7 +350,7 @@ class Segment:
         # max_bytes so that a reader always makes progress.
         byte_limit = start_position + max(max_bytes, 0)
         by_bytes = bisect_right(positions, byte_limit, lo=first + 1) - 1
-        if by_bytes == count - 1 and self.store.size <= byte_limit:
+        if by_bytes == count - 1 and self._size <= byte_limit:
             by_bytes = count
         by_bytes = max(by_bytes, first + 1)
         end_relative = end_index - self.base_index

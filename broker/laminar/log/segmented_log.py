@@ -9,6 +9,11 @@ shares one fdatasync among them (the broker's group commit, node/core.py). The f
 decides only whether the log's own structural changes (recovery, rolls, truncation, retention,
 reset) are synced as they happen.
 
+Off the event loop: `begin_write` plans appends (checked and stamped) that a `LogWrite` writes
+in an I/O thread (rolls included) and publishes back on the loop. Until then the log, its
+end and its reads are as before, so a reader on the loop never meets a batch that is not
+whole in its store; the log takes no other change while the write is in flight.
+
 Invariants (checked on open): segments[i + 1].base_index == segments[i].next_index; only the
 last segment takes appends; start_index == segments[0].base_index.
 """
@@ -18,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -52,6 +57,7 @@ from .errors import (
     StoreError,
 )
 from .segment import (
+    PendingBatches,
     ReadResult,
     Segment,
     SegmentRecovery,
@@ -134,6 +140,7 @@ class SegmentedLog:
         self.recovery = recovery
         self._sync_writes = config.fsync is not FsyncPolicy.NEVER
         self._stream: StreamAppend | None = None
+        self._write: LogWrite | None = None  # planned or in flight, until published
         self._closed = False
         #: told of every damaged batch a read finds, before the read raises
         self.on_corrupt: Callable[[CorruptBatchError], None] | None = None
@@ -249,6 +256,10 @@ class SegmentedLog:
             return
         if self._stream is not None:
             self._stream.abort()
+        if self._write is not None:
+            # never published: what it wrote past the end is cut or rescanned at the next
+            # open (the index saved below describes the published end only)
+            self._write.discard()
         active = self._active
         sync = self._sync_writes
         if sync:
@@ -290,6 +301,8 @@ class SegmentedLog:
             raise LogClosedError("the log is closed")
         if self._stream is not None:
             raise AppendInProgressError("a streaming append is in progress")
+        if self._write is not None:
+            raise AppendInProgressError("a write is in flight (not published yet)")
 
     def _segment_of(self, index: int) -> Segment:
         return self._segments[bisect_right(self._bases, index) - 1]
@@ -368,16 +381,42 @@ class SegmentedLog:
         self._stream = StreamAppend(self, header, bytes(header_bytes[:BATCH_HEADER_BYTES]), term)
         return self._stream
 
+    def begin_write(
+        self, batches: Sequence[tuple[Buffer, int]], *, check_records: bool = True
+    ) -> LogWrite:
+        """Plan appending `batches` ((batch, term) each) at next_index, for a `LogWrite` to
+        write off the event loop and publish back on it (see `LogWrite`). Each batch is
+        verified as `append` does, before anything is planned (a bad one raises, the log
+        unchanged)."""
+        self._check_writable()
+        limit = self.config.batch_limit_bytes
+        planned: list[tuple[tuple[Buffer, Buffer], int, int]] = []
+        results: list[AppendResult] = []
+        next_index = self.next_index
+        for batch, term in batches:
+            header, digest = verify_batch(batch, limit, check_records=check_records)
+            stamped = stamp_header(batch, next_index, term, digest)
+            parts = (stamped, memoryview(batch)[BATCH_HEADER_BYTES:])
+            planned.append((parts, header.record_count, term))
+            results.append(AppendResult(next_index, header.record_count))
+            next_index += header.record_count
+        self._write = LogWrite(self, planned, results, self.clock_ms())
+        return self._write
+
     def _maybe_roll(self) -> None:
         active = self._active
-        if active.is_empty:
-            return
-        if active.size >= self.config.segment_bytes:
+        if self._roll_due(active, active.size, active.is_empty, self.clock_ms()):
             self._roll()
-            return
+
+    def _roll_due(self, segment: Segment, size: int, empty: bool, now_ms: int) -> bool:
+        """Whether the active `segment`, holding `size` bytes (no batch if `empty`), rolls
+        before its next batch."""
+        if empty:
+            return False
+        if size >= self.config.segment_bytes:
+            return True
         segment_ms = self.config.segment_ms
-        if segment_ms is not None and self.clock_ms() - active.store.created_ms >= segment_ms:
-            self._roll()
+        return segment_ms is not None and now_ms - segment.store.created_ms >= segment_ms
 
     def _roll(self) -> None:
         old = self._active
@@ -408,12 +447,17 @@ class SegmentedLog:
         """Whole verified batches from the one holding `from_index`, up to `max_bytes` (at
         least one batch) and only batches ending at or before `end_index`, from one segment.
 
-        `from_index == next_index` returns an empty result; beyond it, or below start_index,
-        raises IndexOutOfRangeError. A corrupt first batch raises CorruptBatchError.
+        `from_index == next_index` returns an empty result, and so does one past it but below
+        `end_index` (an index its caller knows committed that is not stored here yet: a write
+        in flight); beyond, or below start_index, raises IndexOutOfRangeError. A corrupt first
+        batch raises CorruptBatchError.
         """
         if self._closed:
             raise LogClosedError("the log is closed")
-        if from_index == self.next_index:
+        next_index = self.next_index
+        if from_index == next_index or (
+            end_index is not None and next_index < from_index < end_index
+        ):
             return ReadResult(b"", from_index, from_index, 0)
         self._check_index(from_index)
         limit = self.next_index if end_index is None else min(end_index, self.next_index)
@@ -584,6 +628,99 @@ class SegmentedLog:
             total -= segment.size
             point = last
         return point
+
+
+class LogWrite:
+    """Batches appended off the event loop, in three steps: `SegmentedLog.begin_write` plans
+    them on the loop (verified, stamped, their indexes fixed); `write` writes them in an I/O
+    thread, rolling segments as needed (a roll seals and syncs as `append`'s does), and `sync`
+    fdatasyncs them; `publish`, back on the loop, makes them part of the log. Until then the
+    log is as it was: its end, its segments and every read, so nothing on the loop reads a
+    batch that is not whole in its store. The log takes no other change until the write is
+    published (or the log closes): `write` and `sync` touch nothing the loop reads, except
+    files past the published end and the seal of the segment it rolls."""
+
+    def __init__(
+        self,
+        log: SegmentedLog,
+        batches: list[tuple[tuple[Buffer, Buffer], int, int]],
+        results: list[AppendResult],
+        now_ms: int,
+    ) -> None:
+        self._log = log
+        self._batches = batches  # ((stamped header, payload), record count, term)
+        #: where each batch lands (known when planned)
+        self.results = results
+        self._now_ms = now_ms  # the clock of its rolls, read when planned
+        active = log._active
+        self._extents: list[tuple[Segment, PendingBatches]] = [
+            (active, PendingBatches(active.next_index, active.size))
+        ]
+        self._written = False
+        self._published = False
+
+    def write(self) -> None:
+        """Write every batch (an I/O thread). Raises the log's storage errors; then the log
+        must not be written again (the caller stops, as after a failed `append`)."""
+        assert not self._written, "written twice"
+        self._written = True
+        log = self._log
+        for parts, record_count, term in self._batches:
+            segment, pending = self._extents[-1]
+            empty = pending.next_index == segment.base_index
+            if log._roll_due(segment, pending.size, empty, self._now_ms):
+                segment, pending = self._roll(segment, pending)
+            segment.write_at(pending.size, parts)
+            pending.added.append((pending.next_index - segment.base_index, pending.size, term))
+            pending.size += sum(len(part) for part in parts)
+            pending.next_index += record_count
+
+    def _roll(self, old: Segment, pending: PendingBatches) -> tuple[Segment, PendingBatches]:
+        log = self._log
+        sync = log._sync_writes
+        old.seal(self._now_ms, sync=sync, pending=pending)
+        new = Segment.create(log.directory, pending.next_index, self._now_ms, sync=sync)
+        if sync:
+            _sync_directory(log.directory)
+        extent = (new, PendingBatches(new.next_index, new.size))
+        self._extents.append(extent)
+        return extent
+
+    def sync(self) -> None:
+        """fdatasync what `write` wrote (an I/O thread); the segments it sealed were synced
+        as they rolled."""
+        assert self._written, "synced before it was written"
+        if self._log.closed:
+            raise LogClosedError("the log is closed")
+        self._extents[-1][0].sync()
+
+    def run(self, *, sync: bool) -> None:
+        """`write`, then `sync` if asked (one job of an I/O thread)."""
+        self.write()
+        if sync:
+            self.sync()
+
+    def publish(self) -> list[AppendResult]:
+        """Make the written batches part of the log (on the event loop, once `write`
+        returned); returns where each landed."""
+        assert self._written and not self._published, "published before written, or twice"
+        log = self._log
+        assert log._write is self
+        self._published = True
+        log._write = None
+        for number, (segment, pending) in enumerate(self._extents):
+            segment.publish(pending.added, pending.next_index, pending.size)
+            if number:
+                log._segments.append(segment)
+                log._bases.append(segment.base_index)
+        return self.results
+
+    def discard(self) -> None:
+        """Drop a write that will never be published (its log closes): close the files of
+        segments it created. Only once `write` returned, or never ran."""
+        self._log._write = None
+        for segment, _ in self._extents[1:]:
+            segment.close()
 
 
 class StreamAppend:

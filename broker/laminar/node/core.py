@@ -9,21 +9,24 @@ index) and a partition leader's consumer-group duties.
 Its inputs: `receive(messages)` from peers, `tick()` from the clock, `set_clock(...)`,
 `propose_metadata(command)`, `request_barrier()`, membership events (`on_member_event`) and
 the members SWIM reports (`membership`, a function given at construction). Its output is
-one `Round` at a time (`begin`): the group-commit round. A round has been written to the
-logs (page cache) and applied as far as committed; it lists
+one `Round` at a time (`begin`): the group-commit round. A round has applied what committed
+and is stored here already; it lists
 
 * `before`: messages to send at once (a leader's appends and heartbeats: sent before its
   own fsync, as etcd's `msgs`);
-* `syncs` then `saves`: the fdatasyncs of every storage the round wrote (logs, staged
-  checkpoint and topic files), then the durable hard-state writes;
+* `syncs`: each storage's disk work, run off the event loop: write the round's entries, then
+  fdatasync the log and its staged checkpoint and topic files (as the fsync policy asks);
+  then `stored` publishes the entries (nothing reads them from disk before) and applies what
+  committed among them;
+* `saves`: the durable hard-state writes;
 * `after`: messages to send only once those are durable (votes and acknowledgements:
   etcd's `msgsAfterAppend`);
 * `answers` (metadata proposals applied) and `barriers` (metadata read barriers passed);
 * `movers`: partitions whose dead letters want moving.
 
 The runtime (`laminar.server.node.Broker`) carries a round out with real sockets, threads
-and files, then calls `finish`; the simulator (`laminar.sim.node_cluster`) carries it out
-over a simulated network and `MemoryDirectory` storage. Both run this class.
+and files, calling `stored` and then `finish`; the simulator (`laminar.sim.node_cluster`)
+carries it out over a simulated network and `MemoryDirectory` storage. Both run this class.
 
 A replica's data is removed only after a committed change says so: a deletion of its topic
 that this node has applied (known by identity: the metadata index that created it, recorded
@@ -63,12 +66,19 @@ from ..metadata import (
 from ..metadata.state import LOG_CONFIG_KEYS, MAX_PARTITIONS, MAX_REPLICATION_FACTOR, Topic
 from ..models import HostedPartition
 from ..partition.errors import NotLeader, Overloaded, ReplicaClosed
-from ..partition.reconcile import StepKind, leader_step
+from ..partition.reconcile import (
+    LeaderBalance,
+    StepKind,
+    TopicPlan,
+    leader_step,
+    plan_topic,
+    rebalance_to,
+)
 from ..partition.replica import Replica
 from ..placement import Candidate, place
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
-from ..raft.log_storage import LogStorage
+from ..raft.log_storage import Flush
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
@@ -83,6 +93,13 @@ MT = MessageType
 #: The messages that may create a replica here (a leader reaching a member it added).
 LEADER_MESSAGES = frozenset({MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT})
 CONTROL_INTERVAL_MS = 250
+#: a control sweep looks at every data replica once in this many passes (a second), or
+#: more with many replicas: a pass looks at CONTROL_VISITS_PER_PASS of them at most
+CONTROL_SWEEP_PASSES = 4
+CONTROL_VISITS_PER_PASS = 625
+#: quiesced groups are checked against SWIM at least every this many ticks (`_wake_quiesced`)
+WAKE_SWEEP_TICKS = 20
+ALIVE = MemberStatus.ALIVE
 #: A learner within this many indexes of the leader's log may be promoted.
 CATCH_UP_LAG_INDEXES = 256
 #: Compact the metadata log once this many entries sit behind the commit.
@@ -132,7 +149,11 @@ class Round:
 
     readies: dict[str, Ready]
     before: list[Message] = field(default_factory=list)
-    syncs: list[Callable[[], None]] = field(default_factory=list)
+    #: each storage's disk work (write its entries, fdatasync): `run` off the event loop,
+    #: then `NodeCore.stored` publishes them
+    syncs: list[Flush] = field(default_factory=list)
+    #: committed ranges whose entries this round writes: applied once stored (`stored`)
+    unstored: dict[str, tuple[int, int]] = field(default_factory=dict)
     saves: list[Callable[[], None]] = field(default_factory=list)
     after: list[Message] = field(default_factory=list)
     #: (index, term, result) of each metadata entry proposed here and now applied
@@ -164,7 +185,9 @@ class NodeCore:
             max_append_bytes=1 << 20,
             promote_lag_indexes=CATCH_UP_LAG_INDEXES,
         )
-        self.multi = MultiRaft(self.id)
+        #: idle groups quiesce; the failure detector's word wakes them (`_wake_quiesced`)
+        self.multi = MultiRaft(self.id, quiesce=True)
+        self.multi.live = self._counts_alive
         self.replicas: dict[str, Replica] = {}  # data partitions, by group
         self.meta: Replica | None = None
         self.state = ClusterState()
@@ -190,6 +213,20 @@ class NodeCore:
         self._answers: list[tuple[int, int, MetadataError | None]] = []
         self.barriers = Barriers()
         self.movers_wanted: set[str] = set()
+        #: leader balance (`_control`): each topic's plan, the moves' rate limits
+        self.balance = LeaderBalance()
+        self._plans: dict[str, TopicPlan] = {}
+        self._alive_now: set[str] | None = None  # `alive()`, until the next tick
+        self._alive_seen: frozenset[str] = frozenset()  # strictly alive at the last sweep
+        self._swept_at = 0  # (ticks)
+        # the control sweep (`_control_visits`)
+        self._seen: set[str] = set()  # the groups hosted at the last pass
+        self._fresh: set[str] = set()  # new since the pass before
+        self._sweep: list[str] = []
+        self._swept = 0
+        self._sweep_retains = False
+        self._queue_leaders: set[str] = set()  # led groups with consumer groups
+        self._ticks = 0  # ticks given so far
         #: counters read by the metrics module
         self.counters: dict[str, int] = {
             "elections": 0,
@@ -203,6 +240,9 @@ class NodeCore:
             "repairs": 0,
             "data_loss_repairs": 0,
             "quarantined_replicas": 0,
+            # leader balance and quiescence
+            "leader_rebalances": 0,
+            "quiesce_wakes": 0,
         }
         #: records of malformed batches skipped, by what met them (read, acquire,
         #: dead_letter), each counted once (laminar_malformed_records_total)
@@ -220,6 +260,8 @@ class NodeCore:
 
     def tick(self) -> None:
         self._ticks_due += 1
+        self._ticks += 1  # (the leader balance's clock)
+        self._alive_now = None  # the members SWIM counts alive are read again
 
     def on_member_event(self, event: MembershipEvent) -> None:
         if event.kind in (EventKind.DEAD, EventKind.LEFT):
@@ -576,8 +618,9 @@ class NodeCore:
     # ---- the round -------------------------------------------------------------------------
 
     def begin(self) -> Round | None:
-        """Repair, step what arrived, tick, control, then write and apply one Ready of every
-        group; None when there is nothing to do."""
+        """Repair, step what arrived, tick, control, then plan the writes of one Ready of
+        every group and apply what committed and is stored already; None when there is
+        nothing to do."""
         if self._damaged:
             self._repair_damaged()
         self._step_inbox()
@@ -596,18 +639,20 @@ class NodeCore:
         staged = any(r.storage.needs_sync for r in self.all_replicas())
         if not readies and not messages and not interval_sync and not staged:
             return None
-        round_, written = self._write(readies, messages)
+        round_ = self._write(readies, messages)
         if interval_sync:
             # fsync policy `interval`: every log now (acks went out before)
             self._next_sync_ms = self.now_ms + self.config.fsync_interval_ms
-            written = [r.storage for r in self.all_replicas()]
-        elif self.config.fsync is not FsyncPolicy.ALWAYS:
-            written = []
-        # and the files staged (checkpoints this round's applying wrote among them)
-        written += [r.storage for r in self.all_replicas() if r.storage.needs_sync]
-        to_sync = {id(s): s for s in written}  # each storage once, in order
-        round_.syncs = [s.sync for s in to_sync.values()]
-        self.counters["fsyncs"] += len(round_.syncs)
+        always = self.config.fsync is FsyncPolicy.ALWAYS
+        for replica in self.all_replicas():
+            # one job per storage: write its entries, then fdatasync it if the fsync policy
+            # asks, or if files are staged (checkpoints this round's applying wrote among them)
+            storage = replica.storage
+            planned = storage.planned
+            sync = (planned and always) or interval_sync or storage.needs_sync
+            if planned or sync:
+                round_.syncs.append(storage.flush(sync=sync))
+        self.counters["fsyncs"] += sum(1 for flush in round_.syncs if flush.syncs)
         round_.answers, self._answers = self._answers, []
         round_.barriers, self.barriers.passed = self.barriers.passed, []
         round_.movers = sorted(self.movers_wanted)
@@ -630,19 +675,16 @@ class NodeCore:
                 self.counters["dropped_messages"] += 1
         self.multi.step(message)
 
-    def _write(
-        self, readies: dict[str, Ready], messages: list[Message]
-    ) -> tuple[Round, list[LogStorage]]:
-        """Write every Ready's snapshot and entries, apply what committed (durable on a
-        majority already: its appends are answered now, not after this round's fsync of
-        newer entries), and list the saves the round needs; returns it with the storages
-        that took entries."""
+    def _write(self, readies: dict[str, Ready], messages: list[Message]) -> Round:
+        """Install every Ready's snapshot, plan writing its entries (`syncs` writes them off
+        the event loop), and apply what committed and is stored here already (durable on a
+        majority: its appends are answered now, not after this round's writes and fsync of
+        newer entries); what committed among this round's entries waits for `stored`."""
         if readies:
             self.counters["ready_rounds"] += 1
         gone = {group for group in readies if self.replica_of(group) is None}
         steps = plan(readies, messages, gone)  # raft/round.py: the steps, in their order
         round_ = Round(readies, before=steps.before, after=steps.after)
-        written = []
         for group, ready in readies.items():
             replica = self.replica_of(group)
             if replica is None:
@@ -655,18 +697,37 @@ class NodeCore:
                 elif replica.groups is not None:
                     replica.groups.reset()
             if ready.entries:
-                storage.append(ready.entries)
-                written.append(storage)
+                storage.write_later(ready.entries)
                 if replica.groups is not None:
                     replica.groups.applier.written(ready.entries)
         for group, ready in readies.items():
-            if ready.committed is not None:
-                self._apply(group, *ready.committed)
+            if ready.committed is None:
+                continue
+            first, last = ready.committed
+            replica = self.replica_of(group)
+            stored_last = last if replica is None else replica.storage.last_index()
+            if first <= min(last, stored_last):
+                self._apply(group, first, min(last, stored_last))
+            if last > stored_last:
+                # committed entries are applied only once stored here (as etcd's raft does)
+                round_.unstored[group] = (max(first, stored_last + 1), last)
         if (meta_ready := readies.get(METADATA_GROUP)) is not None and meta_ready.read_states:
             self.barriers.answered(meta_ready.read_states)
         if self.barriers.waiting:
             self.barriers.release(self.meta_applied_index, self.now_ms)
-        for group, ready in readies.items():
+        return round_
+
+    def stored(self, round_: Round) -> None:
+        """The round's `syncs` ran (off the event loop): publish what they wrote, apply what
+        committed among it, and list the saves the round needs (`saves`, run off the loop
+        next); the answers and barriers this passes join the round's."""
+        for flush in round_.syncs:
+            flush.publish()
+        for group, (first, last) in round_.unstored.items():
+            self._apply(group, first, last)
+        if self.barriers.waiting:
+            self.barriers.release(self.meta_applied_index, self.now_ms)
+        for group, ready in round_.readies.items():
             replica = self.replica_of(group)
             if replica is None or ready.hard_state is None:
                 continue
@@ -676,7 +737,10 @@ class NodeCore:
                 round_.saves.append(partial(storage.set_hard_state, ready.hard_state))
             else:
                 storage.set_hard_state(ready.hard_state)  # memory, or the unsynced hint
-        return round_, written
+        round_.answers += self._answers
+        self._answers = []
+        round_.barriers += self.barriers.passed
+        self.barriers.passed = []
 
     def finish(self, round_: Round) -> None:
         """The round was carried out (synced, saved, sent): advance every group."""
@@ -706,6 +770,12 @@ class NodeCore:
 
     def _apply(self, group: str, first: int, last: int) -> None:
         replica = self.replica_of(group)
+        # committed entries are applied only once stored here (`_write`, `stored`): what a
+        # write in flight holds is not in the log yet, and reading past it would skip it
+        assert replica is None or last <= replica.storage.last_index(), (
+            f"{group}: committed entries up to {last} applied before they are stored "
+            f"(the log ends at {replica.storage.last_index()})"
+        )
         try:
             if group == METADATA_GROUP:
                 self._apply_metadata(first, last)
@@ -840,24 +910,163 @@ class NodeCore:
                     # from a log that starts before its bootstrap
                     self._compact_metadata(force=True)
             self._compact_metadata()
-        retain = self.now_ms - self._retained_at_ms >= RETENTION_INTERVAL_MS
-        if retain:
-            self._retained_at_ms = self.now_ms
-        for replica in list(self.replicas.values()):
+        strictly_alive = self._wake_quiesced()
+        ready = self.balance.observe(alive, self._ticks)
+        budget = self.balance.transfers_per_pass
+        plans: dict[str, TopicPlan] = {}
+        for replica, swept in self._control_visits():
             raft = replica.raft
             if self._collect_unowned(replica):
                 continue
-            if retain:
+            if swept and self._sweep_retains:
                 self._apply_retention(replica)
             topic_state = self.state.topics.get(replica.topic)
-            if raft.role is Role.LEADER and topic_state is not None:
-                target = place(replica.group, candidates, topic_state.replication_factor)
-                self._reconcile(replica, target, alive, followers=frozenset())
-                self._queue_duties(replica, topic_state)
+            if topic_state is None:
+                continue
+            plan = plans.get(topic_state.name)
+            if plan is None:
+                plan = plans[topic_state.name] = self._plan(topic_state, candidates)
+            partition = replica.partition
+            if partition >= len(plan.targets):
+                continue  # (the topic's assignment lists every partition it has)
+            preferred = plan.preferred[partition]
+            if raft.role is Role.LEADER:
+                settled = not raft.conf.learners and raft.conf.voters == plan.voters[partition]
+                if not settled:  # (a settled group has no step to take)
+                    target = list(plan.targets[partition])
+                    self._reconcile(replica, target, alive, followers=frozenset())
+                if self._has_queue_duties(replica, topic_state):
+                    self._queue_duties(replica, topic_state)
+                if settled and budget > 0 and self._rebalance(replica, preferred, ready):
+                    budget -= 1
+            else:
+                self._prefer(replica, preferred, strictly_alive)
+        self.balance.forget(self.replicas.keys())
+        for group in self.movers_wanted:
+            # a round hands the wanted movers over: a quiesced group's leader makes one at
+            # its next tick (its quiesce request again), however idle the node is
+            if (wanting := self.replicas.get(group)) is not None:
+                wanting.raft.wake()
         # A replica whose own configuration no longer counts it is not dropped here: a
         # member removed and added again passes through its removal while it catches up
         # (its leader already counts its acknowledgements). Only its leader's word removes
         # it (`collect_removed`).
+
+    def _plan(self, topic: Topic, candidates: list[Candidate]) -> TopicPlan:
+        """`topic`'s targets and preferred leaders for `candidates` (computed once per view
+        of the members)."""
+        key = (topic.partitions, topic.replication_factor, tuple(candidates))
+        plan = self._plans.get(topic.name)
+        if plan is None or plan.key != key:
+            if len(self._plans) > 2 * len(self.state.topics) + 16:
+                self._plans = {n: p for n, p in self._plans.items() if n in self.state.topics}
+            plan = plan_topic(topic.name, topic.partitions, topic.replication_factor, candidates)
+            self._plans[topic.name] = plan
+        return plan
+
+    def _rebalance(self, replica: Replica, preferred: str | None, ready: frozenset[str]) -> bool:
+        """Hand a leadership to the group's preferred leader (`rebalance_to`), unless a move
+        of this group was tried within the retry pause; True if a transfer started."""
+        raft = replica.raft
+        to = rebalance_to(raft, preferred, ready=ready, lag_indexes=CATCH_UP_LAG_INDEXES)
+        if to is None or not self.balance.may_try(replica.group, self._ticks):
+            return False
+        try:
+            raft.transfer_leadership(to)
+        except ProposalDropped:
+            return False
+        self.counters["leader_rebalances"] += 1
+        log.debug("%s hands %s to its preferred leader %s", self.id, replica.group, to)
+        return True
+
+    def _prefer(self, replica: Replica, preferred: str | None, strictly_alive: set[str]) -> None:
+        """A follower: the group's preferred leader campaigns first when no leader is known
+        (`Raft.eager`; once every voter is alive, else the view of the members, and so the
+        preference, may be partial); on first sight of the group (new, or opened at start),
+        the others defer their own elections to an alive preferred leader for a while (to
+        anyone while this node has just started: SWIM may not know the others yet)."""
+        raft = replica.raft
+        raft.eager = preferred == self.id and strictly_alive.issuperset(raft.conf.voters)
+        if replica.group not in self._fresh or preferred == self.id:
+            return
+        if preferred in strictly_alive or self._ticks < self.balance.defer_ticks:
+            raft.defer_election(self.balance.defer_ticks)
+
+    def _control_visits(self) -> list[tuple[Replica, bool]]:
+        """The data replicas this control pass looks at, each with whether the sweep brings
+        it: groups new since the last pass and the leaders with consumer groups, every time;
+        the others in turn, a slice a pass, so that the sweep covers all of them every
+        CONTROL_SWEEP_PASSES passes, or in slices of CONTROL_VISITS_PER_PASS (the work of a
+        pass does not grow with the groups)."""
+        replicas = self.replicas
+        if len(self._seen) != len(replicas) or not self._seen.issuperset(replicas):
+            self._fresh = replicas.keys() - self._seen
+            self._seen = set(replicas)
+        else:
+            self._fresh = set()
+        if self._swept >= len(self._sweep):
+            self._sweep = list(replicas)
+            self._swept = 0
+            self._sweep_retains = self.now_ms - self._retained_at_ms >= RETENTION_INTERVAL_MS
+            if self._sweep_retains:
+                self._retained_at_ms = self.now_ms
+        size = min(-(-len(self._sweep) // CONTROL_SWEEP_PASSES), CONTROL_VISITS_PER_PASS)
+        chosen = self._sweep[self._swept : self._swept + size]
+        self._swept += size
+        visits: dict[str, tuple[Replica, bool]] = {}
+        for group in sorted(self._fresh | self._queue_leaders):
+            replica = replicas.get(group)
+            if replica is not None and (group in self._fresh or replica.raft.role is Role.LEADER):
+                visits[group] = (replica, False)
+            else:
+                self._queue_leaders.discard(group)
+        for group in chosen:
+            if (replica := replicas.get(group)) is not None:
+                visits[group] = (replica, True)
+        return list(visits.values())
+
+    def _has_queue_duties(self, replica: Replica, topic: Topic) -> bool:
+        """Does the leader `replica` have consumer-group duties (`_queue_duties`): consumer
+        groups (leases to expire, dead letters), or settings to propose? Those with groups
+        are visited every pass."""
+        groups = replica.groups
+        if groups is None:
+            return False
+        if groups.state.groups:
+            self._queue_leaders.add(replica.group)
+            return True
+        self._queue_leaders.discard(replica.group)
+        wanted = int(topic.config.get("max_deliveries", DEFAULT_MAX_DELIVERIES))
+        return groups.state.config.max_deliveries != wanted
+
+    def _alive_strictly(self) -> set[str]:
+        """The members SWIM counts alive and not suspected, this node included."""
+        alive = {n for n, (status, _, _) in self.membership().items() if status is ALIVE}
+        return alive | {self.id}
+
+    def _counts_alive(self, node: str) -> bool:
+        """Does SWIM count `node` alive (a quiescing leader does not wait for members it
+        does not)? Read once a tick."""
+        if self._alive_now is None:
+            self._alive_now = self.alive()
+        return node in self._alive_now
+
+    def _wake_quiesced(self) -> set[str]:
+        """Wake the quiesced followers whose leader SWIM no longer counts alive (suspected
+        included: their election timeout runs again), and the quiesced leaders of groups a
+        node back alive belongs to; when who is alive changed, and every WAKE_SWEEP_TICKS in
+        case a group quiesced under a leader already suspected. Returns the members alive."""
+        alive = self._alive_strictly()
+        changed = alive != self._alive_seen
+        if changed or self._ticks - self._swept_at >= WAKE_SWEEP_TICKS:
+            back = alive - self._alive_seen
+            self._alive_seen = frozenset(alive)
+            self._swept_at = self._ticks
+            woken = self.multi.wake_orphans(alive)
+            if back:
+                woken += self.multi.wake_leaders_of(back)
+            self.counters["quiesce_wakes"] += len(woken)
+        return alive
 
     def _collect_unowned(self, replica: Replica) -> bool:
         """Drop `replica` if its topic's deletion is applied here; move it aside if it has no
@@ -969,8 +1178,14 @@ class NodeCore:
 
     def transfer_leaderships(self, alive: set[str]) -> bool:
         """Hand each leadership to a caught-up voter in `alive` (one pass: a broker about to
-        stop calls it until it returns False, nothing left to move)."""
+        stop calls it until it returns False, nothing left to move): the partition's
+        preferred leader among the others (so that what this node led spreads evenly), else
+        the first caught up."""
         moved = False
+        without_me = [
+            replace(c, draining=True) if c.id == self.id else c for c in self.candidates()
+        ]
+        plans: dict[str, TopicPlan] = {}
         for replica in self.all_replicas():
             raft = replica.raft
             if raft.role is not Role.LEADER:
@@ -984,6 +1199,16 @@ class NodeCore:
                 for n in raft.conf.voters
                 if n != self.id and n in alive and raft.progress[n].match >= last - 1
             ] or [n for n in raft.conf.voters if n != self.id and n in alive]
+            topic = self.state.topics.get(replica.topic) if replica is not self.meta else None
+            if topic is not None and replica.partition < topic.partitions:
+                plan = plans.get(topic.name)
+                if plan is None:
+                    plan = plans[topic.name] = plan_topic(
+                        topic.name, topic.partitions, topic.replication_factor, without_me
+                    )
+                preferred = plan.preferred[replica.partition]
+                if preferred in successors:
+                    successors.insert(0, preferred)
             if successors:
                 with contextlib.suppress(ProposalDropped):
                     raft.transfer_leadership(successors[0])

@@ -12,6 +12,13 @@ and can tell a log that lost committed entries. So it is also kept in `raft.comm
 written in place without fsync every `commit_save_indexes` and checked by its own checksum: a
 torn or stale hint is ignored, a newer one wins over `raft.state`.
 
+Off the event loop. The broker writes a round's entries in an I/O thread: `write_later`
+plans them (a conflicting suffix is cut at once), `flush` hands the round's disk work for this
+storage to the thread (`Flush`: write the entries, then fdatasync the log and the staged
+files), and its `publish`, back on the loop, makes the entries part of the log. Until then
+`last_index` and every read are as before the round: the Raft core keeps those entries in its
+unstable log, and the node core applies committed entries only once they are published.
+
 Damage. A batch that fails its checksum is never served: reads raise StorageUnavailable (the
 log's `on_corrupt` hook tells the runtime, which repairs the replica). `begin_repair` cuts the
 log at a damaged batch after durably recording the repair floor (see `HardState`), so a crash
@@ -28,7 +35,7 @@ import xxhash
 
 from ..log.batch import decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
-from ..log.segmented_log import SegmentedLog
+from ..log.segmented_log import LogWrite, SegmentedLog
 from ..log.storage import Directory, Storage
 from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
 from .storage import StorageUnavailable
@@ -74,6 +81,7 @@ class LogStorage:
         self._commit_unsaved = False
         self._hint: Storage | None = None
         self._staged: set[str] = set()  # files written by `stage_file`, made durable by `sync`
+        self._planned: LogWrite | None = None  # entries `write_later` planned, for `flush`
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
@@ -281,14 +289,50 @@ class LogStorage:
             if result.base_index != entry.index:
                 raise StorageError(f"entry {entry.index} landed at {result.base_index}")
 
+    def write_later(self, entries: list[Entry]) -> None:
+        """Plan writing entries, replacing any overlapping suffix (cut now): `flush` writes
+        them off the event loop, and they are part of the log once its `publish` ran."""
+        if not entries:
+            return
+        if self._planned is not None:
+            # planned by a round that failed before its flush: nothing of it was written
+            self._planned.discard()
+            self._planned = None
+        first = entries[0].index
+        if first <= self.last_index():
+            self.log.truncate(first)
+        # header and checksum only, as `append`
+        write = self.log.begin_write([(e.data, e.term) for e in entries], check_records=False)
+        for entry, result in zip(entries, write.results, strict=True):
+            if result.base_index != entry.index:
+                write.discard()
+                raise StorageError(f"entry {entry.index} would land at {result.base_index}")
+        self._planned = write
+
+    @property
+    def planned(self) -> bool:
+        """`write_later` planned entries that no `flush` took yet."""
+        return self._planned is not None
+
+    def flush(self, *, sync: bool) -> Flush:
+        """This storage's disk work of a round, to run off the event loop: write the planned
+        entries, then (`sync`) make the log durable and each staged file (`Flush`)."""
+        staged: list[str] = []
+        if sync:
+            staged, self._staged = sorted(self._staged), set()
+        planned, self._planned = self._planned, None
+        return Flush(self, planned, sync, staged)
+
     def sync(self) -> None:
         """Make the log durable, then each staged file (fsync it, rename it over the old
         one, fsync the directory)."""
         self.log.sync()
         self._flush_staged()
 
-    def _flush_staged(self) -> None:
-        staged, self._staged = sorted(self._staged), set()
+    def _flush_staged(self, staged: list[str] | None = None) -> None:
+        """Make the files staged (`staged`: those a `Flush` took) durable and current."""
+        if staged is None:
+            staged, self._staged = sorted(self._staged), set()
         for name in staged:
             temp = self.directory.open(name + TEMP_SUFFIX, create=False)
             try:
@@ -392,6 +436,53 @@ class LogStorage:
             through_index, self.log.term_at(through_index), self.hard_state.conf, data
         )
         self._save()
+
+
+class Flush:
+    """One storage's disk work of a round (`LogStorage.flush`): `run` it in an I/O thread,
+    then `publish` on the event loop. Nothing in `run` changes what the loop reads: the
+    entries become part of the log (its end, its reads) at `publish` only. A storage error
+    in `run` leaves the log unpublished and unwritable: the caller stops (fail-stop)."""
+
+    def __init__(
+        self, storage: LogStorage, write: LogWrite | None, sync: bool, staged: list[str]
+    ) -> None:
+        self.storage = storage
+        self._write = write
+        #: fdatasync the log and the staged files (the fsync policy, or files staged)
+        self.syncs = sync
+        self._staged = staged
+
+    @property
+    def writes(self) -> bool:
+        """It writes entries (else it only syncs)."""
+        return self._write is not None
+
+    def write(self) -> None:
+        """The first half of `run`: write the entries (not durable yet)."""
+        if self._write is not None:
+            self._write.write()
+
+    def sync(self) -> None:
+        """The second half of `run`: fdatasync the log, then each staged file (fsync, rename,
+        directory fsync), if this flush syncs."""
+        if not self.syncs:
+            return
+        if self._write is not None:
+            self._write.sync()
+        else:
+            self.storage.log.sync()
+        self.storage._flush_staged(self._staged)
+
+    def run(self) -> None:
+        """`write` then `sync`: what an I/O thread runs."""
+        self.write()
+        self.sync()
+
+    def publish(self) -> None:
+        """On the event loop once `run` returned: the entries are part of the log."""
+        if self._write is not None:
+            self._write.publish()
 
 
 def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:

@@ -5,12 +5,15 @@ these steps, so the seeds test the ordering that ships (etcd-raft's Ready, with 
 and `msgsAfterAppend`):
 
 1. install each group's snapshot;
-2. write its entries (not durable yet);
+2. write its entries (not durable yet). The node core only plans them here: the broker
+   writes them in an I/O thread together with step 5, and they become part of the log
+   (its end, its reads) once written, so the steps below may run meanwhile;
 3. send `before`: what may leave before this round is durable. A leader's appends and
    heartbeats, snapshots and TimeoutNow: the leader counts its own log toward a commit only
    once it is durable, so a copy sent early promises nothing it could lose;
 4. apply the committed ranges (committed means durable on a majority already: their answers
-   need not wait for this round's newer entries);
+   need not wait for this round's newer entries), each entry once it is stored here: those
+   written in step 2 after that write (the node core: `NodeCore.stored`);
 5. sync every log written in step 2;
 6. persist the hard states (term, vote, configuration);
 7. send `after`: acknowledgements and votes, which promise what steps 5 and 6 made durable;

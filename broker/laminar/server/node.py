@@ -2,11 +2,14 @@
 
 `laminar.node.core.NodeCore` decides everything (Raft groups, metadata, placement, hosting,
 repair, barriers). This shell feeds it (peer messages from the transport, ticks from a
-timer, SWIM's membership) and carries out each round it returns (`NodeCore.begin`): sends
-the messages that may go before durability, runs the round's fdatasyncs and durable
-hard-state saves in worker threads (group commit: proposals arriving meanwhile join the
-next round), sends the rest, answers the waiting admin proposals and metadata barriers,
-starts dead-letter movers, and calls `finish`.
+timer, SWIM's membership) and carries out each round it returns (`NodeCore.begin`): starts
+the round's disk work in worker threads (each storage's log writes, then its fdatasync: the
+event loop never writes a log), sends the messages that may go before durability, answers
+the waiting admin proposals and metadata barriers, starts dead-letter movers, has the core
+publish what was written (`NodeCore.stored`), runs the durable hard-state saves in worker
+threads (group commit: proposals arriving meanwhile join the next round), sends the rest,
+and calls `finish`. Nothing else changes a log while a round's writes are in flight: the
+collection of removed replicas waits for the round's end, and `stop` for its threads.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..client import AsyncClient
 from ..credentials import internal_token
@@ -74,13 +77,19 @@ class Broker:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix=f"fsync-{self.id}")
+        #: the disk work running in `_sync_pool` (`stop` waits for it before closing logs)
+        self._io: set[Future[None]] = set()
+        self._in_round = False
+        #: leaders' reports of a collection asked for during a round (run at its end)
+        self._removals: Mapping[str, Mapping[str, object]] | None = None
         self.waits = CoreWaits(self.core, self.wake)
         self.movers = DeadLetterMovers(self.internal_client)
         self._client: AsyncClient | None = None
         self._running = False
         #: set when storage failed: the process must stop (app.serve exits non-zero)
         self.failed = asyncio.Event()
-        #: seconds spent in Ready rounds and in their fsyncs (metrics)
+        #: seconds spent in Ready rounds and in their disk work (log writes and fsyncs, in
+        #: the I/O threads; `fsync_seconds`, the name it always had) (metrics)
         self.timers: dict[str, float] = {"round_seconds": 0.0, "fsync_seconds": 0.0}
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -143,6 +152,10 @@ class Broker:
         if self.tls is not None:
             await self.tls.stop()
         await self.transport.stop()
+        # a cancelled round's disk work may still run: the logs close once it is done
+        if self._io:
+            await asyncio.wait([asyncio.wrap_future(f) for f in self._io])
+            self._io.clear()
         self.core.close()
         self._sync_pool.shutdown(wait=True)
         self._running = False
@@ -221,24 +234,55 @@ class Broker:
         round_ = self.core.begin()
         if round_ is None:
             return False
-        self.send(round_.before)
-        self.waits.answer(round_)
-        for group in round_.movers:
-            if (replica := self.core.replicas.get(group)) is not None:
-                self.movers.start(replica, lambda: self.core.state.topics)
-        synced = time.perf_counter()
-        await self._in_threads(round_.syncs)  # one group commit for every log written
-        self.timers["fsync_seconds"] += time.perf_counter() - synced
-        await self._in_threads(round_.saves)
-        self.send(round_.after)
-        self.core.finish(round_)
+        self._in_round = True
+        try:
+            # the disk work first: each storage's writes, then its fdatasync (one group
+            # commit for every log written), in threads while the loop goes on
+            writing = self._start_in_threads([flush.run for flush in round_.syncs])
+            self.send(round_.before)
+            self.waits.answer(round_)
+            for group in round_.movers:
+                if (replica := self.core.replicas.get(group)) is not None:
+                    self.movers.start(replica, lambda: self.core.state.topics)
+            synced = time.perf_counter()
+            await self._all_done(writing)
+            self.timers["fsync_seconds"] += time.perf_counter() - synced
+            self.core.stored(round_)  # the entries written are part of the logs now
+            self.waits.answer(round_)
+            await self._in_threads(round_.saves)
+            self.send(round_.after)
+            self.core.finish(round_)
+        finally:
+            self._in_round = False
+        if self._removals is not None:
+            removals, self._removals = self._removals, None
+            try:
+                self.core.collect_removed(removals)
+            except Exception:  # as the API's collector: the next collection tries again
+                log.exception("collecting removed replicas failed")
         self.timers["round_seconds"] += time.perf_counter() - started
         return True
 
     async def _in_threads(self, calls: list[Callable[[], None]]) -> None:
+        await self._all_done(self._start_in_threads(calls))
+
+    def _start_in_threads(self, calls: list[Callable[[], None]]) -> list[Future[None]]:
         # concurrent fdatasyncs of different logs share the file system's journal commits
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._sync_pool, call) for call in calls))
+        started = [self._sync_pool.submit(call) for call in calls]
+        self._io.update(started)
+        return started
+
+    async def _all_done(self, futures: list[Future[None]]) -> None:
+        """Wait for every one of `futures` (none is left running on an error), then raise the
+        first error."""
+        if not futures:
+            return
+        wrapped = [asyncio.wrap_future(f) for f in futures]
+        await asyncio.wait(wrapped)  # (if cancelled, `stop` waits for what still runs)
+        self._io.difference_update(futures)
+        for future in wrapped:
+            if (error := future.exception()) is not None:
+                raise error
 
     def send(self, messages: Iterable[Message]) -> None:
         """Messages (of Raft groups, or node-level ones) to their destinations."""
@@ -286,7 +330,11 @@ class Broker:
         return self.core.leading()
 
     def collect_removed(self, view: View) -> list[str]:
-        """Drop replicas that their group's leader (in `view`) no longer counts."""
+        """Drop replicas that their group's leader (in `view`) no longer counts; during a
+        round (whose writes may be in flight on them) at its end instead (returns [])."""
         self._set_clock()
         others = view_leaders({n: h for n, h in view.items() if n != self.id})
+        if self._in_round:
+            self._removals = others
+            return []
         return self.core.collect_removed(others)

@@ -4,11 +4,13 @@ inside, under every fault the simulation injects.
 Each simulated node runs a `laminar.node.core.NodeCore` over `MemoryDirectory` storage (its
 `NodeStorage` in memory: a crash loses what was not fsynced) and a `laminar.swim.core.Swim`
 whose datagrams cross the simulated network. Rounds are carried out as the broker carries
-them out (`NodeCore.begin`, then the early messages, the syncs, the saves, the late messages,
-`finish`); membership comes from SWIM; topics, weights and drains from admin commands
-proposed through the metadata group (`NodeCore.propose_metadata`); every node gossips its
-partition status report (`StatusPublisher`, `StatusTable`) and collects the replicas their
-leaders no longer count (`NodeCore.collect_removed`), as brokers do.
+them out (`NodeCore.begin`; the early messages; each storage's disk work, `Flush.run`, which
+the broker runs in threads: its writes, then, unless the node crashes in between, its
+fdatasync; `NodeCore.stored`; the saves; the late messages; `finish`); membership comes
+from SWIM; topics, weights and drains from admin commands proposed through the metadata
+group (`NodeCore.propose_metadata`); every node gossips its partition status report
+(`StatusPublisher`, `StatusTable`) and collects the replicas their leaders no longer count
+(`NodeCore.collect_removed`), as brokers do.
 
 The script: three nodes start the metadata group; a topic of PARTITIONS partitions (RF 3) is
 created through it; two nodes join through SWIM; one is drained; one changes weight; the
@@ -163,6 +165,7 @@ class NodeSimulation(Simulation):
             retries=0,
             duplicates_answered=0,
             crashed_for_good=0,
+            applied_once_stored=0,
         )
 
     # ---- nodes -----------------------------------------------------------------------------
@@ -249,18 +252,22 @@ class NodeSimulation(Simulation):
                     self._log(f"{node.id} {group} installs snapshot at {ready.snapshot.index}")
             for message in round_.before:
                 self._send(message)
-            for group, ready in round_.readies.items():
-                if ready.committed is not None and group in node.storages:
-                    self._check_commit(node, group, ready.committed)
+            # what committed and was stored before the round: applied (and answered) already
+            self._check_committed(node, round_)
+            for flush in round_.syncs:  # the broker's threads: `Flush.run` is these two
+                flush.write()
             written = [g for g, ready in round_.readies.items() if ready.entries]
             if (
                 written
                 and self.faulty
                 and any(injector.on_persist(self, node) for injector in self.injectors)
             ):
-                return  # crashed: written and sent, never fsynced
-            for sync in round_.syncs:
-                sync()
+                return  # crashed: written and sent, never fsynced (nor published)
+            for flush in round_.syncs:
+                flush.sync()
+            core.stored(round_)
+            self.stats["applied_once_stored"] += len(round_.unstored)
+            self._check_committed(node, round_)  # the rest, applied once stored
             for group in written:
                 if group in node.storages:
                     self._check_entries(node, group, round_.readies[group])
@@ -270,6 +277,14 @@ class NodeSimulation(Simulation):
                 self._send(message)
             self._answered(round_)
             core.finish(round_)
+
+    def _check_committed(self, node: SimNode, round_: Round) -> None:
+        """State-machine safety (and what was acknowledged) for the committed entries of
+        `round_` that `node` stores now (those still being written are checked once
+        stored)."""
+        for group, ready in round_.readies.items():
+            if ready.committed is not None and group in node.storages:
+                self._check_commit(node, group, ready.committed)
 
     def _deliver_due(self) -> None:
         """Hand each node the messages due, then run its rounds: as the broker's transport
@@ -553,6 +568,7 @@ class NodeSimulation(Simulation):
             self.loop.close()
         try:
             self._check_converged()
+            self._check_metadata_agrees()
             self._check_status_table()
             self._check_dedupe()
         except AssertionError as e:
@@ -591,6 +607,24 @@ class NodeSimulation(Simulation):
         if self.stats["metadata_snapshots"] < len(JOINING_NODES):
             self._fail("the joining nodes did not learn the metadata from a snapshot")
         self.stats["converged_partitions"] = len(self.group_names)
+
+    def _check_metadata_agrees(self) -> None:
+        """State-machine safety of the metadata as applied: live nodes that applied the
+        metadata group up to the same index hold the same cluster state."""
+        states: dict[int, tuple[str, bytes]] = {}
+        compared = 0
+        for node in self._alive():
+            core = self.runtimes[node.id].core
+            state = core.state.snapshot()
+            first = states.setdefault(core.meta_applied_index, (node.id, state))
+            if first[0] != node.id:
+                compared += 1
+                if first[1] != state:
+                    self._fail(
+                        f"{node.id} and {first[0]} applied the metadata up to "
+                        f"{core.meta_applied_index} and hold different states"
+                    )
+        self.stats["metadata_states_compared"] = compared
 
     def _check_status_table(self) -> None:
         """Publish once more, deliver, then every live node's table names each partition's
