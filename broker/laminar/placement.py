@@ -4,12 +4,17 @@ For partition key P and node N of weight w: `score = -w / ln(h)`, where h is xxh
 mapped strictly into (0, 1). The `replicas` highest-scoring eligible (alive, not draining)
 nodes host P. Each node's share of first places is proportional to its weight; adding a node
 moves only the partitions it now wins, and removing one moves only the partitions it held.
+
+Preferred leaders (`preferred_leaders`) are chosen per topic so that leadership balances
+exactly rather than by the luck of the hash, as Kafka's round-robin preferred replica does:
+in partition order, each partition's preferred leader is the replica leading the fewest of
+the topic's earlier partitions for its weight, ties going to the best-ranked replica.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -70,3 +75,28 @@ def owner(key: str, workers: Sequence[str]) -> str:
     if not workers:
         raise ValueError("no workers")
     return place(key, (Candidate(w) for w in workers), 1)[0]
+
+
+def preferred_leaders(
+    replica_sets: Sequence[Sequence[str]], weights: Mapping[str, int] | None = None
+) -> list[str | None]:
+    """The preferred leader of each of a topic's partitions, given their replicas (best
+    first, as `place` lists them; None for a partition with none): in partition order, the
+    replica whose count of preferred leaderships so far, plus this one, is lowest for its
+    weight, ties going to the earlier replica. Each node so leads a share of the topic's
+    partitions proportional to its weight, within one partition, wherever the replica sets
+    leave a choice; the same input gives the same answer on every node."""
+    counts: dict[str, int] = {}
+    out: list[str | None] = []
+    for replicas in replica_sets:
+        best: str | None = None
+        best_load = 0.0
+        for node in replicas:
+            weight = max(1, weights.get(node, 1)) if weights is not None else 1
+            load = (counts.get(node, 0) + 1) / weight
+            if best is None or load < best_load:
+                best, best_load = node, load
+        if best is not None:
+            counts[best] = counts.get(best, 0) + 1
+        out.append(best)
+    return out

@@ -6,16 +6,28 @@ change at a time: add a learner, promote it once caught up, then remove the repl
 fell out of the target. The replication factor never drops below the target while a
 replacement catches up, unless a replica is actually dead. A leader that falls out of the
 target hands its leadership to a caught-up target voter before removing itself.
+
+Leader balance (`rebalance_to`, `LeaderBalance`), as Kafka's auto leader rebalance: each
+partition has a preferred leader (`laminar.placement.preferred_leaders`: spread evenly over
+a topic's partitions). A leader that is not its group's preferred leader hands leadership to
+it, once the preferred one has been alive a while, is a caught-up voter and the group is not
+changing its configuration; a limited number of moves per pass, and a group whose move did
+not happen is retried only after a pause. A preferred leader whose group has no leader
+campaigns after a short timeout (`Raft.eager`), and the other members of a new group (or of
+every group, just after a start) defer their own elections to it for a while
+(`Raft.defer_election`), so that new groups, and groups after a restart of their brokers,
+start out balanced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
+from ..placement import Candidate, place, preferred_leaders
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
-from ..raft.raft import Raft
+from ..raft.raft import Raft, Role
 
 
 class StepKind(Enum):
@@ -81,12 +93,17 @@ def next_step(
     if missing and not learners & wanted:
         return Step(StepKind.ADD_LEARNER, missing[0])
     # 5. Remove a live voter outside the target only once every target node votes, so the
-    #    replication factor never drops below the target.
+    #    replication factor never drops below the target, and only while the voters left
+    #    keep a live, caught-up majority (a leader whose view of the members is partial,
+    #    just after a restart, may see a target of itself alone).
     extra = sorted(voters - wanted)
     if extra and wanted <= voters:
         victim = extra[0] if leader not in extra else leader
         if victim != leader:
-            return Step(StepKind.REMOVE, victim)
+            rest = voters - {victim}
+            if len(rest & alive & caught_up) > len(rest) // 2:
+                return Step(StepKind.REMOVE, victim)
+            return None
         successors = [n for n in target if n in caught_up and n in alive and n != leader]
         if successors:
             return Step(StepKind.TRANSFER_LEADERSHIP, successors[0])
@@ -112,4 +129,92 @@ def leader_step(
     caught_up = {n for n in raft.progress if raft.caught_up(n, lag_indexes)}
     return next_step(
         raft.conf, target, leader=raft.id, caught_up=caught_up, alive=alive, followers=followers
+    )
+
+
+def rebalance_to(
+    raft: Raft, preferred: str | None, *, ready: Set[str], lag_indexes: int
+) -> str | None:
+    """The voter the leader `raft` should hand its leadership to: `preferred`, when that is
+    another voter, `ready` (alive for a while, not draining), within `lag_indexes` of the
+    leader's log, and the group is settled (no learners, no configuration change or
+    transfer in flight); None otherwise."""
+    if preferred is None or preferred == raft.id or raft.role is not Role.LEADER:
+        return None
+    if raft.transferee is not None or raft.pending_conf_index > raft.log.committed:
+        return None
+    if raft.conf.learners or preferred not in raft.conf.voters or preferred not in ready:
+        return None
+    if not raft.caught_up(preferred, lag_indexes):
+        return None
+    return preferred
+
+
+@dataclass
+class LeaderBalance:
+    """The node's rate limits on moving leaderships toward preferred leaders, and on
+    campaigning early as one. Time is counted in Raft ticks (`now`: the node's count), as
+    election timeouts are."""
+
+    #: leadership transfers a node starts per control pass at most
+    transfers_per_pass: int = 25
+    #: a group whose transfer did not happen is tried again after this many ticks
+    retry_ticks: int = 100
+    #: a preferred leader takes leadership back only once alive this long (no flapping)
+    alive_ticks: int = 50
+    #: the others defer their own elections to an alive preferred leader this long at most
+    defer_ticks: int = 50
+    tried: dict[str, int] = field(default_factory=dict)
+    alive_since: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, alive: Set[str], now: int) -> frozenset[str]:
+        """Note which nodes the failure detector counts alive now; returns those alive for
+        at least `alive_ticks`."""
+        for node in [n for n in self.alive_since if n not in alive]:
+            del self.alive_since[node]
+        for node in alive:
+            self.alive_since.setdefault(node, now)
+        return frozenset(
+            n for n, since in self.alive_since.items() if now - since >= self.alive_ticks
+        )
+
+    def may_try(self, group: str, now: int) -> bool:
+        """May a move of `group`'s leadership start now? (Noted if so.)"""
+        last = self.tried.get(group)
+        if last is not None and now - last < self.retry_ticks:
+            return False
+        self.tried[group] = now
+        return True
+
+    def forget(self, keep: Set[str]) -> None:
+        """Drop what is remembered of groups not in `keep` (once that is most of it)."""
+        if len(self.tried) > 2 * len(keep) + 64:
+            self.tried = {g: t for g, t in self.tried.items() if g in keep}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """Where a topic's partitions belong for one view of the candidates: each partition's
+    target voters (best first, and sorted as a configuration lists them) and its preferred
+    leader."""
+
+    key: tuple[object, ...]
+    targets: tuple[tuple[str, ...], ...]
+    voters: tuple[tuple[str, ...], ...]
+    preferred: tuple[str | None, ...]
+
+
+def plan_topic(
+    name: str, partitions: int, replication_factor: int, candidates: Sequence[Candidate]
+) -> TopicPlan:
+    """The plan of topic `name` (`key`: what it was computed from, but for the name)."""
+    targets = tuple(
+        tuple(place(f"{name}/{p}", candidates, replication_factor)) for p in range(partitions)
+    )
+    weights = {c.id: c.weight for c in candidates}
+    return TopicPlan(
+        key=(partitions, replication_factor, tuple(candidates)),
+        targets=targets,
+        voters=tuple(tuple(sorted(t)) for t in targets),
+        preferred=tuple(preferred_leaders(targets, weights)),
     )

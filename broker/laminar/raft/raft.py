@@ -30,11 +30,25 @@ there it sends REPAIR (where its log ends) to its leader, which stops counting w
 and sends it again, or, with no leader known, to every member, which answers REPAIR_RESP with
 the entries its own log holds after that point (a leaderless group can so recover an entry
 only a damaged node and one other held).
+
+Quiescence (after CockroachDB's). A group with nothing to do costs nothing: a leader whose
+log is committed, persisted and held by every member the failure detector counts live, with
+no transfer, configuration change or read in flight, sends each member one last heartbeat
+marked `reject` (heartbeats never reject otherwise), with its last entry: a quiesce request.
+Then it and every follower that holds that entry stop ticking: no heartbeats, no election
+timers, until a message or an input (a proposal, a transfer, a read, `wake`) arrives; a
+member that does not quiesce answers with a rejecting heartbeat response, which wakes the
+leader (and has it send what the member lacks). The node
+(`laminar.node.core`) wakes a quiesced follower whose leader the failure detector stops
+counting alive (then the election timeout runs as if the leader had just been heard), and a
+quiesced leader whose member comes back. Safety does not depend on it: a quiesced node only
+sends less. Off unless the groups share `GroupHooks` with `quiesce` set (`MultiRaft`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -56,6 +70,8 @@ from .storage import RaftStorage, StorageUnavailable, stored_entries
 
 MT = MessageType
 CAMPAIGN_TRANSFER = b"transfer"
+#: an `eager` node knowing no leader campaigns after this many ticks
+EAGER_TICKS = 2
 
 
 class Role(IntEnum):
@@ -89,6 +105,25 @@ class Ready:
             or self.committed
             or self.read_states
         )
+
+
+def _always_live(node: str) -> bool:
+    return True
+
+
+class GroupHooks:
+    """What the groups of one node share (`laminar.raft.multi.MultiRaft`): the groups that
+    took an input since their last Ready (only they can have a new one), the groups awake
+    (not quiesced: only they are ticked), whether idle groups quiesce, and the failure
+    detector's word on whether a node is live."""
+
+    __slots__ = ("awake", "live", "quiesce", "touched")
+
+    def __init__(self, *, quiesce: bool = False) -> None:
+        self.touched: set[str] = set()
+        self.awake: set[str] = set()
+        self.quiesce = quiesce
+        self.live: Callable[[str], bool] = _always_live
 
 
 def encode_control(kind: EntryKind, change: ConfChange | None = None) -> bytes:
@@ -152,6 +187,14 @@ class Raft:
         self.pending_reads: list[tuple[bytes, int, set[str], str]] = []  # ctx, index, acks, from
         self.read_states: list[tuple[bytes, int]] = []
         self.msgs: list[Message] = []
+        #: quiesced: idle, not ticked (see the module's docstring)
+        self.quiesced = False
+        #: the group's preferred leader: a follower knowing no leader campaigns after
+        #: EAGER_TICKS rather than a randomized election timeout (the caller sets it)
+        self.eager = False
+        #: ticks left during which a follower knowing no leader starts no election
+        self.defer_ticks = 0
+        self.hooks: GroupHooks | None = None
         self._prev_hard = hard_state
         self._applied_commit = self.log.committed
         self._apply_committed_confs()
@@ -159,6 +202,44 @@ class Raft:
         self._reset_randomized_timeout()
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def attach(self, hooks: GroupHooks) -> None:
+        """Share `hooks` with the node's other groups (`MultiRaft.add`)."""
+        self.hooks = hooks
+        hooks.touched.add(self.group)
+        if not self.quiesced:
+            hooks.awake.add(self.group)
+
+    def _touch(self) -> None:
+        """An input arrived: this group may have a Ready."""
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.touched.add(self.group)
+
+    def _set_quiesced(self, quiesced: bool) -> None:
+        if quiesced is self.quiesced:
+            return
+        self.quiesced = quiesced
+        hooks = self.hooks
+        if hooks is not None:
+            if quiesced:
+                hooks.awake.discard(self.group)
+            else:
+                hooks.awake.add(self.group)
+
+    def wake(self, *, ping: bool = True) -> None:
+        """Leave quiescence, as if the leader (or, for the leader, a quorum) had just been
+        heard: tick again from a fresh election timeout. A follower also wakes its leader
+        (`ping`: a heartbeat response marked `reject`), so that it heartbeats again: a
+        follower awake under a quiesced leader would time out and campaign."""
+        self._touch()
+        if self.quiesced:
+            self._set_quiesced(False)
+            self.election_elapsed = 0
+            self.heartbeat_elapsed = 0
+            lead = self.lead
+            if ping and self.role is not Role.LEADER and lead is not None and lead != self.id:
+                self._send(self._msg(MT.HEARTBEAT_RESP, lead, reject=True))
 
     @property
     def is_voter(self) -> bool:
@@ -185,6 +266,7 @@ class Raft:
         self.lead = None
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
+        self._set_quiesced(False)  # a new role or term ticks
         self._reset_randomized_timeout()
         self.votes = {}
         self.transferee = None
@@ -200,6 +282,7 @@ class Raft:
     # ---- role changes ----------------------------------------------------------------------
 
     def become_follower(self, term: int, lead: str | None) -> None:
+        self._touch()
         self._reset(term)
         self.role = Role.FOLLOWER
         self.lead = lead
@@ -231,6 +314,9 @@ class Raft:
     # ---- inputs ----------------------------------------------------------------------------
 
     def tick(self) -> None:
+        self._touch()
+        if self.quiesced:
+            return
         if self.role is Role.LEADER:
             self._tick_leader()
         else:
@@ -239,11 +325,18 @@ class Raft:
     def _tick_election(self) -> None:
         if self.repair_floor is not None:
             self._tick_repair()
+        waiting = self.role is Role.FOLLOWER and self.lead is None  # for a first campaign
+        if waiting and self.defer_ticks > 0:
+            self.defer_ticks -= 1
+            return
         self.election_elapsed += 1
+        timeout = self.randomized_election_ticks
+        if waiting and self.eager:
+            timeout = min(timeout, EAGER_TICKS)
         # (as etcd: only a node that may campaign starts over; one that may not, a learner or
         # a replica under repair, lets its lease on the last leader run out, or it would
         # ignore the votes of a group that lost its leader for good)
-        if self.election_elapsed >= self.randomized_election_ticks and self._promotable():
+        if self.election_elapsed >= timeout and self._promotable():
             self.election_elapsed = 0
             self._hup(transfer=False)
 
@@ -259,6 +352,9 @@ class Raft:
                 self.transferee = None  # the transfer did not finish within an election timeout
         if self.heartbeat_elapsed >= self.config.heartbeat_ticks:
             self.heartbeat_elapsed = 0
+            if self._may_quiesce():
+                self._quiesce()
+                return
             self._broadcast_heartbeat(b"")
             for node, progress in self.progress.items():
                 if progress.state is ProgressState.SNAPSHOT:
@@ -266,6 +362,64 @@ class Raft:
                     if progress.snapshot_ticks >= self.config.election_ticks:
                         progress.become_probe()  # the snapshot was lost: start over
                         self._send_append(node)
+
+    def _may_quiesce(self) -> bool:
+        """Leader: is the group idle? Everything committed and persisted here, every member
+        the failure detector counts live holds it all, nothing in flight."""
+        hooks = self.hooks
+        if hooks is None or not hooks.quiesce:
+            return False
+        if self.transferee is not None or self.pending_reads or self.read_states:
+            return False
+        last = self.log.last_index()
+        if self.log.committed != last or self.pending_conf_index > self.log.committed:
+            return False
+        if self.repair_floor is not None or self.log.unstable_snapshot is not None:
+            return False
+        for node, progress in self.progress.items():
+            caught_up = progress.match == last and progress.state is not ProgressState.SNAPSHOT
+            if node == self.id:
+                if not caught_up:
+                    return False  # not yet persisted here
+            elif not caught_up and hooks.live(node):
+                return False
+        return True
+
+    def _quiesce(self) -> None:
+        """Send every member the quiesce request (a heartbeat marked `reject`, carrying the
+        commit index and the leader's last entry) and stop ticking."""
+        last, last_term = self.log.last_index(), self.log.last_term()
+        for node, progress in self.progress.items():
+            if node != self.id:
+                commit = min(progress.match, self.log.committed)
+                self._send(
+                    self._msg(
+                        MT.HEARTBEAT,
+                        node,
+                        commit=commit,
+                        reject=True,
+                        index=last,
+                        log_term=last_term,
+                    )
+                )
+        self._set_quiesced(True)
+
+    def _wakes(self, m: Message) -> bool:
+        """Does `m` wake this quiesced node? Everything does, but its leader's heartbeats (a
+        late one, or one for a read: the leader quiesces again) and, for a leader, late
+        answers to heartbeats and appends that tell it nothing new."""
+        if m.term != self.term:
+            return True
+        if self.role is not Role.LEADER:
+            return not (m.type is MT.HEARTBEAT and m.src == self.lead)
+        if m.reject:
+            return True
+        if m.type is MT.HEARTBEAT_RESP:
+            return bool(m.context)
+        if m.type is MT.APPEND_RESP:
+            progress = self.progress.get(m.src)
+            return progress is None or m.index > progress.match
+        return True
 
     def _check_quorum_active(self) -> bool:
         active = 0
@@ -338,6 +492,9 @@ class Raft:
             self._broadcast_append()  # announce ourselves with the no-op at once
 
     def step(self, m: Message) -> None:
+        self._touch()
+        if self.quiesced and self._wakes(m):
+            self.wake(ping=m.src != self.lead)
         if m.term > self.term:
             if m.type in (MT.VOTE, MT.PRE_VOTE):
                 in_lease = (
@@ -501,6 +658,8 @@ class Raft:
                 self.become_follower(self.term, None)
 
     def _step_follower(self, m: Message) -> None:
+        if m.type in (MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT):
+            self.defer_ticks = 0  # a leader is heard
         if m.type is MT.APPEND:
             self.election_elapsed = 0
             self.lead = m.src
@@ -509,7 +668,13 @@ class Raft:
             self.election_elapsed = 0
             self.lead = m.src
             self._commit_to(min(m.commit, self.log.last_index()))
-            self._send(self._msg(MT.HEARTBEAT_RESP, m.src, context=m.context))
+            if m.reject:  # the leader quiesces: follow it if we hold its log, or say we do not
+                hooks = self.hooks
+                quiet = hooks is not None and hooks.quiesce and self.repair_floor is None
+                if quiet and self.log.match_term(m.index, m.log_term):
+                    self._set_quiesced(True)
+                    return
+            self._send(self._msg(MT.HEARTBEAT_RESP, m.src, context=m.context, reject=m.reject))
         elif m.type is MT.SNAPSHOT:
             self.election_elapsed = 0
             self.lead = m.src
@@ -650,6 +815,7 @@ class Raft:
 
     def propose(self, data: bytes, count: int) -> int:
         """Propose one batch of `count` records; returns its base index (leader only)."""
+        self.wake()
         if self.role is not Role.LEADER:
             raise ProposalDropped(f"not the leader (leader: {self.lead})")
         if self.transferee is not None:
@@ -673,6 +839,7 @@ class Raft:
         return progress.match >= floor
 
     def propose_conf_change(self, change: ConfChange) -> int:
+        self.wake()
         if self.role is not Role.LEADER:
             raise ProposalDropped(f"not the leader (leader: {self.lead})")
         if self.transferee is not None:
@@ -697,6 +864,7 @@ class Raft:
         return index
 
     def transfer_leadership(self, to: str) -> None:
+        self.wake()
         if self.role is not Role.LEADER:
             raise ProposalDropped(f"not the leader (leader: {self.lead})")
         if to == self.id or to not in self.conf.voters:
@@ -708,8 +876,14 @@ class Raft:
         else:
             self._send_append(to)
 
+    def defer_election(self, ticks: int) -> None:
+        """While it knows no leader, start no election for `ticks` ticks (another member,
+        `eager`, should win first). Only a delay: safe at any time."""
+        self.defer_ticks = max(self.defer_ticks, ticks)
+
     def campaign(self) -> None:
         """Start an election now (with a pre-vote first if configured), as a timeout would."""
+        self.wake()
         if self._promotable():
             self._hup(transfer=False)
 
@@ -720,6 +894,7 @@ class Raft:
         message: the caller retries after a timeout."""
         if not context:
             raise ValueError("read_index needs a non-empty context")
+        self.wake()
         if self.role is Role.LEADER:
             if self.log.term(self.log.committed) != self.term:
                 raise ProposalDropped("the leader has not yet committed an entry of its term")
@@ -891,6 +1066,7 @@ class Raft:
 
     def advance(self, ready: Ready) -> None:
         """The caller persisted `ready` (and sent its messages)."""
+        self._touch()
         if ready.hard_state is not None:
             self._prev_hard = ready.hard_state
         if ready.snapshot is not None:
