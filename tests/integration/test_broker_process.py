@@ -35,6 +35,8 @@ REQUIRED_METRICS = [
     "laminar_read_latency_seconds_bucket",
     "laminar_raft_elections_total",
     "laminar_raft_leader_changes_total",
+    "laminar_raft_leader_rebalances_total",
+    "laminar_raft_quiesce_wakes_total",
     "laminar_partition_appends_in_flight",
     "laminar_swim_members",
     "laminar_request_errors_total",

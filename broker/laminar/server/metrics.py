@@ -82,6 +82,8 @@ class _BrokerCollector(Collector):
         for prefix, name, help_text in (
             ("raft", "elections", "Raft elections this broker started"),
             ("raft", "leader_changes", "Raft leader changes this broker observed"),
+            ("raft", "leader_rebalances", "leaderships handed back to preferred leaders"),
+            ("raft", "quiesce_wakes", "quiesced Raft groups this broker woke"),
             ("raft", "fsyncs", "log fdatasync calls"),
             ("raft", "ready_rounds", "Raft Ready rounds persisted"),
             ("raft", "dropped_messages", "Raft messages dropped (unknown group or peer)"),
