@@ -73,14 +73,22 @@ async def call(
 
 
 async def state(session: aiohttp.ClientSession, base: str) -> Any:
-    """Everything a bad request must leave alone: topics and every partition's log end."""
+    """Everything a bad request must leave alone: topics and every partition's records (their
+    indexes and values; not the log end, which a leader's no-op moves when leadership moves
+    to a partition's preferred leader)."""
     _, topics = await call(session, "GET", f"{base}/v1/topics")
-    ends = {}
+    _, cluster = await call(session, "GET", f"{base}/v1/cluster")
+    urls = {m["id"]: m["api_url"] for m in cluster["members"]}
+    records = {}
     for topic in topics["topics"]:
-        _, described = await call(session, "GET", f"{base}/v1/topics/{topic['name']}")
+        name = topic["name"]
+        _, described = await call(session, "GET", f"{base}/v1/topics/{name}")
         for p in described["partition_states"]:
-            ends[(topic["name"], p["partition"])] = p["log_end"]
-    return topics, ends
+            leader = urls.get(p["leader"], base)  # the leader: no replica lagging behind it
+            url = f"{leader}/v1/topics/{name}/partitions/{p['partition']}/records"
+            _, read = await call(session, "GET", f"{url}?from={p['log_start']}&max_records=100000")
+            records[(name, p["partition"])] = [(r["index"], r["value"]) for r in read["records"]]
+    return topics, records
 
 
 async def ensure_topic(session: aiohttp.ClientSession, base: str, name: str) -> None:
