@@ -48,7 +48,7 @@ from ..partition.errors import (
     ReplicaClosed,
     SequenceConflict,
 )
-from .http import ApiError
+from .http import ApiError, outcome_unknown, unavailable
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -195,7 +195,7 @@ class _Stream:
             except Overloaded as e:
                 return ApiError(429, "overloaded", str(e))
             except ReplicaClosed as e:
-                return ApiError(503, "unavailable", f"{e}; send again what was not acknowledged")
+                return unavailable(f"{e}; send again what was not acknowledged")
             self.sent.append(_Sent(future, header.record_count, duplicate, started))
             self.api.broker.wake()
             self.proposed.set()
@@ -241,8 +241,8 @@ class _Stream:
                 remaining = oldest.started + timeout_s - time.perf_counter()
                 await asyncio.wait((oldest.future,), timeout=max(remaining, 0))
                 if not oldest.future.done():
-                    return ApiError(
-                        504, "timeout", f"not committed within {timeout_s:g} s; {MAY_BE_WRITTEN}"
+                    return outcome_unknown(
+                        "timeout", f"not committed within {timeout_s:g} s; {MAY_BE_WRITTEN}"
                     )
             acks = []
             records = 0
@@ -270,8 +270,8 @@ class _Stream:
 def _commit_error(error: BaseException) -> ApiError:
     """The stream's error for a batch whose commit failed."""
     if isinstance(error, CommitUnknown):
-        return ApiError(504, "outcome_unknown", f"{error}; {MAY_BE_WRITTEN}")
+        return outcome_unknown("outcome_unknown", f"{error}; {MAY_BE_WRITTEN}")
     if isinstance(error, CommitLost | ReplicaClosed):
-        return ApiError(503, "unavailable", f"{error}; {MAY_BE_WRITTEN}")
+        return unavailable(f"{error}; {MAY_BE_WRITTEN}")
     log.error("a streamed append failed unexpectedly", exc_info=error)
     return ApiError(500, "internal", "internal error (the broker logged it)")
