@@ -62,7 +62,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -78,7 +77,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "broker"))
 
-from machine import cpu_seconds, fdatasync_per_s, load_avg_1m  # noqa: E402
+from machine import cpu_seconds, fdatasync_per_s, load_avg_1m, run_in_group  # noqa: E402
 from queue_peers import signals_raise  # noqa: E402
 
 from laminar.local_cluster import LocalCluster, probe  # noqa: E402
@@ -172,22 +171,14 @@ def laminar_bench(
     pids = [n.pid for n in cluster.nodes.values() if n.pid]
     before = [cpu_seconds(p) for p in pids]
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        text=True, env=env, start_new_session=True,
-    )  # fmt: skip
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except BaseException as e:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        if isinstance(e, subprocess.TimeoutExpired):
-            raise RuntimeError(f"timed out after {timeout_s:.0f} s: {' '.join(command)}") from e
-        raise
+        done = run_in_group(command, timeout_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s: {' '.join(command)}") from e
+    stdout, stderr = done.stdout, done.stderr
     after = [cpu_seconds(p) for p in pids]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{stdout[-1500:]}\n{stderr[-1500:]}")
     result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     deltas = [a - b for a, b in zip(after, before, strict=True) if a is not None and b is not None]

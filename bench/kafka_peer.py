@@ -52,7 +52,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from machine import load_avg_1m  # noqa: E402
+from machine import load_avg_1m, run_in_group  # noqa: E402
 from queue_peers import signals_raise  # noqa: E402
 
 REPO_ROOT = HERE.parent
@@ -171,27 +171,12 @@ def _server_pids(work: Path) -> dict[str, int]:
 def _run(
     command: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command in its own process group, bounded by `timeout_s`; on a timeout, Ctrl-C
-    or SIGTERM the group (a script and the JVMs it runs in the foreground) is killed."""
-    proc = subprocess.Popen(
-        list(command),
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    """`run_in_group`: a script and the JVMs it runs in the foreground are killed together on a
+    timeout (PeerError), Ctrl-C or SIGTERM."""
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except BaseException as e:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        if isinstance(e, subprocess.TimeoutExpired):
-            raise PeerError(f"timed out after {timeout_s:.0f} s: {' '.join(command)}") from e
-        raise
-    return subprocess.CompletedProcess(list(command), proc.returncode, stdout, stderr)
+        return run_in_group(command, timeout_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise PeerError(f"timed out after {timeout_s:.0f} s: {' '.join(command)}") from e
 
 
 @contextlib.contextmanager

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -41,3 +45,33 @@ def cpu_seconds(pid: int) -> float | None:
 def load_avg_1m() -> float:
     """The machine's 1-minute load average."""
     return round(os.getloadavg()[0], 2)
+
+
+def run_in_group(
+    command: Sequence[str],
+    timeout_s: float,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` in its own process group, output captured, bounded by `timeout_s`. On a
+    timeout (subprocess.TimeoutExpired), Ctrl-C or SIGTERM the whole group (a script and what
+    it runs in the foreground) is killed before the exception goes on."""
+    proc = subprocess.Popen(
+        list(command),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(list(command), proc.returncode, stdout, stderr)

@@ -61,6 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import run_in_group
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEERS_SRC = REPO_ROOT.parent / "shared" / "peers"
 PEERS_SRC_ENV = "LAMINAR_PEERS_SRC"
@@ -222,31 +225,17 @@ def _run(
     logf.flush()
     # own process group: on a timeout, Ctrl-C or SIGTERM the whole tree this command started
     # (cpurun.py -> jsbench) is killed, by that group's id; servers are stopped by _stop().
-    proc = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env=dict(env) if env is not None else None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except BaseException as e:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        if isinstance(e, subprocess.TimeoutExpired):
-            logf.write(f"TIMEOUT after {timeout}s\n")
-            raise PeerError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
-        raise
+        done = run_in_group(cmd, timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        logf.write(f"TIMEOUT after {timeout}s\n")
+        raise PeerError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
+    stdout, stderr = done.stdout, done.stderr
     logf.write(stdout)
     logf.write(stderr)
-    logf.write(f"(rc {proc.returncode})\n")
+    logf.write(f"(rc {done.returncode})\n")
     logf.flush()
-    return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
+    return done
 
 
 def _port_in_use(port: int) -> bool:
