@@ -206,8 +206,8 @@ def main() -> int:
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), 3, prefix="127.0.44", fsync="interval")
-        cluster.start()
         try:
+            cluster.start()  # inside: the brokers a failed start left running are stopped too
             with Client(cluster.urls, token=cluster.token) as client:
                 client.create_topic("bench-in", partitions=PARTITIONS, replication_factor=3)
                 client.create_topic("bench-out", partitions=PARTITIONS, replication_factor=3)
