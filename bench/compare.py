@@ -23,6 +23,9 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
                         --wrk-seconds; installed with apt-get if missing): the client is not
                         the limit then; and one record per batch over a streaming append
                         (`--stream`, one WebSocket, 64 batches unacknowledged)
+           http_floor   (RF 1) the same wrk load against bench/http_floor.py, aiohttp and
+                        uvloop answering each append with nothing behind it: the floor of
+                        the HTTP stack, in CPU-s per million requests
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
                         --linger-ms the due records go out as one append; due -> ack
            scale6 / scale192  (RF 3 only) 14 records per append, 6 partitions x 64 in
@@ -43,10 +46,11 @@ figure of each): lam_* Laminar, nats_r1/r3_*, kafka_rf1/rf3_*, rabbit_r3_*; *_ms
 throughput; *_p50_ms / *_p99_ms latency at --rate; *_cpu_s_per_million the servers' CPU
 seconds per million messages, *_client_cpu_s_per_million the client's; lam_single_* one record
 per HTTP append on one RF 1 broker (wrk; lam_single_pyclient_* the Python client's run,
-lam_single_stream_* streamed); *_publish_* 560 KB batches (Laminar 500 records per append);
-*_kafka_batch_* / *_default_batch_* about 14 records; lam_queue_p50_ms / rabbit_r3_queue_p50_ms
-at 1000 msg/s and *_queue_p50_ms_<rate> at each rate; target_* the issue's targets (true:
-met, false: missed, null: not measured); load_avg_1m at the start (load_avg_1m_end at the end).
+lam_single_stream_* streamed; http_floor_* the HTTP stack's floor); *_publish_* 560 KB
+batches (Laminar 500 records per append); *_kafka_batch_* / *_default_batch_* about 14
+records; lam_queue_p50_ms / rabbit_r3_queue_p50_ms at 1000 msg/s and *_queue_p50_ms_<rate>
+at each rate; target_* the issue's targets (true: met, false: missed, null: not measured);
+load_avg_1m at the start (load_avg_1m_end at the end).
 
 Every phase is bounded in count and time; every server is stopped and every data directory
 removed in finally blocks (also on Ctrl-C, SIGTERM, SIGHUP).
@@ -62,6 +66,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -209,6 +214,50 @@ def wrk_single(
     """One record per HTTP append, `connections` appends in flight (one each, keep-alive),
     for `seconds`, sent by wrk: the broker's cost per request with no Python client in the
     way. Its figures and the brokers' CPU seconds (from /proc) while it ran."""
+    token = cluster.token_file.read_text().strip()
+    pids = [n.pid for n in cluster.nodes.values() if n.pid]
+    return wrk_appends(url, token, pids, size, seconds, connections, root)
+
+
+def wrk_floor(size: int, seconds: float, connections: int, root: Path) -> dict[str, Any]:
+    """The same load as `wrk_single` against bench/http_floor.py: aiohttp + uvloop answering
+    an append with nothing behind it, the floor of the HTTP stack the broker is built on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "http_floor.py"), "--port", str(port)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not _listening("127.0.0.1", port):
+            if server.poll() is not None:
+                _, stderr = server.communicate()
+                raise RuntimeError(f"bench/http_floor.py exited: {stderr[-800:]!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("bench/http_floor.py did not listen within 30 s")
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/v1/topics/floor/partitions/0/records"
+        return wrk_appends(url, None, [server.pid], size, seconds, connections, root)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.communicate()
+
+
+def wrk_appends(
+    url: str,
+    token: str | None,
+    pids: list[int],
+    size: int,
+    seconds: float,
+    connections: int,
+    root: Path,
+) -> dict[str, Any]:
+    """wrk POSTs one-record batches to `url` on `connections` keep-alive connections for
+    `seconds`: its figures, and the CPU seconds (from /proc) of `pids` while it ran."""
     wrk = wrk_path()
     if wrk is None:
         raise RuntimeError("wrk is not installed (apt-get install wrk)")
@@ -217,13 +266,12 @@ def wrk_single(
     body = root / "wrk-record.bin"
     body.write_bytes(encode_batch([Record(value=os.urandom(size))]))
     script = root / "wrk-append.lua"
-    token = cluster.token_file.read_text().strip()
-    script.write_text(
+    authorization = "" if token is None else f'wrk.headers["Authorization"] = "Bearer {token}"\n'
+    lua = (
         f'local f = io.open("{body}", "rb")\nwrk.method = "POST"\nwrk.body = f:read("*a")\n'
         'f:close()\nwrk.headers["Content-Type"] = "application/vnd.laminar.batch"\n'
-        f'wrk.headers["Authorization"] = "Bearer {token}"\n'
     )
-    pids = [n.pid for n in cluster.nodes.values() if n.pid]
+    script.write_text(lua + authorization)
     before = [cpu_seconds(p) for p in pids]
     command = [wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script),
                url]  # fmt: skip
@@ -307,6 +355,10 @@ def laminar_config(
                 r = wrk_single(cluster, url, s.size, s.wrk_seconds, SINGLE_IN_FLIGHT, root)
             out["single_wrk"] = r
             log(f"laminar RF 1: 1/append {r['msgs_per_s']:,.0f} msg/s (wrk, C client)")
+            with phases.phase(round_number, "http_floor", "wrk"):
+                r = wrk_floor(s.size, s.wrk_seconds, SINGLE_IN_FLIGHT, root)
+            out["http_floor"] = r
+            log(f"aiohttp floor: {r['msgs_per_s']:,.0f} requests/s (wrk, the same load)")
         r = produce("single_stream", ["--topic", "single", "--count", str(s.single_count),
                                       "--partitions", "1", "--batch", "1", "--stream",
                                       "--in-flight", str(SINGLE_IN_FLIGHT)])  # fmt: skip
@@ -362,6 +414,9 @@ def laminar_round(
             m[f"{k}_client_cpu_s_per_million"] = figures["client_cpu_s_per_million"]
             m[f"{k}_append_p50_ms"] = figures["batch_latency_p50_ms"]
             m[f"{k}_append_p99_ms"] = figures["batch_latency_p99_ms"]
+        if (floor := res.get("http_floor")) is not None:
+            m["http_floor_msgs_s"] = floor["msgs_per_s"]
+            m["http_floor_cpu_s_per_million"] = floor["server_cpu_s_per_million"]
         m[f"{key}_p50_ms"] = lat["latency_p50_ms"]
         m[f"{key}_p99_ms"] = lat["latency_p99_ms"]
         m[f"{key}_p999_ms"] = lat["latency_p999_ms"]
@@ -694,6 +749,8 @@ def tables(result: dict[str, Any]) -> str:
         row(f"NATS {nats}", "single messages, 4000 in flight", f"nats_{nats.lower()}_publish")
     row("Laminar RF 1, one broker", "1 record per HTTP append, 64 in flight (wrk)",
         "lam_single")  # fmt: skip
+    row("aiohttp + uvloop, empty handler", "the same wrk load: the HTTP stack's floor",
+        "http_floor")  # fmt: skip
     row("Laminar RF 1, one broker", "1 record per HTTP append, 64 in flight (Python client)",
         "lam_single_pyclient")  # fmt: skip
     row("Laminar RF 1, one broker", "1 record per streamed batch, 64 in flight",
