@@ -74,6 +74,9 @@ MAX_READ_RECORDS = 100_000
 DEFAULT_READ_BYTES = 1 << 20
 MAX_READ_BYTES = 16 << 20
 MAX_WAIT_MS = 60_000
+#: How long a handoff (`POST /v1/nodes/{id}/handoff`) waits for the leaderships to move
+#: before it answers how many are left; a client's deadline for it must exceed this.
+HANDOFF_TIMEOUT_S = 10.0
 #: Shared queues (docs/api.md, "Shared queues"): an acquire's messages and bytes, the leases,
 #: the indexes of one accept, release, reject or renew, and a reject's reason.
 DEFAULT_ACQUIRE = 100

@@ -9,8 +9,9 @@ import inspect
 import socket
 
 import pytest
+from aiohttp import web
 
-from laminar.client import AsyncClient, Client, Record, Unavailable
+from laminar.client import AsyncClient, Client, Record, Timeout, Unavailable
 from laminar.client.sync import ASYNC_ONLY
 from laminar.log.batch import encode_batch
 
@@ -65,6 +66,70 @@ async def test_an_unreachable_cluster_is_unavailable_after_the_deadline() -> Non
             await client.append("t", 0, [Record(b"v")], producer_id=1, sequence=0)
         with pytest.raises(Unavailable):
             await client.read("t", 0, 1)
+
+
+async def test_a_deadline_that_passes_while_connecting_means_unreachable() -> None:
+    """A broker whose accept queue is full never completes a connection: the call's deadline
+    passes while connecting, nothing was sent, so the cluster is unreachable (Unavailable),
+    not a Timeout whose request may have gone out."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        address = listener.getsockname()
+        filling = []
+        try:
+            while True:  # fill the accept queue: then the kernel drops further SYNs
+                s = socket.socket()
+                s.setblocking(False)
+                filling.append(s)
+                if s.connect_ex(address) not in (0,) and len(filling) > 2:
+                    break
+                if len(filling) > 16:
+                    break
+            async with AsyncClient([f"http://127.0.0.1:{address[1]}"], timeout_s=0.5) as client:
+                with pytest.raises(Unavailable) as info:
+                    await client.topics()
+            assert info.value.code == "unreachable", info.value
+        finally:
+            for s in filling:
+                s.close()
+
+
+async def test_a_broker_that_never_answers_is_a_timeout() -> None:
+    """Connected, the request sent, no answer by the deadline: Timeout (status 0), since
+    the request reached a broker."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the connection; nobody reads or answers
+        port = listener.getsockname()[1]
+        async with AsyncClient([f"http://127.0.0.1:{port}"], timeout_s=0.5) as client:
+            with pytest.raises(Timeout) as info:
+                await client.topics()
+        assert info.value.status == 0 and info.value.code == "connection_lost", info.value
+
+
+async def test_a_handoff_waits_past_the_clients_timeout_for_the_brokers_answer() -> None:
+    """A broker answers a handoff only once its leaderships moved or HANDOFF_TIMEOUT_S passed:
+    the client waits longer than its own timeout (a pod's preStop failed when a loaded broker
+    answered just after the CLI's 10 s). A server that answers after the client's timeout
+    stands in for that broker."""
+
+    async def slow_handoff(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)
+        return web.json_response({"node": request.match_info["id"], "leading": 2})
+
+    app = web.Application()
+    app.router.add_post("/v1/nodes/{id}/handoff", slow_handoff)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        async with AsyncClient([f"http://127.0.0.1:{port}"], timeout_s=0.3) as client:
+            assert await client.handoff("n1") == 2
+    finally:
+        await runner.cleanup()
 
 
 async def test_a_closed_client_refuses_calls() -> None:

@@ -36,6 +36,7 @@ import os
 import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -128,6 +129,8 @@ MAX_REDIRECTS = 5
 INITIAL_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 CONNECT_TIMEOUT_S = 3.0
+#: A handoff's deadline beyond the broker's own budget (contract.HANDOFF_TIMEOUT_S)
+HANDOFF_ANSWER_S = 10.0
 ROUTE_REFRESH_S = 0.2
 CLUSTER_TTL_S = 10.0
 
@@ -138,6 +141,26 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectorError,
     *(getattr(aiohttp, n) for n in ("ConnectionTimeoutError",) if hasattr(aiohttp, n)),
 )
+#: set by `_http` for one attempt: `_Connector` marks it once the attempt has a connection
+_CONNECTED: ContextVar[list[bool] | None] = ContextVar("laminar_connected", default=None)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, telling the attempt that runs it when it has a connection: a
+    call's deadline that passes before then (aiohttp raises a bare TimeoutError when its
+    total timeout fires while connecting, or before) means no broker was reached, not that a
+    request may have been sent."""
+
+    async def connect(
+        self,
+        req: aiohttp.ClientRequest,
+        traces: list[aiohttp.tracing.Trace],
+        timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.connector.Connection:
+        connection = await super().connect(req, traces, timeout)
+        if (connected := _CONNECTED.get()) is not None:
+            connected[0] = True
+        return connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,7 +472,7 @@ class AsyncClient:
             # no DNS cache: aiohttp resolves a cached host in a task of its own, which outlives
             # a cancelled call and ends with nobody to take its error (kopf re-raises such
             # orphans when the operator stops); pooled connections resolve once anyway
-            connector = aiohttp.TCPConnector(
+            connector = _Connector(
                 limit=self._max_connections, limit_per_host=0, use_dns_cache=False
             )
             self._session = aiohttp.ClientSession(connector=connector)
@@ -487,7 +510,10 @@ class AsyncClient:
     async def handoff(self, node: str) -> int:
         """`POST /v1/nodes/{node}/handoff`: `node` hands its leaderships to caught-up replicas
         (before it stops); returns how many groups it still leads."""
-        answer = await self._call(*contract.HANDOFF_NODE.at(node=node))
+        # the broker answers once the leaderships moved or HANDOFF_TIMEOUT_S passed: a deadline
+        # of the same length could pass first on a loaded machine, and fail a pod's preStop
+        budget_s = max(self._timeout_s, contract.HANDOFF_TIMEOUT_S + HANDOFF_ANSWER_S)
+        answer = await self._call(*contract.HANDOFF_NODE.at(node=node), timeout_s=budget_s)
         return _answer_as(answer, Handoff).leading
 
     async def set_weight(self, node: str, weight: int) -> NodeAdminState:
@@ -1153,6 +1179,8 @@ class AsyncClient:
         )
         session = self._get_session()
         tls = self._ssl() if callable(self._ssl) else self._ssl
+        connected = [False]
+        _CONNECTED.set(connected)  # (this task's own context: the connector runs in it)
         try:
             async with session.request(
                 method,
@@ -1180,5 +1208,9 @@ class AsyncClient:
             ) from e
         except _CONNECT_ERRORS as e:
             raise _NotConnected(str(e) or type(e).__name__) from e
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        except TimeoutError as e:
+            if not connected[0]:  # nothing was sent: as a connection refused
+                raise _NotConnected("no connection before the call's deadline") from e
+            raise _Broken(e) from e
+        except (aiohttp.ClientError, OSError) as e:
             raise _Broken(e) from e

@@ -25,6 +25,7 @@ from ..contract import (
     COMMIT_INDEX_HEADER,
     DEFAULT_READ_BYTES,
     DEFAULT_READ_RECORDS,
+    HANDOFF_TIMEOUT_S,
     JSON_TYPE,
     LOG_START_HEADER,
     MAX_INDEX,
@@ -134,8 +135,6 @@ STATUS_REFRESH_S = 1.0
 #: How long a request for a partition hosted elsewhere looks for its leader in fresh status
 #: reports before it is answered 503.
 LEADER_LOOKUP_S = 2.0
-#: How long a handoff waits for the leaderships to move.
-HANDOFF_TIMEOUT_S = 10.0
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
 #: metadata leader, that it has applied all the committed metadata (then: 404), and how long
 #: /readyz waits for the same.
