@@ -33,8 +33,8 @@ TOPIC = "orders"
 
 
 @pytest.fixture(autouse=True)
-def _quiet() -> None:
-    logging.getLogger("laminar").setLevel(logging.WARNING)
+def _quiet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="laminar")  # (put back after the test)
 
 
 class Cluster:

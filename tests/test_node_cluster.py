@@ -29,8 +29,9 @@ CI_SEEDS = int(os.environ.get("LAMINAR_NODE_SIM_SEEDS", "100"))
 
 
 @pytest.fixture(autouse=True)
-def _quiet_repair_reports() -> None:
-    logging.getLogger("laminar").setLevel(logging.CRITICAL)
+def _quiet_repair_reports(caplog: pytest.LogCaptureFixture) -> None:
+    # (caplog puts the level back after the test: later tests read the laminar logs)
+    caplog.set_level(logging.CRITICAL, logger="laminar")
 
 
 @pytest.mark.parametrize("seed", [2, 3, 4])
