@@ -10,15 +10,17 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from laminar.node import core
 from laminar.node.core import NodeCore
 from laminar.partition.replica import ProducerTable
-from laminar.partition.status_table import StatusTable
-from laminar.raft.messages import MessageType
+from laminar.partition.status_table import Row, StatusPublisher, StatusTable, decode_report
+from laminar.raft.messages import Message, MessageType
 from laminar.sim import InvariantViolation
 from laminar.sim.node_cluster import PARTITIONS, NodeSimulation
 
@@ -134,3 +136,53 @@ def test_the_simulation_catches_a_core_applying_entries_before_they_are_stored(
     monkeypatch.setattr(NodeCore, "_write", apply_at_once)
     with pytest.raises(InvariantViolation, match=r"applied before they are stored"):
         NodeSimulation(2).run()
+
+
+def test_the_hosted_structure_looks_only_at_changed_groups_and_misses_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`hosted_structure` recomputes only the groups that took an input since its last call
+    (or all, when the members alive changed): under the simulator's faults, its rows after
+    every call equal every hosted group's looked at afresh, and its version grows whenever
+    they differ from the rows of the call before (so that the status gossip publishes). A
+    report sent again without encoding (`hosted_changes` unchanged) holds exactly the rows
+    a fresh one would."""
+    original = NodeCore.hosted_structure
+    calls = changes = 0
+
+    def checked(self: NodeCore) -> int:
+        nonlocal calls, changes
+        rows_before, version_before = dict(self._shape_rows), self._shape_version
+        version = original(self)
+        alive = self.alive()
+        fresh = {group: self._shape_row(r, alive) for group, r in self.replicas.items()}
+        assert self._shape_rows == fresh
+        if fresh != rows_before:
+            assert version > version_before
+            changes += 1
+        calls += 1
+        return version
+
+    publish = StatusPublisher.publish
+    reused = 0
+
+    def publish_checked(
+        self: StatusPublisher,
+        shape: object,
+        rows: Callable[[], list[Row]],
+        peers: list[str],
+        now_ms: int,
+        *,
+        reuse: object = None,
+    ) -> list[Message]:
+        # a report sent again unchanged holds exactly the rows it would have encoded
+        nonlocal reused
+        if peers and reuse is not None and reuse == self._encoded_for:
+            assert decode_report(self._encoded) == orjson.loads(orjson.dumps(rows()))
+            reused += 1
+        return publish(self, shape, rows, peers, now_ms, reuse=reuse)
+
+    monkeypatch.setattr(NodeCore, "hosted_structure", checked)
+    monkeypatch.setattr(StatusPublisher, "publish", publish_checked)
+    NodeSimulation(3).run()
+    assert calls > 100 and changes > 10 and reused > 0

@@ -4,6 +4,7 @@ stale and dead brokers left out, leaders by highest term, and hostile reports re
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -69,3 +70,35 @@ def test_a_report_round_trips_and_a_malformed_one_is_refused() -> None:
     for data in bad:
         with pytest.raises(ReportError):
             decode_report(data)
+
+
+def test_an_unchanged_report_is_sent_again_without_encoding_and_heals_a_lost_one() -> None:
+    """`StatusPublisher.publish` with the `reuse` key of the last report sends its bytes
+    again (the rows are not even asked for); a receiver holding those bytes refreshes its
+    report without decoding them, and one that lost the earlier report decodes them."""
+    publisher = status_table.StatusPublisher("n1", first_version=100)
+    asked: list[int] = []
+
+    def rows() -> list[dict[str, Any]]:
+        asked.append(1)
+        return [row(0, "leader", "n1", 3)]
+
+    first = publisher.publish("shape", rows, ["n2", "n3"], now_ms=1_000, reuse=7)
+    again = publisher.publish("shape", rows, ["n2", "n3"], now_ms=2_000, reuse=7)
+    assert len(asked) == 1 and again[0].index > first[0].index
+    assert again[0].entries[0].data == first[0].entries[0].data
+    table, lost = StatusTable(), StatusTable()
+    assert table.receive(first[0], now_ms=1_000)  # n2 got the first report; n3 lost it
+    held = table.view({"n1"}, now_ms=1_000)["n1"]
+    assert table.receive(again[0], now_ms=2_000) and table.version_of("n1") == again[0].index
+    assert table.view({"n1"}, now_ms=2_000)["n1"] is held  # the rows held, not decoded again
+    assert lost.receive(again[1], now_ms=2_000)
+    assert lost.view({"n1"}, now_ms=2_000)["n1"] == rows()
+    changed = publisher.publish("shape", rows, ["n2"], now_ms=3_000, reuse=8)
+    answer = publisher.publish(None, rows, ["n2"], now_ms=3_000)  # to a request: fresh
+    assert len(asked) == 4 and table.receive(changed[0], now_ms=3_000)  # (2: the check)
+    assert decode_report(answer[0].entries[0].data) == rows()
+    with pytest.raises(ReportError):  # bytes unlike the held ones are checked as ever
+        table.receive(replace(changed[0], index=changed[0].index + 5,
+                              entries=(replace(changed[0].entries[0], data=b"junk"),)),
+                      now_ms=3_000)  # fmt: skip

@@ -226,6 +226,17 @@ class NodeCore:
         self._swept = 0
         self._sweep_retains = False
         self._queue_leaders: set[str] = set()  # led groups with consumer groups
+        #: groups whose storage has planned writes or staged files (`LogStorage.on_pending`):
+        #: the only ones a round flushes, so that idle replicas cost it nothing
+        self._pending: dict[str, None] = {}
+        #: `hosted_structure`: each hosted group's row as last computed, the members alive
+        #: then, and a version that grows whenever a row changes
+        self._shape_rows: dict[str, tuple[object, ...]] = {}
+        self._shape_alive: set[str] = set()
+        self._shape_version = 0
+        #: grows whenever anything `hosted()` reports may have changed (as `hosted_structure`
+        #: last looked): equal, the status gossip sends its last report's bytes again
+        self.hosted_changes = 0
         self._ticks = 0  # ticks given so far
         #: counters read by the metrics module
         self.counters: dict[str, int] = {
@@ -419,8 +430,13 @@ class NodeCore:
             replica.log.config = self._log_config(topic.config)
 
     def _opened(self, replica: Replica) -> None:
-        """Report what opening `replica` repaired; listen for damage found later."""
+        """Report what opening `replica` repaired; listen for damage found later, and for
+        disk work its storage plans (`_pending`)."""
         replica.on_damage = self._on_damage
+        storage = replica.storage
+        storage.on_pending = partial(self._pending.__setitem__, replica.group, None)
+        if storage.planned or storage.needs_sync:
+            self._pending[replica.group] = None
         for damage in replica.repairs:
             self.counters["repairs"] += 1
             if damage.data_loss:
@@ -636,7 +652,7 @@ class NodeCore:
         interval_sync = (
             self.config.fsync is FsyncPolicy.INTERVAL and self.now_ms >= self._next_sync_ms
         )
-        staged = any(r.storage.needs_sync for r in self.all_replicas())
+        staged = any(r.storage.needs_sync for r in self._pending_replicas())
         if not readies and not messages and not interval_sync and not staged:
             return None
         round_ = self._write(readies, messages)
@@ -644,7 +660,7 @@ class NodeCore:
             # fsync policy `interval`: every log now (acks went out before)
             self._next_sync_ms = self.now_ms + self.config.fsync_interval_ms
         always = self.config.fsync is FsyncPolicy.ALWAYS
-        for replica in self.all_replicas():
+        for replica in self.all_replicas() if interval_sync else self._pending_replicas():
             # one job per storage: write its entries, then fdatasync it if the fsync policy
             # asks, or if files are staged (checkpoints this round's applying wrote among them)
             storage = replica.storage
@@ -658,6 +674,18 @@ class NodeCore:
         round_.movers = sorted(self.movers_wanted)
         self.movers_wanted.clear()
         return round_
+
+    def _pending_replicas(self) -> list[Replica]:
+        """The hosted replicas whose storage has planned writes or staged files (the others
+        are forgotten from `_pending`, and report again when they have some)."""
+        out = []
+        for group in list(self._pending):
+            replica = self.replica_of(group)
+            if replica is None or not (replica.storage.planned or replica.storage.needs_sync):
+                del self._pending[group]
+            else:
+                out.append(replica)
+        return out
 
     def _step_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -1130,6 +1158,7 @@ class NodeCore:
         replica.storage.compact(point, groups.applier.snapshot_data())
         report = replica.log.remove_through(point)
         groups.applier.trim()
+        self.hosted_changes += 1  # its log start, without an input to its group
         removed = len(report.removed_base_indexes)
         log.info("%s: retention removed %d segments", replica.group, removed)
 
@@ -1260,17 +1289,44 @@ class NodeCore:
         """`hosted_partitions` as the status table's rows."""
         return [p.to_json() for p in self.hosted_partitions()]
 
-    def hosted_structure(self) -> tuple[tuple[object, ...], ...]:
-        """What a change of is published at once (status_gossip): the replicas hosted, with
-        each one's role, leader, term, configuration and (leaders) in-sync set; not the
-        indexes, which move with every write."""
+    def hosted_structure(self) -> int:
+        """The version of what a change of is published at once (status_gossip): the
+        replicas hosted, with each one's role, leader, term, configuration and (leaders)
+        in-sync set; not the indexes, which move with every write. It grows whenever that
+        changes. Only the groups that took an input since the last call are looked at (the
+        others cannot have changed), all of them when the members alive changed."""
         alive = self.alive()
-        shape = []
-        for group, replica in self.replicas.items():
-            raft = replica.raft
-            in_sync = tuple(self.in_sync(raft, alive)) if raft.role is Role.LEADER else ()
-            shape.append((group, raft.role, raft.lead, raft.term, raft.conf, in_sync))
-        return tuple(shape)
+        rows = self._shape_rows
+        changed = self.multi.take_changed()
+        if alive != self._shape_alive:
+            self._shape_alive = alive
+            changed = set(self.replicas)
+            changed.update(rows)
+        if not changed.isdisjoint(self.replicas) or len(rows) != len(self.replicas):
+            self.hosted_changes += 1  # (indexes move with inputs: a write, an apply)
+        for group in changed:
+            replica = self.replicas.get(group)
+            if replica is None:
+                if rows.pop(group, None) is not None:
+                    self._shape_version += 1
+            elif rows.get(group) != (row := self._shape_row(replica, alive)):
+                rows[group] = row
+                self._shape_version += 1
+        if len(rows) != len(self.replicas):
+            # a group removed (its inputs are forgotten with it) or, should one be hosted
+            # without an input, added: bring the rows to the groups hosted
+            for group in [g for g in rows if g not in self.replicas]:
+                del rows[group]
+            for group in self.replicas.keys() - rows.keys():
+                rows[group] = self._shape_row(self.replicas[group], alive)
+            self._shape_version += 1
+        return self._shape_version
+
+    def _shape_row(self, replica: Replica, alive: set[str]) -> tuple[object, ...]:
+        """`replica`'s row of `hosted_structure`."""
+        raft = replica.raft
+        in_sync = tuple(self.in_sync(raft, alive)) if raft.role is Role.LEADER else ()
+        return (raft.role, raft.lead, raft.term, raft.conf, in_sync)
 
     def readiness(self) -> str | None:
         """Why this node cannot serve yet, before a metadata barrier (None: it may)."""

@@ -21,7 +21,7 @@ Pure: no clock, no I/O (callers pass `now_ms`).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,9 @@ class Report:
     version: int
     rows: list[Row]
     received_ms: int
+    #: the encoded rows as received (b"": not known): a newer report with the same bytes
+    #: is not decoded again
+    data: bytes = b""
 
 
 class StatusTable:
@@ -108,19 +111,28 @@ class StatusTable:
     def __init__(self) -> None:
         self._reports: dict[str, Report] = {}
 
-    def merge(self, node: str, version: int, rows: list[Row], now_ms: int) -> bool:
+    def merge(
+        self, node: str, version: int, rows: list[Row], now_ms: int, data: bytes = b""
+    ) -> bool:
         """Keep `node`'s report if it is newer than the one held (False: an older one,
-        reordered or replayed, is ignored)."""
+        reordered or replayed, is ignored); `data`: its encoding, if known."""
         held = self._reports.get(node)
         if held is not None and held.version >= version:
             return False
-        self._reports[node] = Report(version, rows, now_ms)
+        self._reports[node] = Report(version, rows, now_ms, data)
         return True
 
     def receive(self, message: Message, now_ms: int) -> bool:
-        """Merge the report a STATUS message carries (ReportError: not a report)."""
-        rows = decode_report(message.entries[0].data)
-        return self.merge(message.src, message.index, rows, now_ms)
+        """Merge the report a STATUS message carries (ReportError: not a report). A report
+        whose bytes are those of the one held (an idle broker's refresh) is not decoded
+        again: its rows are the held ones, as of now."""
+        data = bytes(message.entries[0].data)
+        held = self._reports.get(message.src)
+        if held is not None and held.data and held.data == data:
+            rows = held.rows
+        else:
+            rows = decode_report(data)
+        return self.merge(message.src, message.index, rows, now_ms, data)
 
     def forget(self, node: str) -> None:
         """`node` left or died: its report no longer counts."""
@@ -152,21 +164,36 @@ class StatusPublisher:
         self.version = first_version
         self._published: object = None
         self._published_ms = 0
+        #: the last report's encoding, and the key it was encoded for (`publish`'s `reuse`)
+        self._encoded = b""
+        self._encoded_for: object = None
 
     def due(self, shape: object, now_ms: int) -> bool:
         return now_ms - self._published_ms >= REFRESH_MS or shape != self._published
 
     def publish(
-        self, shape: object, rows: list[Row], peers: list[str], now_ms: int
+        self,
+        shape: object,
+        rows: list[Row] | Callable[[], list[Row]],
+        peers: list[str],
+        now_ms: int,
+        *,
+        reuse: object = None,
     ) -> list[Message]:
-        """STATUS messages with `rows` to `peers`, recording `shape` as published (an
-        answer to one peer's request passes `shape` None: it records nothing)."""
+        """STATUS messages with `rows` (or what calling it returns) to `peers`, recording
+        `shape` as published (an answer to one peer's request passes `shape` None: it
+        records nothing). `reuse`: a key that, equal to the one of the last report sent,
+        says the rows are unchanged since: that report's encoding is sent again, without
+        calling or encoding `rows`."""
         if shape is not None:
             self._published, self._published_ms = shape, now_ms
         if not peers:
             return []
         self.version += 1
-        entry = Entry(0, 1, 0, encode_report(rows))
+        if reuse is None or reuse != self._encoded_for:
+            self._encoded = encode_report(rows() if callable(rows) else rows)
+            self._encoded_for = reuse
+        entry = Entry(0, 1, 0, self._encoded)
         return [
             Message(MessageType.STATUS, "", self.id, peer, 0, index=self.version, entries=(entry,))
             for peer in peers

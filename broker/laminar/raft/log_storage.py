@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 
 import xxhash
@@ -82,6 +83,9 @@ class LogStorage:
         self._hint: Storage | None = None
         self._staged: set[str] = set()  # files written by `stage_file`, made durable by `sync`
         self._planned: LogWrite | None = None  # entries `write_later` planned, for `flush`
+        #: called whenever `planned` or `needs_sync` may have become true (the node's round
+        #: flushes only the storages that said so)
+        self.on_pending: Callable[[], None] = _nothing
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
@@ -135,6 +139,7 @@ class LogStorage:
         finally:
             temp.close()
         self._staged.add(name)
+        self.on_pending()
 
     @property
     def needs_sync(self) -> bool:
@@ -308,6 +313,7 @@ class LogStorage:
                 write.discard()
                 raise StorageError(f"entry {entry.index} would land at {result.base_index}")
         self._planned = write
+        self.on_pending()
 
     @property
     def planned(self) -> bool:
@@ -494,3 +500,7 @@ def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:
 def _durable(hs: HardState) -> tuple[object, ...]:
     """What of a hard state must be on disk before anything that depends on it is sent."""
     return hs.term, hs.vote, hs.conf, hs.repair_floor, hs.joining
+
+
+def _nothing() -> None:
+    pass

@@ -32,6 +32,9 @@ class MultiRaft:
         #: (the member still holding it may have left the group's configuration since)
         self.peers: set[str] = set()
         self.hooks = GroupHooks(quiesce=quiesce)
+        #: groups that took an input since the last `take_changed` and whose Ready was taken
+        #: since (`hooks.touched` holds the others)
+        self._changed: set[str] = set()
 
     @property
     def live(self) -> Callable[[str], bool]:
@@ -52,6 +55,7 @@ class MultiRaft:
         self.groups.pop(group, None)
         self.hooks.awake.discard(group)
         self.hooks.touched.discard(group)
+        self._changed.discard(group)
 
     def tick(self) -> None:
         """Tick every group awake (quiesced groups wait for an input)."""
@@ -63,6 +67,14 @@ class MultiRaft:
             if raft.repair_floor is not None:
                 raft.repair_peers |= self.peers
             raft.tick()
+
+    def take_changed(self) -> set[str]:
+        """The groups that took an input (a message, a tick, a proposal, a wake) since the
+        last call: only their role, leader, term, configuration or progress can differ since.
+        A group removed meanwhile may be missing."""
+        changed = self._changed | self.hooks.touched
+        self._changed = set()
+        return changed
 
     def quiesced(self) -> int:
         """How many groups are quiesced."""
@@ -108,6 +120,7 @@ class MultiRaft:
         outgoing: list[Message] = []
         folded: dict[tuple[str, MessageType], list[Message]] = defaultdict(list)
         touched = sorted(self.hooks.touched)  # only a group that took an input has news
+        self._changed.update(self.hooks.touched)
         self.hooks.touched.clear()
         for group in touched:
             raft = self.groups.get(group)

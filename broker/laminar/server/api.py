@@ -229,8 +229,9 @@ class Api:
             await asyncio.sleep(COLLECT_INTERVAL_S)
             if not self.broker.core.replicas:
                 continue
-            try:  # fresh reports only: each look reads newer ones than the last
-                view = self.broker.status.view(status_table.FRESH_MS)
+            try:  # fresh reports only: each look reads newer ones than the last (its own
+                # rows do not count: `Broker.collect_removed` looks at the others')
+                view = self.broker.status.peers_view(status_table.FRESH_MS)
                 self.broker.collect_removed(view)
             except Exception:  # keep collecting; a failed round is retried
                 log.exception("collecting removed replicas failed")

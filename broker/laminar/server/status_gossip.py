@@ -2,10 +2,11 @@
 published to its peers over the peer transport, and theirs merged as they arrive.
 
 Every CHECK_INTERVAL_S the broker compares the structure of what it hosts (groups, roles,
-leaders, terms, configurations, in-sync sets) with what it last published: a change is
-published at once, anything else at least every REFRESH_MS. A report is one node-level
-STATUS message to each alive peer (`index`: the report's version; one entry: the compressed
-rows).
+leaders, terms, configurations, in-sync sets; `NodeCore.hosted_structure`, which looks only
+at the groups that took an input since) with what it last published: a change is published
+at once, anything else at least every REFRESH_MS, so that a lost report heals. A report is
+one node-level STATUS message to each alive peer (`index`: the report's version; one entry:
+the compressed rows).
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ class StatusGossip:
     def view(self, max_age_ms: int = status_table.STALE_MS) -> dict[str, list[Row]]:
         """Every alive member's hosted replicas: this broker's live, the others' reports no
         older than `max_age_ms`."""
+        return {self.broker.id: self.broker.core.hosted(), **self.peers_view(max_age_ms)}
+
+    def peers_view(self, max_age_ms: int = status_table.STALE_MS) -> dict[str, list[Row]]:
+        """`view` without this broker's own rows (which cost a look at every replica)."""
         broker = self.broker
         view = self.table.view(broker.core.alive(), _now_ms(), max_age_ms)
         view.pop(broker.id, None)
-        return {broker.id: broker.core.hosted(), **view}
+        return view
 
     def on_message(self, message: Message) -> None:
         """A peer's STATUS message: its report, or (no entry) its request for this one's."""
@@ -120,6 +125,8 @@ class StatusGossip:
             if not (force or self.publisher.due(shape, now)):
                 return False
             peers = sorted(core.alive() - {core.id})
-        messages = self.publisher.publish(shape, core.hosted() if peers else [], peers, now)
+        # unchanged since the last report (no input to any group hosted): its bytes again
+        reuse = None if only is not None else core.hosted_changes
+        messages = self.publisher.publish(shape, core.hosted, peers, now, reuse=reuse)
         self.broker.send(messages)
         return bool(messages)

@@ -353,7 +353,11 @@ class NodeSimulation(Simulation):
         if not (force or runtime.publisher.due(shape, self.now_ms)):
             return
         peers = sorted(core.alive() - {node.id})
-        for message in runtime.publisher.publish(shape, core.hosted(), peers, self.now_ms):
+        # (the broker's status gossip: an unchanged report's bytes are sent again)
+        messages = runtime.publisher.publish(
+            shape, core.hosted, peers, self.now_ms, reuse=core.hosted_changes
+        )
+        for message in messages:
             self._send(message)
 
     def _on_status(self, node: SimNode, message: Message) -> None:
