@@ -11,6 +11,8 @@ A fresh `LocalCluster` of real `laminar serve` processes (fsync `always`) gets o
   cluster (no topic) as the floor;
 * RSS per partition replica: what the brokers' resident memory grew by with the topic,
   over the replicas they host (`partitions * rf`);
+* the file descriptors each broker holds open (/proc/PID/fd) after the idle window, and
+  again once every leader is elected after the restart;
 * the time to elect every leader after all brokers restart (graceful stop, start, every
   partition led again), and the leader counts once that settles (a restart that fails leaves
   `elect_all_s` null and says why in `restart_error`).
@@ -66,6 +68,11 @@ def cpu_seconds(pid: int) -> float:
 
 def rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors process `pid` holds open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def pids(cluster: LocalCluster) -> dict[str, int]:
@@ -190,6 +197,7 @@ def measure(
         grown = sum(rss[n] - rss_empty[n] for n in rss)
         result["rss_mb"] = [round(rss[n] / 1e6, 1) for n in sorted(rss)]
         result["rss_mb_per_partition"] = round(grown / 1e6 / (partitions * rf), 4)
+        result["fds"] = [open_fds(p) for _, p in sorted(pids(cluster).items())]
         counts = leader_counts(cluster, token)
         result["leader_counts"] = [counts[n] for n in sorted(counts)]
         result["leader_skew"] = skew(counts, partitions)
@@ -206,6 +214,7 @@ def measure(
                 log(f"  restart failed: {e}")
             else:
                 result["elect_all_s"] = round(time.monotonic() - started, 2)
+                result["fds_restart"] = [open_fds(p) for _, p in sorted(pids(cluster).items())]
                 log(f"  restarted: every leader elected after {result['elect_all_s']} s: {counts}")
                 result["leader_counts_restart_initial"] = [counts[n] for n in sorted(counts)]
                 settle_s, counts = wait_settled(cluster, token, partitions, SETTLE_S)

@@ -5,13 +5,24 @@ fdatasync and directory fsync. `MemoryDirectory` keeps bytes in memory and model
 exactly: `crash()` throws away every byte and every file creation or removal that was not synced,
 optionally leaving a torn prefix of the unsynced tail, as a power cut would. Given a capacity,
 it also models a full disk: a write that would grow its files past it fails (`NoSpaceError`).
+
+Open descriptors are bounded per process (`OpenFiles`): a broker hosts thousands of
+partitions, each with a few files, against `ulimit -n`. A `FileStorage` opens its file when
+used, and the least recently used idle ones close theirs once more than the budget are
+open. Closing a file with written but unsynced bytes loses nothing: the bytes are in the
+page cache of the file (not of the descriptor), and a later fdatasync through a new
+descriptor writes them out (and reports a writeback error that no descriptor saw yet).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
+import resource
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -48,44 +59,186 @@ class Directory(Protocol):
     def sync(self) -> None: ...
 
 
-class FileStorage:
-    """A real file, written with pwritev and made durable with fdatasync."""
+#: descriptors `OpenFiles.for_limit` leaves to sockets and everything else: at least this many,
+#: or this share of the limit
+RESERVED_FDS = 1024
+RESERVED_SHARE = 0.25
+MIN_OPEN_FILES = 16
 
-    def __init__(self, path: str, *, create: bool) -> None:
+
+class OpenFiles:
+    """The `FileStorage`s holding a descriptor, least recently used first, at most `budget`
+    of them: past it, idle ones close theirs (one in use, by another thread, is skipped).
+    Thread-safe: storages are used from the event loop and from I/O threads."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._open: OrderedDict[FileStorage, None] = OrderedDict()
+        #: descriptors closed to stay within the budget (for tests and metrics)
+        self.evictions = 0
+
+    @staticmethod
+    def for_limit(soft_limit: int) -> int:
+        """The budget for files under a `RLIMIT_NOFILE` soft limit of `soft_limit`."""
+        reserved = max(RESERVED_FDS, int(soft_limit * RESERVED_SHARE))
+        return max(MIN_OPEN_FILES, soft_limit - reserved)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def used(self, storage: FileStorage) -> None:
+        """`storage` (its lock held by the caller) holds a descriptor and was just used."""
+        with self._lock:
+            self._open[storage] = None
+            self._open.move_to_end(storage)
+            if len(self._open) > self.budget:
+                self._evict(len(self._open) - self.budget)
+
+    def forget(self, storage: FileStorage) -> None:
+        """`storage` closed its descriptor."""
+        with self._lock:
+            self._open.pop(storage, None)
+
+    def shrink(self, count: int) -> int:
+        """Close up to `count` idle descriptors now (the system ran out); how many closed."""
+        with self._lock:
+            return self._evict(count)
+
+    def _evict(self, count: int) -> int:
+        """Close the descriptors of up to `count` storages not in use, least recently used
+        first (the pool's lock held); how many closed."""
+        closed: list[FileStorage] = []
+        for victim in self._open:  # oldest first; stops at `count`
+            if len(closed) >= count:
+                break
+            if victim._lock.acquire(blocking=False):  # not in use: in no syscall now
+                try:
+                    victim._release()
+                finally:
+                    victim._lock.release()
+                closed.append(victim)
+        for victim in closed:
+            del self._open[victim]
+        self.evictions += len(closed)
+        return len(closed)
+
+
+def _nofile_soft_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+#: this process's file descriptors for storages (`raise_open_files_limit` resizes it)
+OPEN_FILES = OpenFiles(OpenFiles.for_limit(_nofile_soft_limit()))
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft `RLIMIT_NOFILE` to its hard limit (as Go's runtime does at
+    start) and size `OPEN_FILES` to it; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else _nr_open()
+    if soft != resource.RLIM_INFINITY and soft < target:
+        # (refused if the hard limit is above fs.nr_open: the soft limit stands)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = _nofile_soft_limit()
+    OPEN_FILES.budget = OpenFiles.for_limit(soft)
+    return soft
+
+
+def _nr_open() -> int:
+    """The kernel's ceiling on a process's descriptors (fs.nr_open)."""
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+class FileStorage:
+    """A real file, written with pwritev and made durable with fdatasync. Its descriptor is
+    opened when used and may be closed while idle (`OpenFiles`)."""
+
+    def __init__(self, path: str, *, create: bool, files: OpenFiles | None = None) -> None:
         self.name = os.path.basename(path)
         self._path = path
+        self._files = OPEN_FILES if files is None else files
+        #: held while the descriptor is in use (and while the pool closes it)
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._closed = False
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        with self._lock:
+            self._fd = self._open_fd(flags)
+            try:
+                self._size = os.fstat(self._fd).st_size
+            except OSError as e:
+                self._release()
+                raise StorageError(f"cannot open {path}: {e}") from e
+            self._files.used(self)
+
+    def _open_fd(self, flags: int) -> int:
+        """Open the file (this storage's lock held); out of descriptors, close idle ones
+        and retry once, then fail with what to do."""
+        flags |= getattr(os, "O_CLOEXEC", 0)
         try:
-            self._fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-            self._size = os.fstat(self._fd).st_size
+            return os.open(self._path, flags, 0o644)
         except OSError as e:
-            raise StorageError(f"cannot open {path}: {e}") from e
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._files.shrink(
+                max(1, len(self._files) // 8)
+            ):
+                raise StorageError(f"cannot open {self._path}: {_explain(e)}") from e
+        try:  # (a failed open created nothing: the same flags again)
+            return os.open(self._path, flags, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot open {self._path}: {_explain(e)}") from e
+
+    def _fd_in_use(self) -> int:
+        """The descriptor, opened again if the pool closed it (this storage's lock held)."""
+        if self._fd < 0:
+            if self._closed:
+                raise StorageError(f"{self._path} is closed")
+            self._fd = self._open_fd(os.O_RDWR)
+        self._files.used(self)
+        return self._fd
+
+    def _release(self) -> None:
+        """Close the descriptor (this storage's lock held): idle, or closing."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     @property
     def size(self) -> int:
         return self._size
 
     def write(self, position: int, parts: Sequence[Buffer]) -> None:
-        try:
-            expected = sum(len(p) for p in parts)
-            written = os.pwritev(self._fd, parts, position)
-            if written != expected:
-                # Short writes happen only on a full disk or a signal; finish or fail loudly.
-                data = b"".join(bytes(p) for p in parts)
-                while written < expected:
-                    n = os.pwrite(self._fd, data[written:], position + written)
-                    if n <= 0:
-                        raise OSError("short write")
-                    written += n
-        except OSError as e:
-            raise StorageError(f"write to {self._path} at {position} failed: {e}") from e
-        self._size = max(self._size, position + expected)
+        with self._lock:
+            fd = self._fd_in_use()
+            try:
+                expected = sum(len(p) for p in parts)
+                written = os.pwritev(fd, parts, position)
+                if written != expected:
+                    # Short writes happen only on a full disk or a signal; finish or fail
+                    # loudly.
+                    data = b"".join(bytes(p) for p in parts)
+                    while written < expected:
+                        n = os.pwrite(fd, data[written:], position + written)
+                        if n <= 0:
+                            raise OSError("short write")
+                        written += n
+            except OSError as e:
+                raise StorageError(f"write to {self._path} at {position} failed: {e}") from e
+            self._size = max(self._size, position + expected)
 
     def read(self, position: int, length: int) -> bytes:
-        try:
-            data = os.pread(self._fd, length, position)
-        except OSError as e:
-            raise StorageError(f"read of {self._path} at {position} failed: {e}") from e
+        with self._lock:
+            fd = self._fd_in_use()
+            try:
+                data = os.pread(fd, length, position)
+            except OSError as e:
+                raise StorageError(f"read of {self._path} at {position} failed: {e}") from e
         if len(data) != length:
             raise StorageError(
                 f"short read of {self._path}: {len(data)} of {length} bytes at {position}"
@@ -93,22 +246,44 @@ class FileStorage:
         return data
 
     def truncate(self, size: int) -> None:
-        try:
-            os.ftruncate(self._fd, size)
-        except OSError as e:
-            raise StorageError(f"truncate of {self._path} to {size} failed: {e}") from e
-        self._size = size
+        with self._lock:
+            fd = self._fd_in_use()
+            try:
+                os.ftruncate(fd, size)
+            except OSError as e:
+                raise StorageError(f"truncate of {self._path} to {size} failed: {e}") from e
+            self._size = size
 
     def sync(self) -> None:
-        try:
-            os.fdatasync(self._fd)
-        except OSError as e:
-            raise StorageError(f"fdatasync of {self._path} failed: {e}") from e
+        with self._lock:
+            fd = self._fd_in_use()
+            try:
+                os.fdatasync(fd)
+            except OSError as e:
+                raise StorageError(f"fdatasync of {self._path} failed: {e}") from e
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            self._closed = True
+            held = self._fd >= 0
+            self._release()
+        if held:
+            self._files.forget(self)
+
+    @property
+    def holds_descriptor(self) -> bool:
+        """Whether its file is open now (else the next use opens it)."""
+        return self._fd >= 0
+
+
+def _explain(error: OSError) -> str:
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return (
+            f"{error} (the limit on open files is reached: raise `ulimit -n`, or the "
+            "container's nofile limit, above what the broker's partitions and connections "
+            "need)"
+        )
+    return str(error)
 
 
 class FileDirectory:

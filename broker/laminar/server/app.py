@@ -13,6 +13,7 @@ import sys
 
 from .. import allocator
 from ..kube import KubeError
+from ..log.storage import OPEN_FILES, raise_open_files_limit
 from ..swim.address import format_address
 from .api import Api
 from .config import BrokerConfig
@@ -111,6 +112,10 @@ def run(config: BrokerConfig) -> None:
         level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
     )
     allocator.keep_read_buffers()
+    open_files = raise_open_files_limit()
+    logging.getLogger(__name__).info(
+        "open files: limit %d, at most %d held by log files", open_files, OPEN_FILES.budget
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a dependency on Linux; plain asyncio works too
