@@ -138,3 +138,56 @@ async def test_a_stopping_broker_refuses_proposals_as_closed(tmp_path: Path) -> 
         replica.groups.propose(Accept("g", "c", (0,)))
     assert not replica.pending
     replica.close()
+
+
+async def test_a_parked_acquire_is_proposed_right_behind_new_records(tmp_path: Path) -> None:
+    """A long-polling acquire waits parked; records proposed by an append are handed to it in
+    the same call: its Acquire is in the log right behind them before the driver's next round,
+    so the round that persists the records persists the Acquire too and both commit in it."""
+    replica = open_replica(tmp_path / "p")
+    lead(replica)
+    groups = replica.groups
+    assert groups is not None
+    acquiring = asyncio.create_task(groups.acquire("g", "c", 10, 30_000, 5.0, 1 << 20))
+    await asyncio.sleep(0)  # the acquire finds nothing and parks
+    assert not acquiring.done()
+    data = batch(0, 0)
+    appended, _ = replica.propose(data, parse_header(data))
+    last = replica.raft.log.last_index()
+    behind = next(iter(replica.raft.log.entries(last, 1 << 20)))
+    assert parse_header(behind.data).is_control  # the Acquire, proposed before any round
+    base = last - 2  # the two records, right before it
+    drive(replica)  # one round: records and Acquire persisted and committed together
+    assert appended.done() and await appended == base
+    deliveries = await asyncio.wait_for(acquiring, 1)
+    assert [d.granted.index for d in deliveries] == [base, base + 1]
+    assert [d.record.value for d in deliveries] == [b"v" * 600, b"w" * 600]
+    replica.close()
+
+
+async def test_acquires_parked_behind_a_handed_off_one_get_the_rest(tmp_path: Path) -> None:
+    """Parked acquires are served first come first served; one whose room is full leaves the
+    records to the next, and an acquire that ended (its request gone) is skipped."""
+    replica = open_replica(tmp_path / "p")
+    lead(replica)
+    groups = replica.groups
+    assert groups is not None
+    first = asyncio.create_task(groups.acquire("g", "a", 1, 30_000, 5.0, 1 << 20))
+    await asyncio.sleep(0)
+    gone = asyncio.create_task(groups.acquire("g", "x", 10, 30_000, 5.0, 1 << 20))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(groups.acquire("g", "b", 10, 30_000, 5.0, 1 << 20))
+    await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    data = batch(0, 0)
+    appended, _ = replica.propose(data, parse_header(data))
+    drive(replica)
+    base = await appended
+    got_first = await asyncio.wait_for(first, 1)
+    assert [d.granted.index for d in got_first] == [base]  # it asked for one
+    # the second was handed the other record at once too (both Acquires in that round)
+    got_second = await asyncio.wait_for(second, 1)
+    assert [d.granted.index for d in got_second] == [base + 1]
+    replica.close()

@@ -56,6 +56,7 @@ def test_many_seeds_keep_the_queue_guarantees_under_faults() -> None:
     exercised = (
         "grants",
         "pipelined_acquires",  # naming records proposed and not applied yet
+        "handed_off_acquires",  # proposed behind new records, persisted in their Ready
         "redeliveries",
         "accepts",
         "releases",

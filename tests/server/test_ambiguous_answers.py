@@ -119,7 +119,7 @@ async def test_long_polls_interrupted_by_the_replica_closing_are_503(tmp_path: P
 
         reading = asyncio.create_task(read())
         acquiring = asyncio.create_task(acquire())
-        await until(lambda: replica._committed._waiters and groups._changed._waiters)
+        await until(lambda: replica._committed._waiters and groups._parked)
         replica.close()  # the broker stops, or dropped the replica: not "nothing new yet"
         for answer in (reading, acquiring):
             status, body, retry = await answer

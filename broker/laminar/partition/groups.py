@@ -9,6 +9,13 @@ Acquire asks for from its applied state minus those its own uncommitted Acquires
 from the records it proposed and has not applied yet (pipelined: an Acquire right behind
 them commits with them; `laminar.queue.pending`), and bounds what waits for a commit.
 
+Long-polling acquires park here, first come first served. When records are proposed, the
+first parked acquires are handed them at once: their Acquire is proposed in the same call,
+right behind the records and before the broker's driver starts its next round, so records
+and Acquire are written, fdatasynced and replicated together and commit in one round (woken
+as a task instead, the Acquire would miss that round, take one of its own, and hold back the
+records' own commit behind its fdatasync).
+
 Records it cannot hand out, those of a batch whose checksum holds but whose records are
 malformed (stored before appends checked records), are never leased to a consumer: the
 leader settles them for the group unseen, acquiring and accepting them as the consumer
@@ -100,6 +107,23 @@ class StoredBatch:
         return self._records[index - self.header.base_index]
 
 
+#: What a parked acquire is handed: the records its Acquire names, and that Acquire's result.
+Handed = tuple[dict[int, StoredBatch], asyncio.Future[Result]]
+
+
+@dataclass(slots=True)
+class _Parked:
+    """A long-polling acquire waiting for records: its future resolves to what it was handed
+    (None: something changed, look again)."""
+
+    group: str
+    consumer: str
+    max_messages: int
+    lease_ms: int
+    max_bytes: int
+    handed: asyncio.Future[Handed | None]
+
+
 @dataclass(slots=True)
 class Delivery:
     granted: Granted
@@ -121,7 +145,8 @@ class ConsumerGroups:
         self.applier = applier
         self._waiters: dict[int, _Waiter] = {}  # log index of a proposed command -> waiter
         self._tentative: dict[str, dict[int, str]] = {}  # group -> index -> consumer
-        self._changed = Signal()  # long-polling acquires wait on it
+        self._changed = Signal()  # wait_change waits on it
+        self._parked: list[_Parked] = []  # long-polling acquires, first come first served
         self._expiring: set[str] = set()
         self._configuring = False
         self._batches: OrderedDict[int, StoredBatch] = OrderedDict()
@@ -191,7 +216,7 @@ class ConsumerGroups:
                     waiter.future.set_exception(
                         CommitLost(f"{self.raft.group}: another leader's entry took index {index}")
                     )
-        self._changed.notify()
+        self._notify()
 
     def fail_all(self, why: str) -> None:
         """Leadership changed (or the replica closes): nothing proposed here will be answered
@@ -203,7 +228,7 @@ class ConsumerGroups:
                     CommitUnknown(f"{self.raft.group}: {why} before entry {index} was committed")
                 )
         self._tentative.clear()
-        self._changed.notify()
+        self._notify()
 
     def close(self) -> None:
         """The replica closes: waiting commands fail, long-polling acquires end."""
@@ -215,11 +240,20 @@ class ConsumerGroups:
         self.applier.reset()
         self._batches.clear()
         self._last_batch = None
-        self._changed.notify()
+        self._notify()
 
     async def wait_change(self, timeout_s: float) -> None:
         """Return after the next applied commit (or `timeout_s`)."""
         await self._changed.wait(timeout_s)
+
+    def _notify(self) -> None:
+        """Something changed (a commit applied, records proposed, leadership): wake every
+        waiter; parked acquires look again."""
+        self._changed.notify()
+        parked, self._parked = self._parked, []
+        for waiter in parked:
+            if not waiter.handed.done():
+                waiter.handed.set_result(None)
 
     # ---- serving ---------------------------------------------------------------------------
 
@@ -246,25 +280,90 @@ class ConsumerGroups:
             records, malformed = self._pick(group, consumer, max_messages, max_bytes, now)
             if malformed and await self._skip_malformed(group, malformed):
                 continue  # settled unseen: pick again
+            handed: Handed | None = None
             if records:
-                held = self._tentative.setdefault(group, {})
-                for index in records:
-                    held[index] = consumer
-                try:
-                    command = Acquire(group, consumer, tuple(records), lease_ms, now)
-                    result = await self.propose(command)
-                finally:
-                    for index in records:
-                        held.pop(index, None)
-                if result.granted:
-                    return [Delivery(g, records[g.index]) for g in result.granted]
-                attempts += 1
-                if attempts < ACQUIRE_ATTEMPTS:
+                handed = records, self._propose_acquire(group, consumer, records, lease_ms, now)
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                parked = _Parked(
+                    group, consumer, max_messages, lease_ms, max_bytes, answer_future(loop)
+                )
+                handed = await self._park(parked, remaining)
+                if handed is None:
+                    continue  # something changed (or time is up): look again
+            records, proposed = handed
+            result = await proposed
+            if result.granted:
+                return [Delivery(g, records[g.index]) for g in result.granted]
+            attempts += 1
+            if attempts >= ACQUIRE_ATTEMPTS:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                await self.wait_change(remaining)
+
+    def _propose_acquire(
+        self, group: str, consumer: str, records: dict[int, StoredBatch], lease_ms: int, now: int
+    ) -> asyncio.Future[Result]:
+        """Propose the Acquire of `records` for `consumer`: they stay out of other picks (held
+        tentatively) until it is applied or fails."""
+        held = self._tentative.setdefault(group, {})
+        for index in records:
+            held[index] = consumer
+
+        def release(_: object = None) -> None:
+            for index in records:
+                if held.get(index) == consumer:
+                    del held[index]
+
+        try:
+            future = self.propose(Acquire(group, consumer, tuple(records), lease_ms, now))
+        except BaseException:
+            release()
+            raise
+        future.add_done_callback(release)
+        return future
+
+    async def _park(self, parked: _Parked, timeout_s: float) -> Handed | None:
+        """Wait up to `timeout_s` for records to be handed to `parked` (None: something
+        changed, or the time is up)."""
+        self._parked.append(parked)
+        try:
+            return await asyncio.wait_for(parked.handed, timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            if parked in self._parked:
+                self._parked.remove(parked)
+
+    def _hand_off(self) -> None:
+        """Records were proposed: propose the Acquires of the parked acquires, oldest first,
+        now (so that they join the records' round). Each is handed its Acquire, or the error
+        proposing it raised. Those with nothing to take (no room, or nothing left) are only
+        woken next, as the others; malformed records are left to the waiters themselves,
+        to skip."""
+        if self.closed or self.closing or self.raft.role is not Role.LEADER:
+            return
+        now = now_ms()
+        for parked in list(self._parked):
+            if parked.handed.done():
+                continue  # woken already, or gone (its request ended)
+            try:
+                records, malformed = self._pick(
+                    parked.group, parked.consumer, parked.max_messages, parked.max_bytes, now
+                )
+                if malformed or not records:
                     continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return []
-            await self.wait_change(remaining)
+                proposed = self._propose_acquire(
+                    parked.group, parked.consumer, records, parked.lease_ms, now
+                )
+            except Exception as e:  # as the acquire would have raised it itself
+                parked.handed.set_exception(e)
+                continue
+            self._parked.remove(parked)
+            parked.handed.set_result((records, proposed))
 
     def _pick(
         self, group: str, consumer: str, limit: int, max_bytes: int, now: int
@@ -366,8 +465,10 @@ class ConsumerGroups:
         return None
 
     def on_records_proposed(self) -> None:
-        """This leader proposed records: long-polling acquires may take them at once."""
-        self._changed.notify()
+        """This leader proposed records: parked acquires take them at once (`_hand_off`),
+        the others look again."""
+        self._hand_off()
+        self._notify()
 
     def batch(self, index: int) -> StoredBatch | None:
         """The user-data batch holding `index` (None once retention removed it)."""

@@ -435,7 +435,12 @@ class Simulation:
         except ProposalDropped:
             return
         self.proposals[group][index] = (raft.term, _hash(batch), node.id)
+        self._on_records_proposed(node, raft)
         self._process(node)
+
+    def _on_records_proposed(self, node: SimNode, raft: Raft) -> None:
+        """The leader `node` proposed records on `raft` and has not persisted them yet (a
+        scenario may propose more behind them, to go in the same Ready)."""
 
     def _change_membership(self, group: str) -> None:
         found = self._leader_of(group)

@@ -8,7 +8,9 @@ batches (the base simulation's proposals): the committed record indexes are the 
 Virtual consumers act through whichever node claims to lead the partition: the leader picks
 `available` indexes from its own applied state, then records it proposed and has not applied
 (pipelined acquisition, `laminar.queue.pending`), minus those in its uncommitted Acquires, and
-proposes an Acquire with its own clock (a `ClockJump` puts a node's clock ahead of the
+proposes an Acquire with its own clock; as the broker hands new records to its parked long-polls,
+a consumer that is idle may have its Acquire proposed right behind the records, before their
+Ready is persisted (one round for both) (a `ClockJump` puts a node's clock ahead of the
 others': leases then end early and are granted late); a consumer learns what it was granted
 only when the proposing node applies that entry (and the answer is not lost). Consumers accept,
 release, reject and renew what they believe they hold, and sometimes crash, forgetting it
@@ -84,6 +86,7 @@ CONSUMER_CRASH_RATE = 0.004  # per consumer per faulty tick
 ANSWER_LOSS_RATE = 0.05  # the answer to a committed request never reaches the consumer
 DLQ_FAILURE_RATE = 0.1  # a dead-letter append fails (the leader retries next tick)
 REQUEST_TIMEOUT_MS = 300  # a consumer waits this long for an answer before acting again
+HAND_OFF_RATE = 0.5  # new records are handed to an idle consumer's Acquire in their Ready
 CHECKPOINT_INDEXES = 40  # small, so restarts also start from queue checkpoints
 HISTORY = 8  # commands of the partition quoted when a check fails
 DRAIN_TICKS = 3000  # after settling: at most this long for the consumers to finish
@@ -128,6 +131,7 @@ STAT_KEYS = (
     "queue_checkpoints",
     "repeated_settles",
     "late_settles",
+    "handed_off_acquires",
 )
 
 
@@ -720,6 +724,31 @@ class QueueSimulation(Simulation):
 
     def _lease(self) -> int:
         return self.rng.randint(*LEASE_MS)
+
+    def _on_records_proposed(self, node: SimNode, raft: Raft) -> None:
+        """As the broker's `ConsumerGroups._hand_off`: an idle consumer long-polling this
+        leader has its Acquire of the new records proposed now, behind them in the same
+        Ready (so that both commit, or are lost, together)."""
+        if self.quiet or self.rng.random() >= HAND_OFF_RATE:
+            return
+        group = raft.group
+        idle = [
+            consumer
+            for consumer in self.consumers[group]
+            if consumer.down_until_ms <= self.now_ms
+            and consumer.waiting_until_ms <= self.now_ms
+            and len(consumer.holds) < MAX_HELD
+        ]
+        if not idle:
+            return
+        consumer = self.rng.choice(idle)
+        command = self._choose(node, raft, consumer, self.rng.randint(1, 3))
+        if command is None:
+            return
+        # _submit persists the Ready: the records' and the Acquire's entries go in it together
+        if self._submit(node, raft, command, consumer):
+            self._count("handed_off_acquires")
+            consumer.waiting_until_ms = self.now_ms + REQUEST_TIMEOUT_MS
 
     def _choose(self, node: SimNode, raft: Raft, consumer: Consumer, n: int) -> Acquire | None:
         """The leader's pick: available in its applied state, then proposed and not applied yet
