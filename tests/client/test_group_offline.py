@@ -571,6 +571,40 @@ async def test_it_holds_at_most_max_in_flight() -> None:
         assert broker.held() == 0  # close released the 5 held
 
 
+async def test_with_room_for_one_a_message_behind_empty_partitions_is_not_held_up() -> None:
+    """limit=1 over six partitions, the message on the last: the loop holding the only room
+    asks without waiting (others have none), so the room goes round the partitions instead
+    of sitting in a 60 s long poll on each empty one ahead (issue 26)."""
+    async with fake(6) as (broker, client):
+        (index,) = broker.add(5, 1)
+        consumer = GroupConsumer(client, TOPIC, GROUP, consumer="c", wait_ms=60_000, limit=1)
+        async with consumer:
+            async with asyncio.timeout(30):  # a long poll ahead of it would take 60 s
+                got = [d async for d in consumer]
+            assert [(d.partition, d.index) for d in got] == [(5, index)]
+            assert await got[0].accept()
+        acquires = broker.calls("acquire")
+        assert acquires and all(body.get("wait_ms", 0) == 0 for body in acquires)
+        assert all(body["max"] == 1 for body in acquires)
+
+
+async def test_loops_with_room_to_spare_long_poll() -> None:
+    async with fake(3) as (broker, client):
+        broker.add(1, 1)
+        consumer = GroupConsumer(client, TOPIC, GROUP, consumer="c", wait_ms=50, limit=1)
+        async with consumer:
+            got = await take(consumer, 1)
+            assert await got[0].accept()
+        async with GroupConsumer(client, TOPIC, GROUP, consumer="c", wait_ms=50) as consumer:
+            broker.add(2, 1)
+            assert [d.partition for d in await take(consumer, 1)] == [2]
+        acquires = broker.calls("acquire")
+        # the first consumer (room for one) never waited; the second (room for 1000) did
+        waits = [body.get("wait_ms", 0) for body in acquires]
+        assert 0 in waits and 50 in waits
+        assert all(body.get("wait_ms") == 50 for body in acquires if body["max"] > 1)
+
+
 async def test_it_renews_every_held_lease_in_one_call_per_partition() -> None:
     async with fake(2) as (broker, client):
         broker.add(0, 2)

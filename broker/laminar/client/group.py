@@ -16,7 +16,11 @@ How it works (API: docs/api.md, "Shared queues"):
   (default `host-pid-random`). At most `max_in_flight` messages are held unsettled at a time,
   counting those waiting to be handed out: a loop asks for at most `batch` messages and its
   fair share of the free room (`max_in_flight / partitions`), and waits when there is none,
-  the waiting loops being served first come first served.
+  the waiting loops being served first come first served. A loop whose acquire takes the
+  last free room while another partition's loop has none does not long-poll: it asks with
+  `wait_ms` 0 and hands the room on when nothing is there (each partition then asks at most
+  every `IDLE_POLL_S`), so a message on any partition is found within about that long, not
+  behind `wait_ms` of each empty partition ahead of it (`limit=1`, small `max_in_flight`).
 * **Leases.** Every `renew_interval_ms` (default `lease_ms / 3`) the leases of all held
   messages are renewed, one `renew` call per partition. A message whose lease was lost (renew
   refused: it ran out, and the broker may have given it to someone else) is not renewed again;
@@ -572,6 +576,14 @@ class GroupConsumer:
             self._reserved += granted
             waiter.set_result(granted)
 
+    def _starving(self, partition: _Partition) -> bool:
+        """Would a long poll of `partition` (holding its room) starve another partition's
+        loop of room to acquire with? (No room is left, and another loop has no acquire
+        under way.)"""
+        if self._free() > 0:
+            return False
+        return any(p is not partition and not p.acquiring for p in self._partitions.values())
+
     async def _acquire_loop(self, partition: _Partition) -> None:
         attempt = 0
         while not self._stopping:
@@ -588,7 +600,7 @@ class GroupConsumer:
                     consumer=self._consumer,
                     max_messages=room,
                     lease_ms=self._lease_ms,
-                    wait_ms=self._wait_ms,
+                    wait_ms=0 if self._starving(partition) else self._wait_ms,
                     max_bytes=self._max_bytes,
                 )
             except LaminarError as e:
