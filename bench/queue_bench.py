@@ -19,6 +19,10 @@ A fresh local cluster of real `laminar serve` processes on loopback (--brokers, 
            go out as one append, partitions in turn. Each record carries its due time; its
            latency = time its accept was answered - due time (no coordinated omission; one
            clock, CLOCK_REALTIME, shared by the processes). 200 warm-up records not counted.
+           Also reported: due time -> delivered (the acquire answer holding it reached the
+           consumer). That one is what the peers' latency measures: RabbitMQ's is the time
+           its consumer received the message - the time just before the publish (its ack
+           is one-way: nothing answers it), so the ratios compare both against it.
 
 Every phase is bounded by --count and --max-seconds; the cluster (and the consumer processes)
 are stopped in a finally block, also on Ctrl-C, SIGTERM and SIGHUP. Printed too, measured in
@@ -26,9 +30,9 @@ the same run: the machine's limits (CPUs, 4 KiB fdatasync/s on the data disk) an
 every broker and client process per phase (from /proc; 100 % = one core).
 
 With --peers the RabbitMQ quorum-queue and NATS JetStream work-queue peers (bench/queue_peers.py,
-non-Python reference clients) run right after, in the same sitting, with the same size, count,
-consumers, rates and duration, and the ratios are printed (target: Laminar drain >= 2x RabbitMQ
-quorum R3).
+non-Python reference clients) run right after, in the same sitting, with the same phases, size,
+count, consumers, rates and duration, and the ratios are printed (target: Laminar drain >= 2x
+RabbitMQ quorum R3).
 
     python3 bench/queue_bench.py                       # Laminar only (about 1-2 minutes)
     python3 bench/queue_bench.py --peers --json        # + RabbitMQ 3 nodes + NATS 3 nodes
@@ -703,7 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     size=a.size, count=a.count, consumers=a.consumers, prefetch=a.prefetch,
                     batch=a.max, rates=a.rates, duration=a.duration,
                     max_seconds=a.max_seconds, idle_wait=a.idle_wait, peers_dir=a.peers_dir,
-                    log=log,
+                    log=log, phases=a.phases,
                 )  # fmt: skip
     except KeyboardInterrupt:
         log("interrupted (servers stopped)")
@@ -738,10 +742,12 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"    limited by: {limited_by(d['cpu'])}")
     for rate, lat in lam["latency"].items():
         e = lat["latency_publish_to_accept"]
+        g = lat["latency_publish_to_acquired"]
         lines.append(
-            f"  latency @{rate}/s: achieved {lat['achieved_rate']:,.0f}/s p50 {e.get('p50_ms')} "
-            f"p99 {e.get('p99_ms')} p99.9 {e.get('p999_ms')} max {e.get('max_ms')} ms; "
-            f"{_cpu_text(lat['cpu'])}"
+            f"  latency @{rate}/s: achieved {lat['achieved_rate']:,.0f}/s; publish -> accept "
+            f"answered p50 {e.get('p50_ms')} p99 {e.get('p99_ms')} p99.9 {e.get('p999_ms')} "
+            f"max {e.get('max_ms')} ms; publish -> delivered p50 {g.get('p50_ms')} "
+            f"p99 {g.get('p99_ms')} ms; {_cpu_text(lat['cpu'])}"
         )
         lines.append(f"    limited by: {limited_by(lat['cpu'])}")
     peers = results.get("peers")
@@ -764,6 +770,11 @@ def report(results: dict[str, Any]) -> str:
                     )
                     ratios[f"p99_{key}_over_laminar@{rate}"] = ratio(
                         peer["p99_ms"], e.get("p99_ms")
+                    )
+                    # like for like: the peers measure publish -> delivered
+                    g = lat["latency_publish_to_acquired"]
+                    ratios[f"p50_{key}_over_laminar_delivered@{rate}"] = ratio(
+                        peer["p50_ms"], g.get("p50_ms")
                     )
         results["ratios"] = ratios
         lines.append("")
