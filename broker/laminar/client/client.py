@@ -1180,7 +1180,8 @@ class AsyncClient:
         session = self._get_session()
         tls = self._ssl() if callable(self._ssl) else self._ssl
         connected = [False]
-        _CONNECTED.set(connected)  # (this task's own context: the connector runs in it)
+        # (this task's own context: the connector runs in it; put back when the attempt ends)
+        attempt = _CONNECTED.set(connected)
         try:
             async with session.request(
                 method,
@@ -1214,3 +1215,5 @@ class AsyncClient:
             raise _Broken(e) from e
         except (aiohttp.ClientError, OSError) as e:
             raise _Broken(e) from e
+        finally:
+            _CONNECTED.reset(attempt)
