@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from tests.replicas import append_from, depose, drive, noop, serving, until
+from tests.replicas import ack, append_from, depose, drive, noop, serving, until
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 GROUP = "/v1/topics/t/partitions/0/groups/g"
@@ -73,6 +73,42 @@ async def test_an_append_waiting_when_the_replica_closes_is_504(tmp_path: Path) 
         drive(replica)  # on disk here: a restarted n1 may still commit it
         replica.close()
         assert error_of(*await answer)[:2] == (504, "outcome_unknown")
+
+
+async def test_an_append_not_committed_in_time_is_504_and_may_still_commit(
+    tmp_path: Path,
+) -> None:
+    """The request timeout ends the wait, not the append: the entry stays in the log, and a
+    later commit answers nobody but makes it readable (APPEND_MAY_COMMIT)."""
+    async with serving(tmp_path, request_timeout_ms=200) as (client, replica, _):
+        answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "late"}]}))
+        await until(lambda: replica.pending)
+        (base,) = replica.pending
+        drive(replica)  # written here; no peer acknowledges it before the timeout
+        status, code, message = error_of(*await answer)
+        assert (status, code) == (504, "timeout")
+        assert "may" in message
+        pending = replica.pending[base].future
+        assert not pending.done()  # the wait timed out; what it waited on did not
+        ack(replica)  # n2 has it now: committed
+        assert pending.result() == base
+        async with client.get(RECORDS, params={"from": base}) as response:
+            records = (await response.json())["records"]
+        assert [(r["index"], r["value"]) for r in records] == [(base, "late")]
+
+
+async def test_a_queue_command_not_committed_in_time_is_504(tmp_path: Path) -> None:
+    async with serving(tmp_path, request_timeout_ms=200) as (client, replica, _):
+        groups = replica.groups
+        assert groups is not None
+        body = {"consumer": "c", "indexes": [0]}
+        answer = asyncio.create_task(post(client, GROUP + "/accept", body))
+        await until(lambda: groups._waiters)
+        drive(replica)
+        status, code, _ = error_of(*await answer)
+        assert (status, code) == (504, "timeout")
+        ack(replica)  # committed after all: its waiter is answered, with nobody listening
+        await until(lambda: not groups._waiters)
 
 
 async def test_a_queue_command_whose_leader_stepped_down_is_504(tmp_path: Path) -> None:

@@ -101,6 +101,7 @@ from ..partition.replica import Replica
 from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
+from .deadlines import Deadlines
 from .groups_api import GroupsApi
 from .http import (
     ApiError,
@@ -182,6 +183,8 @@ class Api:
         self._watching: asyncio.Task[None] | None = None
         self.timeout_s = broker.config.request_timeout_ms / 1000
         self.body_timeout_s = broker.config.body_timeout_ms / 1000
+        #: appends and queue commands waiting for their commit, `timeout_s` each
+        self.commits = Deadlines(self.timeout_s)
         self._decoding = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="laminar-decode")
         self._session: ClientSession | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -222,6 +225,7 @@ class Api:
         if self._session is not None:
             await self._session.close()
         self._decoding.shutdown(wait=False, cancel_futures=True)
+        self.commits.close()
 
     async def _collect_removed(self) -> None:
         """Every few seconds: drop replicas the partition's leader no longer counts."""
@@ -759,7 +763,7 @@ class Api:
             raise ApiError(409, "conflict", str(e)) from e
         self.broker.wake()
         try:
-            base = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            base = await self.commits.wait(future)
         except TimeoutError as e:
             raise outcome_unknown(
                 "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"

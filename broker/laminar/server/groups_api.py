@@ -120,7 +120,7 @@ class GroupsApi:
         assert groups is not None
         with self._answers(request, replica):
             future = groups.propose(command)
-            return await asyncio.wait_for(asyncio.shield(future), self.api.timeout_s)
+            return await self.api.commits.wait(future)
 
     # ---- handlers --------------------------------------------------------------------------
 
