@@ -7,8 +7,8 @@ policy says). The batches are encoded once before the clock starts (the broker c
 it stamps every batch with its own index and term), so the client's Python work per record
 does not limit what is measured. produce, fixed-rate mode (`--rate`): records are due at a
 steady rate; every `--linger-ms` the due records go out as one batch (partitions take turns),
-and each
-record's latency runs from its due time to its acknowledgement (no coordinated omission).
+as one HTTP append or, with `--stream`, on the partition's streaming append; each record's
+latency runs from its due time to its acknowledgement (no coordinated omission).
 
 consume: reads every partition from the start with binary reads, spread over the in-sync
 replicas, counting records from batch headers (`--decode` decodes every record as the client
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from .client import AsyncClient, LaminarError, NotFound
+from .client.stream import AppendStream
 from .contract import BATCH_TYPE, MAX_READ_RECORDS, NEXT_INDEX_HEADER, READ_RECORDS
 from .log.batch import Record, decode_batches, encode_batch, parse_header, split_batches
 from .tls import client_context
@@ -198,25 +200,36 @@ async def _produce_at_rate(
     sent = 0
     turn = 0
 
+    streams: list[AppendStream] = []
+
     async def send(partition: int, due: list[float]) -> None:
         batch = encode_batch([Record(value=value) for _ in due])
-        await client.append(options.topic, partition, batch)
+        if streams:
+            await (await streams[partition].send(batch))
+        else:
+            await client.append(options.topic, partition, batch)
         done = time.perf_counter()
         latencies.extend(done - t for t in due)
 
-    while sent < total:
-        now = time.perf_counter()
-        due_count = min(total, int((now - started) * options.rate) + 1) - sent
-        if due_count > 0:
-            due = [started + (sent + i) / options.rate for i in range(due_count)]
-            sent += due_count
-            task = asyncio.create_task(send(turn % partitions, due))
-            turn += 1
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        await asyncio.sleep(options.linger_ms / 1000)
-    if pending:
-        await asyncio.gather(*pending)
+    async with contextlib.AsyncExitStack() as stack:
+        if options.stream:  # one streaming append per partition, opened before the clock
+            for partition in range(partitions):
+                stream = await client.append_stream(options.topic, partition, max_in_flight=4096)
+                streams.append(await stack.enter_async_context(stream))
+            started = time.perf_counter()
+        while sent < total:
+            now = time.perf_counter()
+            due_count = min(total, int((now - started) * options.rate) + 1) - sent
+            if due_count > 0:
+                due = [started + (sent + i) / options.rate for i in range(due_count)]
+                sent += due_count
+                task = asyncio.create_task(send(turn % partitions, due))
+                turn += 1
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            await asyncio.sleep(options.linger_ms / 1000)
+        if pending:
+            await asyncio.gather(*pending)
     elapsed = time.perf_counter() - started
     latencies.sort()
     return {
@@ -230,6 +243,7 @@ async def _produce_at_rate(
         "latency_p999_ms": percentile_ms(latencies, 0.999),
         "latency_max_ms": percentile_ms(latencies, 1.0),
         "partitions": partitions,
+        "transport": "stream" if options.stream else "http",
     }
 
 
@@ -326,7 +340,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="send the batches over one streaming append (WebSocket) per partition instead "
         "of one HTTP request each",
     )
-    parser.add_argument("--rate", type=int, help="fixed offered rate (msg/s): latency mode")
+    parser.add_argument(
+        "--rate", type=int, help="fixed offered rate (msg/s): latency mode (over HTTP or --stream)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="fixed-rate duration")
     parser.add_argument(
         "--linger-ms", type=float, default=1.0, help="fixed-rate: due records go out this often"
@@ -346,8 +362,6 @@ def check(args: argparse.Namespace) -> str | None:
         return "--batch must be >= 1 and a batch must stay under 8 MiB"
     if args.rate is not None and not 1 <= args.rate <= 1_000_000:
         return "--rate must be in 1..1000000"
-    if args.stream and args.rate is not None:
-        return "--stream measures throughput: leave out --rate"
     if not 1 <= args.in_flight <= (4096 if args.stream else 64):
         return f"--in-flight must be in 1..{4096 if args.stream else 64}"
     return None

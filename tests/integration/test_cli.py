@@ -380,3 +380,20 @@ def test_where_the_token_comes_from(secured_cluster: Any, tmp_path: Path) -> Non
                brokers=False))  # fmt: skip
     unknown = laminar(secured_cluster, "topic", "list", "--context", "nope", env=contexts)
     assert "no context 'nope'" in failed(unknown)
+
+
+@pytest.mark.parametrize("transport", ["http", "stream"])
+def test_bench_produces_at_a_fixed_rate_and_consumes_it_back(cluster3: Any, transport: str) -> None:
+    """`laminar bench produce --rate`, over HTTP appends or streaming appends: every record due
+    is acknowledged, each with a latency, and `bench consume` reads them all back."""
+    name = unique("rate")
+    options = ["--topic", name, "--partitions", "2", "--size", "64", "--no-progress", "--json"]
+    rate = ["--rate", "400", "--seconds", "1", "--linger-ms", "5"]
+    stream = ["--stream"] if transport == "stream" else []
+    produced = json.loads(ok(laminar(cluster3, "bench", "produce", *options, *rate, *stream))
+                          .splitlines()[-1])  # fmt: skip
+    assert (produced["mode"], produced["transport"]) == ("fixed_rate", transport)
+    assert produced["records"] == 400
+    assert 0 < produced["latency_p50_ms"] <= produced["latency_p99_ms"]
+    consumed = json.loads(ok(laminar(cluster3, "bench", "consume", *options)).splitlines()[-1])
+    assert consumed["records"] == 400
