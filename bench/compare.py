@@ -16,7 +16,9 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
          brokers' from /proc). Phases per configuration:
            publish      500 records (560 KB) per append, 2 appends in flight per partition
            kafka_batch  14 records per append (Kafka's default producer batch of 1120 B
-                        records), --kafka-batch-in-flight appends in flight per partition
+                        records), --kafka-batch-in-flight appends in flight per partition;
+                        then the same batches over a streaming append per partition
+                        (`--stream`: a persistent binary connection, as Kafka's producer's)
            single       1 record per append, 64 appends in flight, on a 1-partition topic
                         (`--in-flight` counts per partition), sent by the Python client and
                         (RF 1) by wrk, a C HTTP load generator (64 keep-alive connections,
@@ -27,7 +29,8 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
                         uvloop answering each append with nothing behind it: the floor of
                         the HTTP stack, in CPU-s per million requests
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
-                        --linger-ms the due records go out as one append; due -> ack
+                        --linger-ms the due records go out as one append; due -> ack; then
+                        the same over a streaming append per partition
            scale6 / scale192  (RF 3 only) 14 records per append, 6 partitions x 64 in
                         flight and 192 partitions x 2 in flight: the same 384 appends in
                         flight in all; the append p99s are compared
@@ -345,6 +348,11 @@ def laminar_config(
                                     *tput, "--batch", str(KAFKA_BATCH_RECORDS),
                                     "--in-flight", str(s.kafka_batch_in_flight)])  # fmt: skip
         log(f"laminar RF {rf}: 14/append {r['msgs_per_s']:,.0f} msg/s")
+        r = produce("kafka_batch_stream", ["--topic", "kstream", "--count",
+                                           str(s.kafka_batch_count), *tput, "--batch",
+                                           str(KAFKA_BATCH_RECORDS), "--stream", "--in-flight",
+                                           str(s.kafka_batch_in_flight)])  # fmt: skip
+        log(f"laminar RF {rf}: 14/streamed batch {r['msgs_per_s']:,.0f} msg/s")
         r = produce("single", ["--topic", "single", "--count", str(s.single_count),
                                "--partitions", "1", "--batch", "1",
                                "--in-flight", str(SINGLE_IN_FLIGHT)])  # fmt: skip
@@ -367,6 +375,13 @@ def laminar_config(
                                 "--seconds", str(s.latency_seconds),
                                 "--linger-ms", str(s.linger_ms)])  # fmt: skip
         log(f"laminar RF {rf}: at {s.rate}/s p50 {r['latency_p50_ms']} p99 {r['latency_p99_ms']}")
+        r = produce("latency_stream", ["--topic", "latstream", *tput, "--rate", str(s.rate),
+                                       "--seconds", str(s.latency_seconds), "--stream",
+                                       "--linger-ms", str(s.linger_ms)])  # fmt: skip
+        log(
+            f"laminar RF {rf}: at {s.rate}/s streamed p50 {r['latency_p50_ms']} "
+            f"p99 {r['latency_p99_ms']}"
+        )
         if rf == 3 and not s.skip_scale:
             for partitions in SCALE_PARTITIONS:
                 r = produce(
@@ -401,6 +416,12 @@ def laminar_round(
         m[f"{key}_publish_kafka_batch_msgs_s"] = kb["msgs_per_s"]
         m[f"{key}_publish_kafka_batch_cpu_s_per_million"] = kb["server_cpu_s_per_million"]
         m[f"{key}_publish_kafka_batch_client_cpu_s_per_million"] = kb["client_cpu_s_per_million"]
+        kbs = res["kafka_batch_stream"]
+        m[f"{key}_publish_kafka_batch_stream_msgs_s"] = kbs["msgs_per_s"]
+        m[f"{key}_publish_kafka_batch_stream_cpu_s_per_million"] = kbs["server_cpu_s_per_million"]
+        m[f"{key}_publish_kafka_batch_stream_client_cpu_s_per_million"] = kbs[
+            "client_cpu_s_per_million"
+        ]
         single_key = "lam_single" if rf == 1 else "lam_rf3_single"
         # one record per HTTP append: wrk's figures where it ran (the Python client is the
         # limit of its own: *_pyclient_*), and one record per streamed batch
@@ -422,6 +443,10 @@ def laminar_round(
         m[f"{key}_p999_ms"] = lat["latency_p999_ms"]
         m[f"{key}_latency_achieved_rate"] = lat["achieved_rate"]
         m[f"{key}_latency_cpu_s_per_million"] = lat["server_cpu_s_per_million"]
+        lat_stream = res["latency_stream"]
+        for q in ("p50", "p99", "p999"):
+            m[f"{key}_stream_{q}_ms"] = lat_stream[f"latency_{q}_ms"]
+        m[f"{key}_stream_latency_cpu_s_per_million"] = lat_stream["server_cpu_s_per_million"]
         if "scale6" in res:
             for partitions in SCALE_PARTITIONS:
                 r = res[f"scale{partitions}"]
@@ -663,9 +688,11 @@ def targets(m: dict[str, Any], queue_rates: Sequence[float]) -> dict[str, bool |
     """The issue's targets against the figures `m` (None: a figure is missing)."""
     t: dict[str, bool | None] = {}
     t["target_rf3_p50_le_2ms"] = _le(m.get("lam_rf3_p50_ms"), 2.0)
+    t["target_rf3_stream_p50_le_2ms"] = _le(m.get("lam_rf3_stream_p50_ms"), 2.0)
     peers = [m.get("nats_r3_p99_ms"), m.get("kafka_rf3_p99_ms")]
     lowest = None if None in peers else min(peers)  # type: ignore[type-var]
     t["target_rf3_p99_le_nats_and_kafka"] = _le(m.get("lam_rf3_p99_ms"), lowest)
+    t["target_rf3_stream_p99_le_nats_and_kafka"] = _le(m.get("lam_rf3_stream_p99_ms"), lowest)
     t["target_single_ge_15k_msgs_s"] = _le(15_000, m.get("lam_single_msgs_s"))
     t["target_single_cpu_10x_better"] = _le(
         m.get("lam_single_cpu_s_per_million"), ISSUE_SINGLE_CPU_S_PER_MILLION / 10
@@ -687,6 +714,13 @@ def targets(m: dict[str, Any], queue_rates: Sequence[float]) -> dict[str, bool |
         )
         t[f"target_rf{rf}_kafka_batch_cpu_le_kafka"] = _le(
             m.get(f"{lam}_kafka_batch_cpu_s_per_million"),
+            m.get(f"{kafka}_default_batch_cpu_s_per_million"),
+        )
+        t[f"target_rf{rf}_kafka_batch_stream_ge_kafka"] = _le(
+            m.get(f"{kafka}_default_batch_msgs_s"), m.get(f"{lam}_kafka_batch_stream_msgs_s")
+        )
+        t[f"target_rf{rf}_kafka_batch_stream_cpu_le_kafka"] = _le(
+            m.get(f"{lam}_kafka_batch_stream_cpu_s_per_million"),
             m.get(f"{kafka}_default_batch_cpu_s_per_million"),
         )
         t[f"target_rf{rf}_560k_ge_kafka"] = _le(
@@ -745,6 +779,8 @@ def tables(result: dict[str, Any]) -> str:
         row(f"Laminar RF {rf}", "500 records (560 KB) per append", f"lam_rf{rf}_publish")
         row(f"Kafka RF {rf}", "560 KB batches", f"kafka_rf{rf}_publish")
         row(f"Laminar RF {rf}", "14 records per append", f"lam_rf{rf}_publish_kafka_batch")
+        row(f"Laminar RF {rf}", "14 records per streamed batch",
+            f"lam_rf{rf}_publish_kafka_batch_stream")  # fmt: skip
         row(f"Kafka RF {rf}", "default producer (~14 records)", f"kafka_rf{rf}_default_batch")
         row(f"NATS {nats}", "single messages, 4000 in flight", f"nats_{nats.lower()}_publish")
     row("Laminar RF 1, one broker", "1 record per HTTP append, 64 in flight (wrk)",
@@ -768,7 +804,9 @@ def tables(result: dict[str, Any]) -> str:
     ]
     for name, prefix in (
         ("Laminar RF 1", "lam_rf1"), ("Kafka RF 1", "kafka_rf1"), ("NATS R1", "nats_r1"),
+        ("Laminar RF 1, streaming append", "lam_rf1_stream"),
         ("Laminar RF 3", "lam_rf3"), ("Kafka RF 3", "kafka_rf3"), ("NATS R3", "nats_r3"),
+        ("Laminar RF 3, streaming append", "lam_rf3_stream"),
     ):  # fmt: skip
         if f"{prefix}_p50_ms" in m:
             lines.append(
