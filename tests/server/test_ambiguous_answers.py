@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
+from laminar.partition.replica import Replica
 from tests.replicas import ack, append_from, depose, drive, noop, serving, until
 
 RECORDS = "/v1/topics/t/partitions/0/records"
@@ -97,14 +98,22 @@ async def test_an_append_not_committed_in_time_is_504_and_may_still_commit(
         assert [(r["index"], r["value"]) for r in records] == [(base, "late")]
 
 
+async def accept_written(client: TestClient, replica: Replica) -> asyncio.Task[tuple[int, Any]]:
+    """An accept, proposed and written on the leader, waiting for its commit."""
+    groups = replica.groups
+    assert groups is not None
+    body = {"consumer": "c", "indexes": [0]}
+    answer = asyncio.create_task(post(client, GROUP + "/accept", body))
+    await until(lambda: groups._waiters)
+    drive(replica)
+    return answer
+
+
 async def test_a_queue_command_not_committed_in_time_is_504(tmp_path: Path) -> None:
     async with serving(tmp_path, request_timeout_ms=200) as (client, replica, _):
         groups = replica.groups
         assert groups is not None
-        body = {"consumer": "c", "indexes": [0]}
-        answer = asyncio.create_task(post(client, GROUP + "/accept", body))
-        await until(lambda: groups._waiters)
-        drive(replica)
+        answer = await accept_written(client, replica)
         status, code, _ = error_of(*await answer)
         assert (status, code) == (504, "timeout")
         ack(replica)  # committed after all: its waiter is answered, with nobody listening
@@ -113,12 +122,7 @@ async def test_a_queue_command_not_committed_in_time_is_504(tmp_path: Path) -> N
 
 async def test_a_queue_command_whose_leader_stepped_down_is_504(tmp_path: Path) -> None:
     async with serving(tmp_path) as (client, replica, _):
-        groups = replica.groups
-        assert groups is not None
-        body = {"consumer": "c", "indexes": [0]}
-        answer = asyncio.create_task(post(client, GROUP + "/accept", body))
-        await until(lambda: groups._waiters)
-        drive(replica)
+        answer = await accept_written(client, replica)
         depose(replica)
         status, code, message = error_of(*await answer)
         assert (status, code) == (504, "outcome_unknown")
