@@ -214,7 +214,7 @@ async def read_body(request: web.BaseRequest, timeout_s: float) -> bytes:
     have arrived `timeout_s` after this starts reading it: else 408 `request_timeout`, and the
     connection is closed rather than waited on."""
     try:
-        if request.content.is_eof():  # all here already: no timer (one a request costs)
+        if request.content.is_eof():  # all of it arrived already: no timer to make
             return await request.read()
         async with asyncio.timeout(timeout_s):
             return await request.read()
