@@ -194,7 +194,13 @@ class FastConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         #: bytes received and not parsed yet: the start of the next request's head onwards
         self._buffer = bytearray()
+        #: one timer for the connection's deadline (head, idle or lingering): moving the
+        #: deadline later, as every request does, only changes `_deadline`; the timer, when it
+        #: fires early, sets itself again for it
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        #: what to do at the deadline (None: nothing, no deadline)
+        self._on_deadline: Callable[[], None] | None = None
         #: the timer is the idle timeout's (not the head timeout's)
         self._timer_idle = False
         #: close once the request being served is answered (Connection: close, shutdown)
@@ -249,7 +255,7 @@ class FastConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._closing = True
-        self._cancel_timer()
+        self._stop_timer()
         self._server._connections.pop(self, None)  # type: ignore[call-overload]
         self.release()
         waiter = self._body_waiter
@@ -290,9 +296,9 @@ class FastConnection(asyncio.Protocol):
             if len(self._buffer) > MAX_FAST_HEAD_BYTES:
                 self._hand_over()
             elif self._buffer:  # a head is arriving: it has to be complete in time
-                if self._timer is None or self._timer_idle:
+                if self._on_deadline is None or self._timer_idle:
                     self._set_timer(self._server.limits.header_timeout_s, self._head_timed_out)
-            elif self._timer is None:
+            elif self._on_deadline is None:
                 self._set_timer(self._server.limits.idle_timeout_s, self._close, idle=True)
             return
         parsed = None if end > MAX_FAST_HEAD_BYTES else self._parse(bytes(self._buffer[:end]))
@@ -412,17 +418,36 @@ class FastConnection(asyncio.Protocol):
     # ---- timers, closing and handing over ----------------------------------------------
 
     def _set_timer(self, delay_s: float, callback: Callable[[], None], idle: bool = False) -> None:
-        self._cancel_timer()
-        self._timer = self._loop.call_later(delay_s, callback)
+        at = self._loop.time() + delay_s
+        self._deadline = at
+        self._on_deadline = callback
         self._timer_idle = idle
+        if self._timer is None or self._timer.when() > at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(at, self._timer_fired)
 
     def _cancel_timer(self) -> None:
+        self._on_deadline = None
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        if self._loop.time() < self._deadline:  # moved later since the timer was set
+            self._timer = self._loop.call_at(self._deadline, self._timer_fired)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _stop_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         timeout_s = self._server.limits.header_timeout_s
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(
@@ -436,7 +461,7 @@ class FastConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         self._closing = True
-        self._cancel_timer()
+        self._stop_timer()
         if self._transport is not None:
             self._transport.close()
 
@@ -455,7 +480,7 @@ class FastConnection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         self._closing = True  # nothing more arrives here
-        self._cancel_timer()
+        self._stop_timer()
         self._server._connections.pop(self, None)  # type: ignore[call-overload]
         client, self._client = self._client, None  # counted: the new handler releases it
         connection = self._server.aiohttp_connection(client)
