@@ -25,9 +25,9 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
                         --wrk-seconds; installed with apt-get if missing): the client is not
                         the limit then; and one record per batch over a streaming append
                         (`--stream`, one WebSocket, 64 batches unacknowledged)
-           http_floor   (RF 1) the same wrk load against bench/http_floor.py, aiohttp and
-                        uvloop answering each append with nothing behind it: the floor of
-                        the HTTP stack, in CPU-s per million requests
+           http_floor   (RF 1) the same wrk load against bench/http_floor.py, the broker's
+                        HTTP stack (its fast path, uvloop) answering each append with nothing
+                        behind it: the floor of the HTTP stack, in CPU-s per million requests
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
                         --linger-ms the due records go out as one append; due -> ack; then
                         the same over a streaming append per partition
@@ -223,8 +223,8 @@ def wrk_single(
 
 
 def wrk_floor(size: int, seconds: float, connections: int, root: Path) -> dict[str, Any]:
-    """The same load as `wrk_single` against bench/http_floor.py: aiohttp + uvloop answering
-    an append with nothing behind it, the floor of the HTTP stack the broker is built on."""
+    """The same load as `wrk_single` against bench/http_floor.py: the broker's HTTP stack
+    answering an append with nothing behind it, the floor of what the broker is built on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -366,7 +366,7 @@ def laminar_config(
             with phases.phase(round_number, "http_floor", "wrk"):
                 r = wrk_floor(s.size, s.wrk_seconds, SINGLE_IN_FLIGHT, root)
             out["http_floor"] = r
-            log(f"aiohttp floor: {r['msgs_per_s']:,.0f} requests/s (wrk, the same load)")
+            log(f"HTTP floor: {r['msgs_per_s']:,.0f} requests/s (wrk, the same load)")
         r = produce("single_stream", ["--topic", "single", "--count", str(s.single_count),
                                       "--partitions", "1", "--batch", "1", "--stream",
                                       "--in-flight", str(SINGLE_IN_FLIGHT)])  # fmt: skip
@@ -785,7 +785,7 @@ def tables(result: dict[str, Any]) -> str:
         row(f"NATS {nats}", "single messages, 4000 in flight", f"nats_{nats.lower()}_publish")
     row("Laminar RF 1, one broker", "1 record per HTTP append, 64 in flight (wrk)",
         "lam_single")  # fmt: skip
-    row("aiohttp + uvloop, empty handler", "the same wrk load: the HTTP stack's floor",
+    row("HTTP stack, empty handler", "the same wrk load: the HTTP stack's floor",
         "http_floor")  # fmt: skip
     row("Laminar RF 1, one broker", "1 record per HTTP append, 64 in flight (Python client)",
         "lam_single_pyclient")  # fmt: skip

@@ -56,12 +56,15 @@ MAX_FAST_HEADERS = 64
 MAX_PIPELINED_BYTES = 256 << 10
 
 _REQUEST_LINE = re.compile(rb"([A-Z]{3,7}) (/[!-~]*) HTTP/1\.1")
-_HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([ -~\t]*?)[ \t]*")
+#: header lines (CRLF between them): a token, a colon, printable ASCII and tabs
+_HEADERS = re.compile(
+    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*)*"
+)
 #: a path aiohttp would decode or normalize (percent-encoding, dot segments, a fragment)
 _UNPLAIN_PATH = re.compile(r"%|#|/\.\.?(?:/|$)")
-_DIGITS = re.compile(rb"[0-9]{1,18}")
+_DIGITS = re.compile(r"[0-9]{1,18}")
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_HANDED_OVER_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
+_HANDED_OVER_HEADERS = frozenset(("transfer-encoding", "expect", "upgrade"))
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
 
@@ -319,9 +322,9 @@ class FastConnection(asyncio.Protocol):
     def _parse(self, head: bytes) -> tuple[FastRequest, Handler] | None:
         """The request of `head` and its handler, or None: the request is not for the fast
         path."""
-        lines = head.split(b"\r\n")
-        line = _REQUEST_LINE.fullmatch(lines[0])
-        if line is None or len(lines) > MAX_FAST_HEADERS + 1:
+        first, _, rest = head.partition(b"\r\n")
+        line = _REQUEST_LINE.fullmatch(first)
+        if line is None or (rest and not _HEADERS.fullmatch(rest)):
             return None
         target = line[2].decode("ascii")
         method = line[1].decode("ascii")
@@ -331,29 +334,30 @@ class FastConnection(asyncio.Protocol):
         found = self._routes.find(method, path)
         if found is None:
             return None
+        lines = rest.decode("ascii").split("\r\n") if rest else []
+        if len(lines) > MAX_FAST_HEADERS:
+            return None
         fields: list[tuple[str, str]] = []
         content_length: int | None = None
         close = False
-        for raw in lines[1:]:
-            header = _HEADER.fullmatch(raw)
-            if header is None:
+        for raw in lines:
+            name, _, value = raw.partition(":")
+            value = value.strip(" \t")
+            lowered = name.lower()
+            if lowered in _HANDED_OVER_HEADERS:
                 return None
-            name = header[1].lower()
-            if name in _HANDED_OVER_HEADERS:
-                return None
-            value = header[2]
-            if name == b"content-length":
+            if lowered == "content-length":
                 if content_length is not None or not _DIGITS.fullmatch(value):
                     return None
                 content_length = int(value)
                 if content_length > self._routes.max_body_bytes:
                     return None  # aiohttp's path answers 413 and closes
-            elif name == b"connection":
+            elif lowered == "connection":
                 tokens = value.lower()
-                if b"upgrade" in tokens:
+                if "upgrade" in tokens:
                     return None
-                close = b"close" in tokens
-            fields.append((header[1].decode("ascii"), value.decode("ascii")))
+                close = "close" in tokens
+            fields.append((name, value))
         if close:
             self._closing_after_answer = True
         match, handler = found
