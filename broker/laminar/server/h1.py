@@ -380,11 +380,12 @@ class FastConnection(asyncio.Protocol):
         self._transport.write(_encode(response, keep))
         if self._drained is not None:  # a client that does not read holds its next request
             await self._drained
-        if not keep:
-            self._close()
-            return
         self._answered = True
-        if self._body_left:  # read and drop the rest of the body, for a while, then go on
+        if not keep:
+            self._closing_after_answer = True
+        if self._body_left:
+            # read and drop the rest of the body for a while (so that the client gets the
+            # answer rather than a reset), then go on, or close
             self._set_timer(LINGERING_TIME_S, self._close)
             return
         self._request_done()
