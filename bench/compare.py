@@ -222,14 +222,17 @@ def wrk_single(
     return wrk_appends(url, token, pids, size, seconds, connections, root)
 
 
-def wrk_floor(size: int, seconds: float, connections: int, root: Path) -> dict[str, Any]:
+def wrk_floor(
+    size: int, seconds: float, connections: int, root: Path, stack: str = "laminar"
+) -> dict[str, Any]:
     """The same load as `wrk_single` against bench/http_floor.py: the broker's HTTP stack
-    answering an append with nothing behind it, the floor of what the broker is built on."""
+    (`stack` "aiohttp": aiohttp's alone) answering an append with nothing behind it, the floor
+    of what the broker is built on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, str(HERE / "http_floor.py"), "--port", str(port)],
+        [sys.executable, str(HERE / "http_floor.py"), "--port", str(port), "--stack", stack],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True,
     )  # fmt: skip
