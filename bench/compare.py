@@ -26,7 +26,7 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
                         the limit then; and one record per batch over a streaming append
                         (`--stream`, one WebSocket, 64 batches unacknowledged)
            http_floor   (RF 1) the same wrk load against bench/http_floor.py, the broker's
-                        HTTP stack (ApiRunner, uvloop) answering each append with nothing
+                        HTTP stack (its fast path, uvloop) answering each append with nothing
                         behind it: the floor of the HTTP stack, in CPU-s per million requests
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
                         --linger-ms the due records go out as one append; due -> ack; then

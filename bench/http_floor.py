@@ -6,9 +6,8 @@ It answers `POST /v1/topics/{topic}/partitions/{partition}/records` as an append
 the body, answers a small JSON), and does nothing else: no auth, no log, no Raft, no fsync.
 bench/compare.py drives it with wrk beside the broker's one-record-per-append phase, so the
 broker's CPU per request is quoted against the floor of the HTTP stack it is built on,
-measured in the same sitting. The stack is the broker's own (`--stack laminar`: aiohttp under
-the broker's `ApiRunner` and `ApiSite`, with its connection rules), or aiohttp's alone
-(`--stack aiohttp`: `web.run_app`).
+measured in the same sitting. The stack is the broker's own (`--stack laminar`: its HTTP/1.1
+fast path, laminar.server.h1, with aiohttp behind it), or aiohttp's alone (`--stack aiohttp`).
 """
 
 from __future__ import annotations

@@ -86,6 +86,13 @@ def test_the_api_is_https_only_and_sends_clients_to_https(tls_cluster: LocalClus
             node = next(m.id for m in members if m.api_url == leader)
             async with session.get(f"{follower}/v1/nodes/{node}/partitions", ssl=context) as got:
                 assert got.status == 200 and (await got.json())["partitions"]
+            # one connection (its TLS session) goes on after aiohttp takes it over (a HEAD)
+            one = aiohttp.TCPConnector(limit=1, ssl=context)
+            async with aiohttp.ClientSession(headers=auth(tls_cluster), connector=one) as single:
+                for method in ("GET", "HEAD", "GET"):
+                    async with single.request(method, f"{leader}/v1/cluster") as got:
+                        assert got.status == 200
+                        await got.read()
             # plain HTTP to the API port gets no answer
             plain = leader.replace("https://", "http://")
             with pytest.raises(aiohttp.ClientError):

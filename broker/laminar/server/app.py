@@ -12,6 +12,7 @@ import signal
 import sys
 
 from .. import allocator
+from ..contract import STREAM_APPEND
 from ..kube import KubeError
 from ..log.storage import OPEN_FILES, raise_open_files_limit
 from ..swim.address import format_address
@@ -33,7 +34,8 @@ async def serve(config: BrokerConfig) -> None:
         idle_timeout_s=config.idle_timeout_ms / 1000,
         max_connections_per_client=config.max_connections_per_client,
     )
-    runner = ApiRunner(api.app(), limits)
+    # a WebSocket upgrade is aiohttp's to serve
+    runner = ApiRunner(api.app(), limits, aiohttp_paths=(STREAM_APPEND.path,))
     await runner.setup()
     site = ApiSite(
         runner,

@@ -20,6 +20,7 @@ from aiohttp import web
 from ..log.errors import CorruptBatchError, MalformedRecordsError
 from ..models import ErrorBody, JsonModel, ModelError, TooLargeError
 from ..swim.address import source_key
+from .h1 import LINGERING_TIME_S, FastConnection, FastRoutes, raw_error
 from .listener import AcceptedSocket, Listener
 
 if TYPE_CHECKING:
@@ -257,10 +258,6 @@ def accepts(request: web.BaseRequest, media_type: str) -> bool:
 
 # ---- the HTTP server -----------------------------------------------------------------------
 
-#: After an answer sent before its request's body was read (a 307, a 413, a 408, ...), the
-#: server reads and drops the rest of the body for at most this long (aiohttp's default),
-#: so that the client gets the answer rather than a reset, then closes the connection.
-LINGERING_TIME_S = 10.0
 #: An error message built from what the client sent is cut to this many characters.
 MAX_ECHO_CHARS = 300
 
@@ -280,9 +277,13 @@ class ConnectionLimits:
 
 class ApiRunner(web.AppRunner):
     """`web.AppRunner` whose connections follow `ConnectionLimits` and answer every error,
-    those of requests aiohttp cannot parse included, as the API's JSON error."""
+    those of requests aiohttp cannot parse included, as the API's JSON error. Its connections
+    serve plain requests on the fast path (laminar.server.h1), and hand over to aiohttp's
+    handler for the rest, and for the routes of `aiohttp_paths` (a WebSocket's)."""
 
-    def __init__(self, app: web.Application, limits: ConnectionLimits) -> None:
+    def __init__(
+        self, app: web.Application, limits: ConnectionLimits, aiohttp_paths: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(
             app,
             access_log=None,
@@ -294,9 +295,11 @@ class ApiRunner(web.AppRunner):
             auto_decompress=False,
         )
         self.limits = limits
+        self.aiohttp_paths = aiohttp_paths
 
     async def _make_server(self) -> web.Server:
-        return _ApiServer(await super()._make_server(), self.limits)
+        routes = FastRoutes(self.app, self.aiohttp_paths)
+        return _ApiServer(await super()._make_server(), self.limits, routes)
 
 
 class ApiSite(web.TCPSite):
@@ -353,7 +356,7 @@ class ApiSite(web.TCPSite):
         task.add_done_callback(lambda _: accepted.close() and connection.release())
 
     async def _handshake(
-        self, accepted: AcceptedSocket, connection: _ApiConnection, context: ssl.SSLContext
+        self, accepted: AcceptedSocket, connection: FastConnection, context: ssl.SSLContext
     ) -> None:
         """The TLS handshake (the api_listener context: its SNI callback switches to the
         current certificate); then `connection` serves HTTP on it and releases the count when
@@ -376,10 +379,10 @@ class ApiSite(web.TCPSite):
 
 
 class _ApiServer(web.Server):
-    """aiohttp's server (the protocol factory) making `_ApiConnection`s, with the count of
-    connections per client address."""
+    """aiohttp's server (the protocol factory) making the API's connections (the fast path's,
+    which hand over to `_ApiConnection`s), with the count of connections per client address."""
 
-    def __init__(self, base: web.Server, limits: ConnectionLimits) -> None:
+    def __init__(self, base: web.Server, limits: ConnectionLimits, routes: FastRoutes) -> None:
         super().__init__(
             base.request_handler,
             request_factory=base.request_factory,
@@ -388,14 +391,20 @@ class _ApiServer(web.Server):
             **base._kwargs,  # the RequestHandler arguments the application gave it
         )
         self.limits = limits
+        self.routes = routes
         #: connections held per client address (`source_key`)
         self.clients: dict[str, int] = {}
 
-    def __call__(self) -> web.RequestHandler:
-        return _ApiConnection(self, loop=self._loop, **self._kwargs)
+    def __call__(self) -> FastConnection:  # type: ignore[override]
+        return FastConnection(self, self.routes, None)
 
-    def connection(self, client: str) -> _ApiConnection:
+    def connection(self, client: str) -> FastConnection:
         """A connection of `client` that `hold` counted already (TLS: at TCP accept)."""
+        return FastConnection(self, self.routes, client)
+
+    def aiohttp_connection(self, client: str | None) -> _ApiConnection:
+        """aiohttp's handler for a connection the fast path hands over: counted for `client`
+        already (None: not counted yet)."""
         return _ApiConnection(self, client=client, loop=self._loop, **self._kwargs)
 
     def hold(self, client: str) -> bool:
@@ -504,7 +513,7 @@ class _ApiConnection(web.RequestHandler):
     ) -> None:
         """Answer without a request (none was read, or ever will be) and close."""
         if self.transport is not None:
-            self.transport.write(_raw_error(status, code, message, retry_after=retry_after))
+            self.transport.write(raw_error(status, code, message, retry_after=retry_after))
         self.force_close()
 
     def handle_error(
@@ -532,18 +541,3 @@ class _ApiConnection(web.RequestHandler):
         response = json_response(body, status=status)
         response.force_close()
         return response
-
-
-def _raw_error(status: int, code: str, message: str, *, retry_after: bool = False) -> bytes:
-    """A whole HTTP/1.1 error answer with the API's JSON body, for writing to a connection
-    directly (outside aiohttp's request handling)."""
-    body = orjson.dumps(ErrorBody(code, message).to_json())
-    lines = [
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-        "Content-Type: application/json; charset=utf-8",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-    ]
-    if retry_after:
-        lines.append("Retry-After: 1")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
