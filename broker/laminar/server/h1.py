@@ -474,10 +474,7 @@ class FastConnection(asyncio.Protocol):
         """Stop counting this connection against its client's cap (once; later calls do
         nothing). True if this call released it."""
         client, self._client = self._client, None
-        if client is None:
-            return False
-        self._server.release(client)
-        return True
+        return self._server.release(client)
 
     def _hand_over(self) -> None:
         """From now on aiohttp's handler serves this connection, starting with the bytes of

@@ -415,12 +415,16 @@ class _ApiServer(web.Server):
         self.clients[client] = held + 1
         return True
 
-    def release(self, client: str) -> None:
+    def release(self, client: str | None) -> bool:
+        """Count one connection of `client` less (None: one not counted; False)."""
+        if client is None:
+            return False
         held = self.clients.get(client, 1) - 1
         if held > 0:
             self.clients[client] = held
         else:
             self.clients.pop(client, None)
+        return True
 
 
 class _ApiConnection(web.RequestHandler):
@@ -466,10 +470,7 @@ class _ApiConnection(web.RequestHandler):
         """Stop counting this connection against its client's cap (once; later calls do
         nothing). True if this call released it."""
         client, self._client = self._client, None
-        if client is None:
-            return False
-        self._api_server.release(client)
-        return True
+        return self._api_server.release(client)
 
     def data_received(self, data: bytes) -> None:
         if self._force_close or self._close:
