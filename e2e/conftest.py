@@ -107,6 +107,17 @@ def cluster_state(kube: Kube) -> str:
     pods = kube.kubectl("get", "pods", "-l", "app.kubernetes.io/instance=demo", "-o", "name")
     for pod in pods.split():
         run(f"{pod} log", "logs", pod, "-c", "broker", "--tail=40", tail=4000)
+    # an event says only "PreStopHook failed": the kubelet's journal has the exit code and
+    # output of each failed hook (the node is a container of the kind provider's engine)
+    engine = "podman" if kind_cluster.mode() == "local" else "docker"
+    for node in kube.kubectl("get", "nodes", "-o", "name").split():
+        journal = subprocess.run(
+            [engine, "exec", node.removeprefix("node/"), "sh", "-c",
+             "journalctl -u kubelet --no-pager -o cat | grep -i 'hook failed'"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        found = journal.stdout or journal.stderr or "(none)"
+        parts.append(f"--- {node}: the kubelet's failed hooks\n{found[-3000:]}")
     return "\n".join(parts)
 
 
