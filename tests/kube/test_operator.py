@@ -105,16 +105,14 @@ def test_a_cluster_gets_its_objects_and_status(
     assert principals["laminar-operator"].hashes == (token_hash(operator_token),)
     assert operator_token not in json.dumps(credentials)
 
-    status = wait_for(
-        "the status",
-        lambda: (
-            (s := crds.get("laminarcluster/demo", "-n", namespace).get("status", {})).get(
-                "selector"
-            )
-            and s.get("phase")
-            and s
-        ),
-    )
+    def status_with_ready() -> Any:
+        # the timer writes the phase (a merge patch) and then its conditions (a JSON patch of
+        # the fresh object): a second request, so a read between them has no Ready yet
+        status = crds.get("laminarcluster/demo", "-n", namespace).get("status", {})
+        ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready"]
+        return status.get("selector") and status.get("phase") and ready and status
+
+    status = wait_for("the status, with its Ready condition", status_with_ready)
     assert status["phase"] == "Pending"  # no kubelet here: no pod ever gets ready
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "BrokersNotReady"
@@ -229,7 +227,9 @@ def test_topics_follow_their_objects(
     def led() -> dict[str, Any] | None:
         s = status()
         parts = s.get("partitions") or []
-        return s if len(parts) == 4 and all(p["leader"] for p in parts) else None
+        # and Ready: written after the partitions, by a request of its own (a JSON patch)
+        ready = any(c["type"] == "Ready" for c in s.get("conditions") or [])
+        return s if ready and len(parts) == 4 and all(p["leader"] for p in parts) else None
 
     shown = wait_for("leaders in status", led)
     assert [p["partition"] for p in shown["partitions"]] == [0, 1, 2, 3]
