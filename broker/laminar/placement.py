@@ -1,4 +1,4 @@
-"""Weighted rendezvous hashing: which nodes host a partition, which worker owns it.
+"""Weighted rendezvous hashing: which brokers host a partition, which worker owns it.
 
 For partition key P and node N of weight w: `score = -w / ln(h)`, where h is xxh64(P ‖ N)
 mapped strictly into (0, 1). The `replicas` highest-scoring eligible (alive, not draining)
@@ -21,6 +21,7 @@ import xxhash
 
 SEPARATOR = b"\x00"  # cannot occur in topic names or node ids
 UNIT_BITS = 53  # the top 53 bits of the hash: exact in a float, so h < 1 strictly
+WORKER_DOMAIN = "worker\x00"  # `owner`'s keys, apart from `place`'s
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,9 @@ class Candidate:
     weight: int = 1
     alive: bool = True
     draining: bool = False
+    #: the broker's workers' node ids (`laminar.workers`); empty: the broker is its own
+    #: only worker
+    workers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weight < 0:
@@ -66,15 +70,29 @@ def place(key: str, candidates: Iterable[Candidate], replicas: int) -> list[str]
     return rank(key, candidates)[:replicas]
 
 
+def hosts(key: str, candidates: Iterable[Candidate], replicas: int) -> list[str]:
+    """The nodes that should host `key`, best first: the `replicas` brokers that `place`
+    picks, each represented by the worker that owns `key` among its workers (`owner`)."""
+    candidates = list(candidates)
+    workers = {c.id: c.workers for c in candidates}
+    return [
+        owner(key, workers[broker]) if workers[broker] else broker
+        for broker in place(key, candidates, replicas)
+    ]
+
+
 def partition_key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
 
 def owner(key: str, workers: Sequence[str]) -> str:
-    """The worker (e.g. one process per core) that owns `key`, all workers weighing alike."""
+    """The worker (one process per core, `laminar.workers`) that owns `key`, all workers
+    weighing alike. The key is hashed in a domain of its own (`WORKER_DOMAIN`): worker 0's
+    id is its broker's, and the keys that picked a broker score high for its id, so hashing
+    them again unchanged would hand worker 0 more than its share."""
     if not workers:
         raise ValueError("no workers")
-    return place(key, (Candidate(w) for w in workers), 1)[0]
+    return place(WORKER_DOMAIN + key, (Candidate(w) for w in workers), 1)[0]
 
 
 def preferred_leaders(

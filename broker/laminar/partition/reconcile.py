@@ -25,7 +25,7 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..placement import Candidate, place, preferred_leaders
+from ..placement import Candidate, owner, place, preferred_leaders
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
 from ..raft.raft import Raft, Role
 
@@ -208,13 +208,25 @@ def plan_topic(
     name: str, partitions: int, replication_factor: int, candidates: Sequence[Candidate]
 ) -> TopicPlan:
     """The plan of topic `name` (`key`: what it was computed from, but for the name)."""
-    targets = tuple(
+    brokers = tuple(
         tuple(place(f"{name}/{p}", candidates, replication_factor)) for p in range(partitions)
     )
     weights = {c.id: c.weight for c in candidates}
+    workers = {c.id: c.workers for c in candidates}
+
+    def node(key: str, broker: str) -> str:  # the worker of `broker` that owns `key`
+        return owner(key, workers[broker]) if workers[broker] else broker
+
+    targets = tuple(
+        tuple(node(f"{name}/{p}", b) for b in chosen) for p, chosen in enumerate(brokers)
+    )
+    preferred = tuple(
+        None if leader is None else node(f"{name}/{p}", leader)
+        for p, leader in enumerate(preferred_leaders(brokers, weights))
+    )
     return TopicPlan(
         key=(partitions, replication_factor, tuple(candidates)),
         targets=targets,
         voters=tuple(tuple(sorted(t)) for t in targets),
-        preferred=tuple(preferred_leaders(targets, weights)),
+        preferred=preferred,
     )

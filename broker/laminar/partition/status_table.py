@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..metadata.state import Topic
-from ..placement import Candidate, partition_key, place
+from ..placement import Candidate, hosts, partition_key
 from ..raft.messages import Entry, Message, MessageType
 
 #: A broker re-sends its report at least this often (fresh commit indexes and in-sync sets).
@@ -235,7 +235,7 @@ def misplaced_partitions(
             report = led.get(key)
             if report is None:
                 continue
-            target = place(key, candidates, topic.replication_factor)
+            target = hosts(key, candidates, topic.replication_factor)
             if report["learners"] or set(report["voters"]) != set(target):
                 moving += 1
     return moving
