@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import struct
+from dataclasses import replace
 
 import pytest
 import xxhash
@@ -65,6 +66,10 @@ SYNC = Sync(
         MemberState(member("n2", weight=9, draining=True), MemberStatus.SUSPECT, 1),
         MemberState(member("n3"), MemberStatus.DEAD, 0),
         MemberState(member("ñ4"), MemberStatus.LEFT, 2),
+        MemberState(replace(member("n5"), workers=3, workers_down=0b100), MemberStatus.ALIVE, 4),
+        MemberState(
+            replace(member("n6"), workers=64, workers_down=2**64 - 1), MemberStatus.DEAD, 1
+        ),
     ),
 )
 MESSAGES: list[Message] = [
@@ -245,7 +250,15 @@ def test_wrong_magic_or_version_is_rejected_even_when_authenticated() -> None:
         # an alive update with weight 0
         (MessageKind.GOSSIP, b"\x01" + encode_update(UPDATES[0])[:-5] + b"\x00\x00\x00\x00\x00"),
         # an alive update with an unknown flag bit
-        (MessageKind.GOSSIP, b"\x01" + encode_update(UPDATES[0])[:-1] + b"\x02"),
+        (MessageKind.GOSSIP, b"\x01" + encode_update(UPDATES[0])[:-1] + b"\x04"),
+        # workers: none, more than 64, a down worker the member does not have
+        *(
+            (
+                MessageKind.GOSSIP,
+                b"\x01" + encode_update(UPDATES[0])[:-1] + b"\x03" + struct.pack("<BQ", *w),
+            )
+            for w in ((0, 0), (65, 0), (2, 0b100))
+        ),
         # a sync entry with status 5
         (
             MessageKind.SYNC,
@@ -306,6 +319,8 @@ def test_the_smallest_allowed_datagram_carries_the_largest_record() -> None:
         weight=2**32 - 1,
         draining=True,
         epoch=2**64 - 1,
+        workers=64,
+        workers_down=2**63,
     )
     small = Codec(CLUSTER, SECRET, MIN_DATAGRAM_BYTES, sender=longest.addresses.gossip)
     state = MemberState(longest, MemberStatus.SUSPECT, 2**32 - 1)

@@ -26,6 +26,7 @@ import xxhash
 from .member import (
     MAX_ADDRESS_BYTES,
     MAX_ID_BYTES,
+    MAX_WORKERS,
     Addresses,
     Member,
     MemberState,
@@ -62,6 +63,7 @@ UPDATE_COUNT_BYTES = 1
 MAX_UPDATES_PER_DATAGRAM = 255  # the count is a u8
 MAX_SYNC_ENTRIES_PER_DATAGRAM = 65_535  # the count is a u16
 DRAINING_FLAG = 0x01
+WORKERS_FLAG = 0x02  # a worker count (u8) and the down workers' mask (u64) follow
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -74,9 +76,16 @@ _STAMP = struct.Struct("<QQ")  # timestamp ms, nonce
 MAX_ENVELOPE_BYTES = 1 + MAX_ADDRESS_BYTES + _STAMP.size
 MAX_U64 = 2**64 - 1
 
-#: Largest encoded member record: id, epoch, incarnation, three addresses, weight, flags.
+_WORKERS = struct.Struct("<BQ")
+#: Largest encoded member record: id, epoch, incarnation, three addresses, weight, flags,
+#: workers.
 MAX_MEMBER_RECORD_BYTES = (
-    1 + MAX_ID_BYTES + _EPOCH_INCARNATION.size + 3 * (1 + MAX_ADDRESS_BYTES) + _WEIGHT_FLAGS.size
+    1
+    + MAX_ID_BYTES
+    + _EPOCH_INCARNATION.size
+    + 3 * (1 + MAX_ADDRESS_BYTES)
+    + _WEIGHT_FLAGS.size
+    + _WORKERS.size
 )
 #: Shortest datagram: header, a 1-byte sender, timestamp, nonce, an empty gossip, the MAC.
 MIN_ENCODED_BYTES = HEADER_BYTES + 2 + _STAMP.size + UPDATE_COUNT_BYTES + MAC_BYTES
@@ -132,6 +141,7 @@ def _str8(value: str) -> bytes:
 
 
 def _member_record(member: Member, incarnation: int) -> bytes:
+    workers = member.workers != 1 or member.workers_down != 0
     return b"".join(
         (
             _str8(member.id),
@@ -139,7 +149,11 @@ def _member_record(member: Member, incarnation: int) -> bytes:
             _str8(member.addresses.api),
             _str8(member.addresses.peer),
             _str8(member.addresses.gossip),
-            _WEIGHT_FLAGS.pack(member.weight, DRAINING_FLAG if member.draining else 0),
+            _WEIGHT_FLAGS.pack(
+                member.weight,
+                (DRAINING_FLAG if member.draining else 0) | (WORKERS_FLAG if workers else 0),
+            ),
+            _WORKERS.pack(member.workers, member.workers_down) if workers else b"",
         )
     )
 
@@ -366,10 +380,19 @@ class _Reader:
         peer = self.str8(MAX_ADDRESS_BYTES)
         gossip = self.str8(MAX_ADDRESS_BYTES)
         weight, flags = self.unpack(_WEIGHT_FLAGS)
-        if weight < 1 or flags & ~DRAINING_FLAG:
+        if weight < 1 or flags & ~(DRAINING_FLAG | WORKERS_FLAG):
             raise _Malformed("bad weight or flags")
+        workers, down = self.unpack(_WORKERS) if flags & WORKERS_FLAG else (1, 0)
+        if not 1 <= workers <= MAX_WORKERS or down >> workers:
+            raise _Malformed("bad workers")
         member = Member(
-            member_id, Addresses(api, peer, gossip), weight, bool(flags & DRAINING_FLAG), epoch
+            member_id,
+            Addresses(api, peer, gossip),
+            weight,
+            bool(flags & DRAINING_FLAG),
+            epoch,
+            workers,
+            down,
         )
         return member, incarnation
 

@@ -315,7 +315,13 @@ class Swim:
         for node in self._others(_LIVE):
             self._send(node.member.addresses.gossip, Gossip(), first=update, exclude=self.id)
 
-    def update_self(self, *, weight: int | None = None, draining: bool | None = None) -> None:
+    def update_self(
+        self,
+        *,
+        weight: int | None = None,
+        draining: bool | None = None,
+        workers_down: int | None = None,
+    ) -> None:
         """Change what we advertise; the new incarnation is gossiped to everyone."""
         if self._left:
             raise RuntimeError("this member has left")
@@ -324,6 +330,7 @@ class Swim:
             me.member,
             weight=me.member.weight if weight is None else weight,
             draining=me.member.draining if draining is None else draining,
+            workers_down=me.member.workers_down if workers_down is None else workers_down,
         )
         problem = member_problem(member)
         if problem is not None:

@@ -14,6 +14,8 @@ MAX_WEIGHT = 2**32 - 1
 MAX_INCARNATION = 2**32 - 1
 #: Largest epoch (u64).
 MAX_EPOCH = 2**64 - 1
+#: Most workers a member advertises (`laminar.workers`; the down set travels as a u64).
+MAX_WORKERS = 64
 
 
 class MemberStatus(IntEnum):
@@ -46,6 +48,10 @@ class Member:
     #: Chosen at process start and larger for every restart (e.g. wall-clock ns), so that a
     #: restarted process replaces its previous run whatever the incarnation numbers say.
     epoch: int = 0
+    #: how many worker processes the member runs (`laminar.workers`), and the set of those
+    #: not running now, as a bit mask (bit w: worker w)
+    workers: int = 1
+    workers_down: int = 0
 
 
 def member_problem(member: Member) -> str | None:
@@ -59,6 +65,10 @@ def member_problem(member: Member) -> str | None:
         return f"weight must be in [1, {MAX_WEIGHT}]"
     if not 0 <= member.epoch <= MAX_EPOCH:
         return f"epoch must be in [0, {MAX_EPOCH}]"
+    if not 1 <= member.workers <= MAX_WORKERS:
+        return f"workers must be in [1, {MAX_WORKERS}]"
+    if not 0 <= member.workers_down < 1 << member.workers:
+        return "workers_down must name workers the member has"
     return None
 
 
@@ -82,7 +92,7 @@ class MemberState:
 class EventKind(StrEnum):
     JOINED = "joined"  # first seen alive, back from dead/left, or a new epoch (a restart)
     ALIVE = "alive"  # a suspect member refuted the suspicion
-    UPDATED = "updated"  # an alive member changed its weight, draining flag or addresses
+    UPDATED = "updated"  # an alive member changed its weight, draining flag, workers or addresses
     SUSPECT = "suspect"
     DEAD = "dead"
     LEFT = "left"
