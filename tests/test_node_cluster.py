@@ -18,6 +18,7 @@ import pytest
 
 from laminar.node import core
 from laminar.node.core import NodeCore
+from laminar.partition import reconcile
 from laminar.partition.replica import ProducerTable
 from laminar.partition.status_table import Row, StatusPublisher, StatusTable, decode_report
 from laminar.raft.messages import Message, MessageType
@@ -28,6 +29,8 @@ from .conftest import sim_first_lines
 
 #: CI runs this many node seeds (about 0.8 s each on 2 cores); LAMINAR_NODE_SIM_SEEDS overrides
 CI_SEEDS = int(os.environ.get("LAMINAR_NODE_SIM_SEEDS", "100"))
+#: and this many with two workers a broker (about 6 s each); LAMINAR_WORKER_SIM_SEEDS overrides
+CI_WORKER_SEEDS = int(os.environ.get("LAMINAR_WORKER_SIM_SEEDS", "20"))
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +61,50 @@ def test_many_seeds_pass() -> None:
     )
     assert result.returncode == 0, result.stderr[-5000:]
     assert f"{CI_SEEDS} passed, 0 failed" in result.stdout
+
+
+@pytest.mark.parametrize("seed", [0, 3, 5])
+def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) -> None:
+    """Two workers a broker (`laminar.workers`); n2 restarts with three, n3 with one. After
+    settling, every partition's voters are one worker on each broker placement picks, the
+    one that owns it there (the convergence check), the new worker included and the removed
+    one gone; no acknowledged record was lost on the way."""
+    sim = NodeSimulation(seed, workers=2)
+    stats = sim.run()
+    assert stats["converged_partitions"] == PARTITIONS
+    assert stats["worker_changes"] == 2 and stats["crashed_for_good"] == 1
+    assert stats["acked"] > 300 and stats["dedupe_checked"] == PARTITIONS
+    voters = set()
+    for group in sim.group_names:
+        found = sim._leader_of(group)
+        assert found is not None
+        voters |= set(found[1].conf.voters)
+    assert any("~" in node for node in voters)  # workers other than 0 host partitions
+    assert "n3~1" not in voters and sim.nodes["n3~1"].multi is None
+    assert sim.nodes["n2~2"].multi is not None
+
+
+def test_many_seeds_pass_with_workers() -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "laminar.sim", "--node", "--workers", "2"),
+            *("--seeds", f"0:{CI_WORKER_SEEDS}", "--jobs", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert f"{CI_WORKER_SEEDS} passed, 0 failed" in result.stdout
+
+
+def test_the_convergence_check_catches_a_placement_that_ignores_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the core's plans put every partition on a broker's worker 0; placement says otherwise
+    monkeypatch.setattr(reconcile, "owner", lambda key, workers: workers[0])
+    with pytest.raises(InvariantViolation, match=r"voters"):
+        NodeSimulation(3, workers=2).run()
 
 
 def test_a_seed_replays_the_same_whatever_the_string_hashing() -> None:

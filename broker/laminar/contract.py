@@ -52,6 +52,8 @@ LOG_START_HEADER = "Laminar-Log-Start"
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+#: a Raft node: a broker, or worker w (1-63) of one (`laminar.workers`)
+WORKER_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}(~[1-9][0-9]?)?")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 CONSUMER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
 

@@ -9,6 +9,7 @@ an error and changes nothing, so replicas never diverge. Snapshots are canonical
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -18,6 +19,7 @@ from ..contract import MAX_REPLICATION_FACTOR as MAX_REPLICATION_FACTOR
 from ..contract import MAX_WEIGHT as MAX_WEIGHT
 from ..contract import NODE_ID as NODE_ID
 from ..contract import TOPIC_NAME as TOPIC_NAME
+from ..contract import WORKER_NODE_ID
 from ..log.config import LogConfig
 
 #: topic configuration keys: the log's knobs, validated by building a LogConfig
@@ -120,9 +122,9 @@ def _check_topic_name(name: object) -> str:
     return name
 
 
-def _check_node(node: object) -> str:
-    if not isinstance(node, str) or not NODE_ID.fullmatch(node):
-        raise MetadataError("invalid", f"node id {node!r} must match {NODE_ID.pattern}")
+def _check_node(node: object, pattern: re.Pattern[str] = NODE_ID) -> str:
+    if not isinstance(node, str) or not pattern.fullmatch(node):
+        raise MetadataError("invalid", f"node id {node!r} must match {pattern.pattern}")
     return node
 
 
@@ -184,7 +186,7 @@ def _check_assignment(assignment: object, partitions: int, replication_factor: i
         if len(set(voters)) != len(voters):
             raise MetadataError("invalid", f"repeated voter in {list(voters)}")
         for node in voters:
-            _check_node(node)
+            _check_node(node, WORKER_NODE_ID)  # (a broker's worker)
 
 
 def validate(command: Command) -> None:

@@ -75,7 +75,7 @@ from ..partition.reconcile import (
     rebalance_to,
 )
 from ..partition.replica import Replica
-from ..placement import Candidate, place
+from ..placement import Candidate, hosts
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
 from ..raft.log_storage import Flush
@@ -85,6 +85,7 @@ from ..raft.raft import ProposalDropped, Raft, Ready, Role
 from ..raft.round import plan
 from ..raft.storage import StorageUnavailable, stored_entries
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
+from ..workers import broker_of
 from .barriers import Barriers
 from .store import NodeStorage
 
@@ -614,19 +615,27 @@ class NodeCore:
         return alive | {self.id}
 
     def candidates(self) -> list[Candidate]:
-        """Every known member, alive for placement if SWIM says so or it died recently."""
+        """Every known broker, with its workers (`laminar.workers`), alive for placement if
+        SWIM says so or it died recently."""
         now = self.now_ms
+        members = self.members()
+        workers: dict[str, list[str]] = {}
+        for node in members:
+            workers.setdefault(broker_of(node), []).append(node)
+        mine = broker_of(self.id)
         out = []
-        for node, (status, _, _) in sorted(self.members().items()):
+        for broker, nodes in sorted(workers.items()):
+            status = members[broker][0] if broker in members else MemberStatus.DEAD
             alive = status in (MemberStatus.ALIVE, MemberStatus.SUSPECT) or (
-                now - self._dead_since_ms.get(node, now) < self.config.dead_grace_ms
+                now - self._dead_since_ms.get(broker, now) < self.config.dead_grace_ms
             )
             out.append(
                 Candidate(
-                    node,
-                    self.state.weight(node),
-                    alive=alive or node == self.id,
-                    draining=node in self.state.draining,
+                    broker,
+                    self.state.weight(broker),
+                    alive=alive or broker == mine,
+                    draining=broker in self.state.draining,
+                    workers=tuple(sorted(nodes)) if nodes != [broker] else (),
                 )
             )
         return out
@@ -918,7 +927,18 @@ class NodeCore:
                 "invalid",
                 f"replication_factor={rf} but only {len(eligible)} brokers can host replicas",
             )
-        return tuple(tuple(place(f"{topic}/{p}", candidates, rf)) for p in range(first, partitions))
+        # Initial voters create their replicas as they apply this command from the log: a
+        # worker yet to receive the metadata (it will learn it from a snapshot) would never
+        # do so. Such a broker's partitions go to its workers that hold the metadata log, and
+        # placement control moves them on once the others have it.
+        assert self.meta is not None
+        progress = self.meta.raft.progress
+        ready = {self.id} | {n for n, p in progress.items() if p.match >= 0}
+        candidates = [
+            replace(c, workers=tuple(w for w in c.workers if w in ready) or c.workers[:1])
+            for c in candidates
+        ]
+        return tuple(tuple(hosts(f"{topic}/{p}", candidates, rf)) for p in range(first, partitions))
 
     # ---- control: placement, hosting, compaction -------------------------------------------
 
@@ -1212,7 +1232,8 @@ class NodeCore:
         the first caught up."""
         moved = False
         without_me = [
-            replace(c, draining=True) if c.id == self.id else c for c in self.candidates()
+            replace(c, draining=True) if c.id == broker_of(self.id) else c
+            for c in self.candidates()
         ]
         plans: dict[str, TopicPlan] = {}
         for replica in self.all_replicas():

@@ -32,6 +32,7 @@ from ..raft.messages import Message, MessageType
 from ..swim.address import format_address
 from ..swim.member import EventKind, MembershipEvent, MemberStatus
 from ..tls import CertificateStore, TlsError
+from ..workers import expand
 from .config import BrokerConfig, core_config
 from .dead_letters import DeadLetterMovers
 from .status_gossip import StatusGossip
@@ -166,9 +167,7 @@ class Broker:
         """id -> (status, api address, peer address), ourselves included."""
         out: dict[str, Member] = {}
         if self.swim is not None and self.swim.running:
-            for node_id, member in self.swim.members().items():
-                addresses = member.member.addresses
-                out[node_id] = (member.status, addresses.api, addresses.peer)
+            out.update(expand(self.swim.members().values()))
         out[self.id] = (MemberStatus.ALIVE, self.api_addr, self.peer_addr)
         return out
 

@@ -3,7 +3,8 @@
 The default scenario is the Raft fault mix (`laminar.sim.cluster`: Raft groups over the real
 log). `--node` runs whole brokers' cores (`laminar.sim.node_cluster`: the `NodeCore` the
 broker runs, with SWIM, placement, the metadata group and the partition status table inside:
-joins, a drain, a weight change and a crash under every fault); `--queue` runs the
+joins, a drain, a weight change and a crash under every fault; `--workers N` gives each
+broker N workers, `laminar.workers`, and has two brokers change their count); `--queue` runs the
 shared-queue scenario (consumers acquiring, accepting, releasing, rejecting and crashing on
 top of the fault mix). Exits non-zero if any seed violates an invariant, printing the seed,
 its last events and its replay command.
@@ -26,11 +27,11 @@ from .queue_sim import SCENARIO as QUEUE_SCENARIO
 from .queue_sim import run_queue_seed
 
 
-def _run(args: tuple[int, SimConfig, str]) -> tuple[int, str | None, dict[str, int]]:
-    seed, config, scenario = args
+def _run(args: tuple[int, SimConfig, str, int]) -> tuple[int, str | None, dict[str, int]]:
+    seed, config, scenario, workers = args
     try:
         if scenario == "node":
-            return seed, None, run_node_seed(seed, config)
+            return seed, None, run_node_seed(seed, config, workers=workers)
         if scenario == "queue":
             return seed, None, run_queue_seed(seed, config)
         return seed, None, run_seed(seed, config)
@@ -50,7 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         "--node", action="store_true", help="run the node scenario (NodeCore; slower per seed)"
     )
     scenarios.add_argument("--queue", action="store_true", help="run the shared-queue scenario")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="with --node: workers per broker (more than 1: two brokers change their count)",
+    )
     args = parser.parse_args(argv)
+    if args.workers != 1 and not args.node:
+        parser.error("--workers needs --node")
     # Recovery reports of torn tails are expected here: crashes are the point.
     logging.getLogger("laminar").setLevel(logging.CRITICAL)
     scenario = "node" if args.node else "queue" if args.queue else "raft"
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failures = 0
     totals: dict[str, int] = {}
-    work = [(seed, config, scenario) for seed in seeds]
+    work = [(seed, config, scenario, args.workers) for seed in seeds]
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.imap(_run, work, chunksize=4)

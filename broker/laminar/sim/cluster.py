@@ -80,6 +80,8 @@ class SimConfig:
     ticks: int = 300
     #: after the faulty phase: heal, restart everyone, and run quietly this long
     settle_ticks: int = 150
+    #: then at most this many more while a group has no leader (an election under way)
+    leader_grace_ticks: int = 60
     drop_rate: float = 0.05
     duplicate_rate: float = 0.02
     max_delay_ms: int = 40
@@ -411,6 +413,10 @@ class Simulation:
 
     # ---- the client ------------------------------------------------------------------------
 
+    def _led(self) -> bool:
+        """Does every group have a leader?"""
+        return all(self._leader_of(group) is not None for group in self.group_names)
+
     def _leader_of(self, group: str) -> tuple[SimNode, Raft] | None:
         for node in self._alive():
             assert node.multi is not None
@@ -647,6 +653,13 @@ class Simulation:
                 if node.multi is None and node.down_until_ms >= 0:
                     self._start(node)
             for _ in range(self.config.settle_ticks):
+                self._tick(faulty=False)
+            # The network still drops messages: an election may be under way at the end
+            # (a follower woken by a suspicion, its leader's quiesce request lost). It gets
+            # a bounded grace to finish; a group still leaderless after it fails the run.
+            for _ in range(self.config.leader_grace_ticks):
+                if self._led():
+                    break
                 self._tick(faulty=False)
             self._check_acked_everywhere()
             outcome = repr([sorted(self.committed[g].items()) for g in self.group_names])

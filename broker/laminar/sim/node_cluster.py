@@ -20,12 +20,19 @@ partitions, crashes also mid-write, clock jumps, full disks, bit flips). On top 
 simulation's invariants (Raft safety, no acknowledged record lost), after settling:
 
 * placement converged: every partition's and the metadata group's configuration is its
-  rendezvous target (the metadata group's other live nodes are its learners);
+  rendezvous target (the metadata group's other live nodes are its learners): one worker on
+  each broker placement picks, the one that owns the partition there;
 * the partition status table agrees with the groups: on every live node, the table's leader
   of each partition, with its term and voters, is the group's real leader;
 * idempotent dedupe: each partition's producer (one batch in flight, retried with the same
   producer id and sequence until acknowledged, through `Replica.propose` as the HTTP append
   does) finds every batch committed exactly once, however often it retried it.
+
+With `workers` > 1 each node is a broker of that many workers (`laminar.workers`): Raft nodes
+`n2`, `n2~1`, ... Worker 0 runs the broker's SWIM member, advertising its workers and which
+are down; the others see the members through it (the broker's local feed) and learn the
+metadata as the group's learners. Two brokers change their count during the run (n2 gains a
+worker, n3 loses one), and the crash for good takes the metadata leader's whole broker.
 """
 
 from __future__ import annotations
@@ -60,13 +67,20 @@ from ..partition.status_table import (
     StatusTable,
     leaders,
 )
-from ..placement import place
+from ..placement import hosts
 from ..raft.messages import Message, MessageType
 from ..raft.raft import Role
 from ..swim.config import SwimConfig
 from ..swim.core import Swim
 from ..swim.member import Addresses
 from ..swim.member import Member as SwimMember
+from ..workers import (
+    broker_of,
+    expand,
+    standing_events,
+    worker_ids,
+    worker_index,
+)
 from .cluster import SCENARIO as RAFT_SCENARIO
 from .cluster import TICK_MS, SimConfig, SimNode, Simulation, _hash
 from .faults import Partition
@@ -131,7 +145,7 @@ class Runtime:
     """A live node's parts besides its Raft groups (`SimNode.multi` is its core's)."""
 
     core: NodeCore
-    swim: Swim
+    swim: Swim | None  # worker 0's (a broker's other workers follow its view)
     publisher: StatusPublisher
     table: StatusTable
 
@@ -140,9 +154,23 @@ class NodeSimulation(Simulation):
     replay_command = "python -m laminar.sim --node"
 
     def __init__(
-        self, seed: int, config: SimConfig = SCENARIO, *, partitions: int = PARTITIONS
+        self,
+        seed: int,
+        config: SimConfig = SCENARIO,
+        *,
+        partitions: int = PARTITIONS,
+        workers: int = 1,
     ) -> None:
         self.partitions = partitions
+        self.workers = workers
+        if workers > 1:
+            self.replay_command = f"python -m laminar.sim --node --workers {workers}"
+        #: each broker's workers (with more than one, the script changes two brokers')
+        self.worker_counts = {f"n{i}": workers for i in range(config.nodes)}
+        #: each broker's members as its worker 0 last told its other workers
+        self.views: dict[str, dict[str, Member]] = {}
+        #: the down workers each live worker 0 advertises
+        self.advertised: dict[str, int] = {}
         self.runtimes: dict[str, Runtime] = {}
         self.stores: dict[str, NodeStorage] = {}
         self.datagrams: list[tuple[int, int, str, bytes, str]] = []  # SWIM's, in flight
@@ -166,12 +194,22 @@ class NodeSimulation(Simulation):
             duplicates_answered=0,
             crashed_for_good=0,
             applied_once_stored=0,
+            worker_changes=0,
         )
 
     # ---- nodes -----------------------------------------------------------------------------
 
     def _initial_nodes(self) -> list[SimNode]:
-        return [self.nodes[n] for n in INITIAL_NODES]
+        return [n for b in INITIAL_NODES for n in self._workers_of(b)]
+
+    def _workers_of(self, broker: str) -> list[SimNode]:
+        """The nodes of `broker`'s workers (made on first use), worker 0 first."""
+        out = []
+        for worker in worker_ids(broker, self.worker_counts[broker]):
+            if worker not in self.nodes:
+                self.nodes[worker] = SimNode(worker, self.nodes[broker].number)
+            out.append(self.nodes[worker])
+        return out
 
     def _start(self, node: SimNode) -> None:
         store = self.stores.get(node.id)
@@ -192,11 +230,20 @@ class NodeSimulation(Simulation):
         core = NodeCore(config, store, partial(self._members, node), seed=self.rng.getrandbits(32))
         core.set_clock(self.now_ms, self.clock_ms(node))
         self.epoch += 1
-        member = SwimMember(node.id, _addresses(node.number), epoch=self.epoch)
-        seeds = [_addresses(self.nodes[n].number).gossip for n in INITIAL_NODES]
-        swim = Swim(
-            SWIM, member, seeds, random.Random(self.rng.getrandbits(64)), CLUSTER_ID, SECRET
-        )
+        swim = None
+        if worker_index(node.id) == 0:  # a broker's SWIM member runs in its worker 0
+            member = SwimMember(
+                node.id,
+                _addresses(node.number),
+                epoch=self.epoch,
+                workers=self.worker_counts[node.id],
+                workers_down=self._workers_down(node.id),
+            )
+            seeds = [_addresses(self.nodes[n].number).gossip for n in INITIAL_NODES]
+            swim = Swim(
+                SWIM, member, seeds, random.Random(self.rng.getrandbits(64)), CLUSTER_ID, SECRET
+            )
+            self.advertised[node.id] = member.workers_down
         first_version = self.now_ms * 1_000  # (the broker: the wall clock's microseconds)
         self.runtimes[node.id] = Runtime(
             core, swim, StatusPublisher(node.id, first_version), StatusTable()
@@ -204,8 +251,13 @@ class NodeSimulation(Simulation):
         core.open()
         node.multi = core.multi
         self._refresh(node)
-        swim.tick(self.now_ms, self.clock_ms(node))
-        self._route_swim(node)
+        if swim is not None:
+            swim.tick(self.now_ms, self.clock_ms(node))
+            self._route_swim(node)
+        elif (first := self.runtimes.get(broker_of(node.id))) is not None and first.swim:
+            # worker 0's feed: the members gone before this worker ran
+            for event in standing_events(first.swim.members().values(), self.now_ms):
+                core.on_member_event(event)
 
     def _new_directory(self, node: SimNode) -> MemoryDirectory:
         return MemoryDirectory(0 if self._disk_full(node) else None)
@@ -223,13 +275,20 @@ class NodeSimulation(Simulation):
         self.runtimes.pop(node.id, None)
 
     def _members(self, node: SimNode) -> dict[str, Member]:
-        runtime = self.runtimes.get(node.id)
-        if runtime is None:
-            return {}
-        return {
-            member_id: (state.status, state.member.addresses.api, state.member.addresses.peer)
-            for member_id, state in runtime.swim.members().items()
-        }
+        """What SWIM tells the node: its broker's worker 0's view (the broker's local feed;
+        while worker 0 is down, the last view it gave)."""
+        broker = broker_of(node.id)
+        runtime = self.runtimes.get(broker)
+        if runtime is not None and runtime.swim is not None and self.nodes[broker].multi:
+            self.views[broker] = expand(runtime.swim.members().values())
+        return self.views.get(broker, {})
+
+    def _workers_down(self, broker: str) -> int:
+        """The bit mask of `broker`'s workers not running (worker 0 sees its other workers'
+        feed connections close)."""
+        return sum(
+            1 << w for w, worker in enumerate(self._workers_of(broker)) if worker.multi is None
+        )
 
     def _core(self, node: SimNode) -> NodeCore | None:
         runtime = self.runtimes.get(node.id)
@@ -316,17 +375,26 @@ class NodeSimulation(Simulation):
             runtime = self.runtimes.get(target)
             if runtime is None or node.multi is None or not self._connected(source, target):
                 continue
+            assert runtime.swim is not None  # (datagrams go to worker 0s)
             runtime.swim.receive(data, _addresses(self.nodes[source].number).gossip, self.now_ms)
             self._route_swim(node)
         for node in self._alive():
-            runtime = self.runtimes[node.id]
-            if runtime.swim.next_tick_ms() <= self.now_ms:
-                runtime.swim.tick(self.now_ms, self.clock_ms(node))
+            swim = self.runtimes[node.id].swim
+            if swim is None:
+                continue
+            down = self._workers_down(node.id)
+            if self.advertised.get(node.id) != down:
+                swim.update_self(workers_down=down)
+                self.advertised[node.id] = down
+                self._route_swim(node)
+            if swim.next_tick_ms() <= self.now_ms:
+                swim.tick(self.now_ms, self.clock_ms(node))
                 self._route_swim(node)
 
     def _route_swim(self, node: SimNode) -> None:
-        runtime = self.runtimes[node.id]
-        for address, data in runtime.swim.outbox():
+        swim = self.runtimes[node.id].swim
+        assert swim is not None
+        for address, data in swim.outbox():
             target = _node_at(address)
             if target is None or self.rng.random() < self.config.drop_rate:
                 continue
@@ -335,10 +403,16 @@ class NodeSimulation(Simulation):
             heapq.heappush(
                 self.datagrams, (self.now_ms + delay_ms, self.datagram_seq, target, data, node.id)
             )
-        for event in runtime.swim.events():
-            if event.kind.name in ("DEAD", "LEFT"):
-                runtime.table.forget(event.state.id)
-            runtime.core.on_member_event(event)
+        events = swim.events()
+        for worker in self._workers_of(node.id):  # (worker 0's feed: events to every worker)
+            runtime = self.runtimes.get(worker.id)
+            if runtime is None or worker.multi is None:
+                continue
+            for event in events:
+                if event.kind.name in ("DEAD", "LEFT"):
+                    for gone in worker_ids(event.state.id, event.state.member.workers):
+                        runtime.table.forget(gone)
+                runtime.core.on_member_event(event)
 
     def _connected(self, a: str, b: str) -> bool:
         sides = [i.side for i in self.injectors if isinstance(i, Partition) and i.side]
@@ -383,6 +457,9 @@ class NodeSimulation(Simulation):
             self._refresh(node)
 
     # ---- admin commands --------------------------------------------------------------------
+
+    def _led(self) -> bool:
+        return super()._led() and self._metadata_leader() is not None
 
     def _metadata_leader(self) -> tuple[SimNode, NodeCore] | None:
         for node in self._alive():
@@ -512,6 +589,9 @@ class NodeSimulation(Simulation):
             # the metadata group must still take writes without its old leader
             750: lambda: self.admin.append(SetWeight("n3", 2)),
         }
+        if self.workers > 1:  # a broker gains a worker, another loses one
+            script[500] = partial(self._change_workers, "n2", self.workers + 1)
+            script[550] = partial(self._change_workers, "n3", self.workers - 1)
         action = script.get(self.ticks)
         if action is not None:
             self._log(f"script at tick {self.ticks}")
@@ -531,23 +611,51 @@ class NodeSimulation(Simulation):
 
     def _join(self) -> None:
         for name in JOINING_NODES:
-            self._start(self.nodes[name])
+            for worker in self._workers_of(name):
+                self._start(worker)
+
+    def _change_workers(self, broker: str, count: int) -> None:
+        """Restart `broker` with `count` workers: a worker gone stops for good (its replicas
+        move to the broker's worker that owns them now), a new one starts empty."""
+        before = self._workers_of(broker)
+        self.worker_counts[broker] = count
+        self._log(f"{broker} restarts with {count} workers")
+        self.stats["worker_changes"] += 1
+        for worker in before[count:]:
+            if worker.multi is not None:
+                self._crash(worker, torn=False)
+            worker.down_until_ms = -1  # for good
+        first = self.nodes[broker]
+        if first.multi is not None:
+            self._crash(first, torn=False)
+            self._start(first)  # (a new epoch, advertising the new workers)
+        for worker in self._workers_of(broker)[len(before) :]:
+            self._start(worker)
 
     def _crash_metadata_leader(self) -> bool:
-        """Crash the metadata leader for good (True), unless that is more than its groups can
-        survive (False: try again next tick): a group it is a member of has a damaged replica
-        elsewhere, no leader, a configuration change in flight, or too few other live voters
-        for a majority. Its groups then count as damaged for good (no more bit flips
-        there)."""
+        """Crash the metadata leader's broker (all its workers) for good (True), unless that
+        is more than its groups can survive (False: try again next tick): one of its workers
+        is down, or a group one of them is a member of has a damaged replica elsewhere, no
+        leader, a configuration change in flight, or too few other live voters for a
+        majority. Its groups then count as damaged
+        for good (no more bit flips there)."""
         found = self._metadata_leader()
         if found is None:
             return False
-        node, core = found
-        groups = [r.group for r in core.all_replicas() if node.id in r.raft.conf.members()]
-        if any(group in self.unrepaired for group in groups):
+        workers: list[SimNode] = []
+        held: dict[str, str] = {}  # group -> the worker holding it
+        for worker in self._workers_of(found[0].id):
+            core = self._core(worker)
+            if core is None:
+                return False  # a worker restarting: its groups are not known here
+            workers.append(worker)
+            for replica in core.all_replicas():
+                if worker.id in replica.raft.conf.members():
+                    held[replica.group] = worker.id
+        if any(group in self.unrepaired for group in held):
             return False
-        live = {n.id for n in self._alive()} - {node.id}
-        for group in groups:
+        live = {n.id for n in self._alive()} - {n.id for n in workers}
+        for group in held:
             if self._leader_of(group) is None:
                 return False
             rafts = [r for n in self._alive() if n.multi and (r := n.multi.groups.get(group))]
@@ -557,10 +665,11 @@ class NodeSimulation(Simulation):
                     return False
                 if raft.pending_conf_index > raft.log.committed:
                     return False  # a change in flight: its outcome is not known yet
-        self._crash(node, torn=True)
-        node.down_until_ms = -1  # for good
-        for group in groups:
-            self.unrepaired[group] = (node.id, -1)
+        for node in workers:
+            self._crash(node, torn=True)
+            node.down_until_ms = -1  # for good
+        for group, node_id in held.items():
+            self.unrepaired[group] = (node_id, -1)
         return True
 
     # ---- invariants after settling ---------------------------------------------------------
@@ -592,12 +701,15 @@ class NodeSimulation(Simulation):
             self._fail(f"weights missing from the metadata: {state.weights!r}")
         candidates = core.candidates()
         alive = {c.id for c in candidates if c.alive}
-        if alive != {n.id for n in self._alive()}:
+        if alive != {broker_of(n.id) for n in self._alive()}:
             self._fail(f"{node.id}'s SWIM sees {sorted(alive)} alive after settling")
+        if core.alive() != {n.id for n in self._alive()}:
+            self._fail(f"{node.id} counts {sorted(core.alive())} alive after settling")
         metadata_target = set(metadata_voters(candidates))
         assert core.meta is not None
         conf = core.meta.raft.conf
-        if set(conf.voters) != metadata_target or set(conf.learners) != alive - metadata_target:
+        learners = core.alive() - metadata_target  # every other worker of every broker
+        if set(conf.voters) != metadata_target or set(conf.learners) != learners:
             self._fail(f"metadata group {conf} != voters {sorted(metadata_target)} + learners")
         for group in self.group_names:
             leader = self._leader_of(group)
@@ -605,7 +717,9 @@ class NodeSimulation(Simulation):
                 self._fail(f"{group} has no leader after settling")
                 return
             conf = leader[1].conf
-            target = set(place(group, candidates, REPLICATION_FACTOR))
+            if len({broker_of(n) for n in conf.voters}) != len(conf.voters):
+                self._fail(f"{group}: two workers of one broker in {conf.voters}")
+            target = set(hosts(group, candidates, REPLICATION_FACTOR))
             if set(conf.voters) != target or conf.learners:
                 self._fail(f"{group}: voters {conf.voters} learners {conf.learners} != {target}")
         if self.stats["metadata_snapshots"] < len(JOINING_NODES):
@@ -669,5 +783,5 @@ def _node_at(gossip_address: str) -> str | None:
     return f"n{number}" if number >= 0 else None
 
 
-def run_node_seed(seed: int, config: SimConfig = SCENARIO) -> dict[str, int]:
-    return NodeSimulation(seed, config).run()
+def run_node_seed(seed: int, config: SimConfig = SCENARIO, *, workers: int = 1) -> dict[str, int]:
+    return NodeSimulation(seed, config, workers=workers).run()
