@@ -127,7 +127,12 @@ def _local_cluster(args: argparse.Namespace) -> int:
                 )
                 return 1
         cluster = LocalCluster(
-            data_dir, args.nodes, fsync=args.fsync, prefix=args.prefix, tls=args.tls
+            data_dir,
+            args.nodes,
+            fsync=args.fsync,
+            prefix=args.prefix,
+            tls=args.tls,
+            workers=args.workers,
         )
         try:
             cluster.start()
@@ -302,6 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     local.add_argument("--detach", action="store_true", help="leave the brokers running")
     local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     local.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes per broker (docs/workers.md; 0: one per usable core)",
+    )
+    local.add_argument(
         "--prefix", default="127.0.0", help="loopback /24 to use: broker i is <prefix>.<10+i>"
     )
     local.add_argument(
@@ -343,6 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config = from_arguments(args)
             except ConfigError as e:
                 parser.error(str(e))
+            if config.supervises:
+                from .server.supervisor import supervise
+
+                return supervise(config, list(sys.argv[1:] if argv is None else argv))
             run_broker(config)
             return 0
         if args.command == "bench":

@@ -54,6 +54,7 @@ from .server.config import (
     read_secret_file,
 )
 from .tls import client_context
+from .workers import PORT_STRIDE
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -82,6 +83,13 @@ class LocalNode:
     def api_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{DEFAULT_API_PORT}"
 
+    def worker_urls(self, workers: int) -> list[str]:
+        """Each worker's API (docs/workers.md: worker w listens on the port plus 3*w)."""
+        scheme = "https" if self.tls else "http"
+        return [
+            f"{scheme}://{self.host}:{DEFAULT_API_PORT + PORT_STRIDE * w}" for w in range(workers)
+        ]
+
     @property
     def gossip_addr(self) -> str:
         return f"{self.host}:{DEFAULT_GOSSIP_PORT}"
@@ -103,6 +111,7 @@ class LocalCluster:
         token: str | None = None,
         extra_args: tuple[str, ...] = (),
         tls: bool = False,
+        workers: int = 1,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise ClusterError("--nodes must be in 1..200")
@@ -112,6 +121,7 @@ class LocalCluster:
         self.tls = tls
         self._wanted_token = token
         self.extra_args = extra_args
+        self.workers = workers
         self.initial = [f"n{i}" for i in range(1, nodes + 1)]
         self.nodes: dict[str, LocalNode] = {}
         for node_id in self.initial:
@@ -266,6 +276,8 @@ class LocalCluster:
             str(self.secret_path()),
             "--fsync",
             self.fsync,
+            "--workers",
+            str(self.workers),
             *self.extra_args,
         ]
         command += ["--credentials-file", str(self.credentials_path())]
@@ -291,6 +303,16 @@ class LocalCluster:
         node.pid = node.process.pid
         self.save()
         return node
+
+    def worker_pids(self, node_id: str) -> dict[int, int]:
+        """The process id of each of a broker's workers (with --workers above 1; its
+        supervisor keeps them in <data dir>/workers.json), by worker index."""
+        path = self.nodes[node_id].data_dir / "workers.json"
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(index): int(pid) for index, pid in document["workers"].items()}
 
     def start(self, *, wait: bool = True) -> None:
         for node_id in list(self.nodes):
@@ -339,14 +361,18 @@ class LocalCluster:
         self, node_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
     ) -> None:
         deadline = time.monotonic() + timeout_s
-        pending = list(node_ids or self.nodes)
+        pending = [
+            (node_id, url)
+            for node_id in node_ids or self.nodes
+            for url in self.nodes[node_id].worker_urls(self.workers)
+        ]
         while pending:
-            node = self.nodes[pending[0]]
+            node = self.nodes[pending[0][0]]
             if not node.alive():
                 raise ClusterError(
                     f"{node.id} exited; see {node.data_dir / 'broker.log'}:\n{self.tail(node.id)}"
                 )
-            if probe(node.api_url + "/readyz", ca_file=self.ca_file) == 200:
+            if probe(pending[0][1] + "/readyz", ca_file=self.ca_file) == 200:
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:
@@ -367,6 +393,7 @@ class LocalCluster:
             "prefix": self.prefix,
             "initial": self.initial,
             "tls": self.tls,
+            "workers": self.workers,
             "nodes": {
                 n.id: {"host": n.host, "pid": n.pid, "api_url": n.api_url}
                 for n in self.nodes.values()
@@ -385,6 +412,7 @@ class LocalCluster:
             len(document["initial"]),
             prefix=document["prefix"],
             tls=bool(document.get("tls", False)),
+            workers=int(document.get("workers", 1)),
         )
         for node_id, info in document["nodes"].items():
             node = cluster.nodes.get(node_id) or cluster._add(node_id)

@@ -347,6 +347,25 @@ XDP_PIN_DIR = Setting(
 )
 
 #: The table, in BrokerConfig's order (every Setting above).
+WORKERS = Setting(
+    "workers",
+    int,
+    1,
+    "worker processes, each owning a share of the partitions (docs/workers.md); 0: one per "
+    "usable core (the CPU affinity, capped by the cgroup's CPU quota). Worker w listens on "
+    "the API and peer ports plus 3*w",
+    flag="--workers",
+    env="LAMINAR_WORKERS",
+)
+WORKER_INDEX = Setting(
+    "worker_index",
+    int,
+    None,
+    "internal: which worker this process is (the supervisor `laminar serve --workers N` "
+    "starts gives it)",
+    flag="--worker-index",
+    env="LAMINAR_WORKER_INDEX",
+)
 SETTINGS: tuple[Setting[Any], ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Setting)
 )

@@ -40,7 +40,7 @@ async def serve(config: BrokerConfig) -> None:
     site = ApiSite(
         runner,
         config.host,
-        config.api_port,
+        config.worker_api_port,
         # HTTPS only when TLS is on; the certificate in use follows its files (broker.tls)
         ssl_context=None if broker.tls is None else broker.tls.api_listener,
         handshake_timeout_s=config.header_timeout_ms / 1000,
@@ -50,7 +50,7 @@ async def serve(config: BrokerConfig) -> None:
     except OSError:
         await runner.cleanup()
         raise
-    port = int(runner.addresses[0][1]) if runner.addresses else config.api_port
+    port = int(runner.addresses[0][1]) if runner.addresses else config.worker_api_port
     broker.set_api_addr(format_address(config.public_host, port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,7 +73,7 @@ async def serve(config: BrokerConfig) -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
-        print(f"laminar {config.node_id}: api {broker.api_url(broker.api_addr)}", flush=True)
+        print(f"laminar {broker.id}: api {broker.api_url(broker.api_addr)}", flush=True)
         if config.kube_namespace and config.kube_cluster:
             try:
                 reporter = KubeStatusReporter(
@@ -89,7 +89,7 @@ async def serve(config: BrokerConfig) -> None:
         stopped.cancel()
         if broker.failed.is_set():
             raise BrokerError("storage failed: stopped so that a restart recovers from disk")
-        log.info("%s: shutting down", config.node_id)
+        log.info("%s: shutting down", broker.id)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
@@ -111,7 +111,7 @@ GC_GEN0_THRESHOLD = 50_000
 def run(config: BrokerConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {config.node_id} %(levelname)s %(message)s"
+        level=logging.INFO, format=f"%(asctime)s {config.raft_id} %(levelname)s %(message)s"
     )
     allocator.keep_read_buffers()
     open_files = raise_open_files_limit()

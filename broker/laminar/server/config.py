@@ -20,7 +20,9 @@ from ..credentials import load as load_credentials
 from ..log.config import FsyncPolicy
 from ..metadata.state import NODE_ID
 from ..node.core import CoreConfig
+from ..swim.member import MAX_WORKERS
 from ..tls import TlsFiles
+from ..workers import PORT_STRIDE, usable_cores, worker_id
 
 #: The ports and defaults are the settings table's (laminar/settings.py); these names stay
 #: for their importers.
@@ -119,10 +121,17 @@ class BrokerConfig:
     #: where `laminar-xdp` pinned the XDP router's maps; its counters are exported as metrics
     #: when they are there and readable (without CAP_BPF: Linux >= 6.5)
     xdp_pin_dir: Path = settings.XDP_PIN_DIR.default
+    #: worker processes (docs/workers.md; 0: one per usable core, resolved here), and which
+    #: of them this process is (None: the supervisor of several, or the only one)
+    workers: int = settings.WORKERS.default
+    worker_index: int | None = settings.WORKER_INDEX.default
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
             raise ConfigError(f"node id {self.node_id!r} must match {NODE_ID.pattern}")
+        if self.workers == 0:
+            object.__setattr__(self, "workers", usable_cores())
+        self._check_workers()
         for name in ("api_port", "peer_port", "gossip_port"):
             port = getattr(self, name)
             if not 0 <= port < 65_536:
@@ -156,6 +165,57 @@ class BrokerConfig:
             raise ConfigError(f"the cluster secret {problem}; {HOW_TO_MAKE_A_SECRET}")
         if self.credentials_file is None and self.token is None and not self.allow_anonymous:
             raise ConfigError(NO_CREDENTIALS)
+
+    def _check_workers(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"--workers {self.workers} must be in [0, {MAX_WORKERS}]")
+        index = self.worker_index
+        if index is not None and not 0 <= index < self.workers:
+            raise ConfigError(f"--worker-index {index} must be in [0, --workers {self.workers})")
+        if self.workers == 1:
+            return
+        if not (self.api_port and self.peer_port):
+            raise ConfigError(
+                "--workers above 1 needs fixed --api-port and --peer-port (worker w listens "
+                f"on each plus {PORT_STRIDE}*w; peers find them so), not 0"
+            )
+        ports = [self.gossip_port]
+        for w in range(self.workers):
+            ports += [self.api_port + PORT_STRIDE * w, self.peer_port + PORT_STRIDE * w]
+        if max(ports) >= 65_536 or len(set(ports)) != len(ports):
+            raise ConfigError(
+                f"--workers {self.workers}: worker w listens on the API port {self.api_port} "
+                f"and the peer port {self.peer_port} plus {PORT_STRIDE}*w; those ports must "
+                f"all differ from each other and from the gossip port {self.gossip_port}, "
+                "and stay below 65536"
+            )
+
+    @property
+    def supervises(self) -> bool:
+        """This process starts and watches the workers (`laminar.server.supervisor`)."""
+        return self.workers > 1 and self.worker_index is None
+
+    @property
+    def worker(self) -> int:
+        return self.worker_index or 0
+
+    @property
+    def raft_id(self) -> str:
+        """This worker's node id in the Raft groups (`laminar.workers`)."""
+        return worker_id(self.node_id, self.worker)
+
+    @property
+    def worker_api_port(self) -> int:
+        return self.api_port + PORT_STRIDE * self.worker if self.api_port else 0
+
+    @property
+    def worker_peer_port(self) -> int:
+        return self.peer_port + PORT_STRIDE * self.worker if self.peer_port else 0
+
+    @property
+    def worker_data_dir(self) -> Path:
+        """Worker 0's data is the data directory; worker w's, its workers/<w>."""
+        return self.data_dir / "workers" / str(self.worker) if self.worker else self.data_dir
 
     @property
     def public_host(self) -> str:
@@ -354,7 +414,7 @@ def from_arguments(args: argparse.Namespace) -> BrokerConfig:
 def core_config(config: BrokerConfig) -> CoreConfig:
     """What the node core takes of a broker's settings."""
     return CoreConfig(
-        config.node_id,
+        config.raft_id,
         election_ticks=config.election_ticks,
         segment_bytes=config.segment_bytes,
         fsync=config.fsync,

@@ -30,15 +30,16 @@ from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
 from ..raft.messages import Message, MessageType
 from ..swim.address import format_address
-from ..swim.member import EventKind, MembershipEvent, MemberStatus
+from ..swim.member import EventKind, MembershipEvent, MemberState, MemberStatus
 from ..tls import CertificateStore, TlsError
-from ..workers import expand
+from ..workers import expand, worker_ids
 from .config import BrokerConfig, core_config
 from .dead_letters import DeadLetterMovers
 from .status_gossip import StatusGossip
 from .swim_runtime import SwimNode
 from .transport import PeerTransport
 from .waits import CoreWaits
+from .worker_feed import FeedClient, FeedServer
 
 log = logging.getLogger(__name__)
 SYNC_THREADS = 4
@@ -52,7 +53,8 @@ class BrokerError(Exception):
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.id = config.node_id
+        #: this worker's node id (`laminar.workers`: the broker's id for worker 0)
+        self.id = config.raft_id
         #: TLS (config.tls): the contexts of the API, the peer transport and this broker's
         #: own calls to other brokers, reloaded when their files change
         self.tls: CertificateStore | None = None
@@ -61,7 +63,7 @@ class Broker:
                 self.tls = CertificateStore(config.tls_files)
             except TlsError as e:
                 raise BrokerError(f"TLS: {e}") from e
-        self.core = NodeCore(core_config(config), NodeStorage(config.data_dir), self.members)
+        self.core = NodeCore(core_config(config), NodeStorage(config.worker_data_dir), self.members)
         self.core.wake = self.wake
         #: the partition status table: what every other broker hosts and leads
         self.status = StatusGossip(self)
@@ -73,7 +75,12 @@ class Broker:
             tls=self.tls,
         )
         self.swim: SwimNode | None = None
-        self.api_addr = format_address(config.public_host, config.api_port)
+        #: the broker's workers (docs/workers.md): worker 0 serves the others the members
+        #: SWIM reports (`feed`); they follow it (`follow`, `_followed`)
+        self.feed: FeedServer | None = None
+        self.follow: FeedClient | None = None
+        self._followed: dict[str, Member] = {}
+        self.api_addr = format_address(config.public_host, config.worker_api_port)
         self.peer_addr = ""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -102,22 +109,17 @@ class Broker:
             raise BrokerError(str(e)) from e
         self._set_clock()
         self.core.open()
-        self.peer_addr = await self.transport.start(self.config.host, self.config.peer_port)
+        config = self.config
+        self.peer_addr = await self.transport.start(config.host, config.worker_peer_port)
         _, peer_port = self.peer_addr.rsplit(":", 1)
-        self.peer_addr = format_address(self.config.public_host, int(peer_port))
-        self.swim = SwimNode(
-            self.id,
-            cluster_id=self.config.cluster_id,
-            secret=self.config.secret,
-            seeds=self.config.seeds,
-            bind_host=self.config.host,
-            bind_port=self.config.gossip_port,
-            advertise_host=self.config.public_host,
-            api_addr=self.api_addr,
-            peer_addr=self.peer_addr,
-            on_event=self._on_member_event,
-        )
-        await self.swim.start()
+        self.peer_addr = format_address(config.public_host, int(peer_port))
+        if config.worker == 0:
+            await self._start_swim()
+        else:
+            self.follow = FeedClient(
+                config.data_dir, config.worker, self._on_table, self._on_member_event
+            )
+            self._tasks.append(asyncio.create_task(self.follow.run(), name=f"feed-{self.id}"))
         if self.tls is not None:
             self.tls.start()
         self._running = True
@@ -127,6 +129,49 @@ class Broker:
             asyncio.create_task(self.status.run(), name=f"status-{self.id}"),
         ]
         log.info("broker %s up: api %s peer %s", self.id, self.api_addr, self.peer_addr)
+
+    async def _start_swim(self) -> None:
+        """Worker 0: the broker's SWIM member, advertising its workers (all but worker 0
+        down until they connect to the feed), and the feed the others follow."""
+        config = self.config
+        down = (1 << config.workers) - 2
+        self.swim = SwimNode(
+            config.node_id,
+            cluster_id=config.cluster_id,
+            secret=config.secret,
+            seeds=config.seeds,
+            bind_host=config.host,
+            bind_port=config.gossip_port,
+            advertise_host=config.public_host,
+            api_addr=self.api_addr,
+            peer_addr=self.peer_addr,
+            workers=config.workers,
+            workers_down=down,
+            on_event=self._on_member_event,
+        )
+        await self.swim.start()
+        if config.workers > 1:
+            swim = self.swim
+            self.feed = FeedServer(
+                config.data_dir,
+                config.workers,
+                lambda: list(swim.members().values()),
+                self._on_workers,
+            )
+            await self.feed.start()
+
+    def _on_workers(self, down: int) -> None:
+        """Worker 0: the workers connected to the feed changed."""
+        if self.swim is not None and self.swim.running:
+            self.swim.update_self(workers_down=down)
+        if self.feed is not None:
+            self.feed.publish()  # (this broker's own record changed)
+        self._wake.set()
+
+    def _on_table(self, states: list[MemberState]) -> None:
+        """Worker w > 0: worker 0 sent the member table."""
+        self._followed = expand(states)
+        self._wake.set()
 
     def set_api_addr(self, address: str) -> None:
         """The HTTP server's bound address (before `start`, when the port was 0)."""
@@ -140,6 +185,8 @@ class Broker:
             await self.hand_off_leaderships(timeout_s=3.0)
         self.core.refuse_proposals()
         self._wake.set()
+        if self.feed is not None:
+            await self.feed.stop()
         if self.swim is not None:
             await self.swim.stop(leave=graceful)
         tasks = [*self._tasks, *self.movers.tasks.values()]
@@ -168,13 +215,18 @@ class Broker:
         out: dict[str, Member] = {}
         if self.swim is not None and self.swim.running:
             out.update(expand(self.swim.members().values()))
+        else:
+            out.update(self._followed)
         out[self.id] = (MemberStatus.ALIVE, self.api_addr, self.peer_addr)
         return out
 
     def _on_member_event(self, event: MembershipEvent) -> None:
         if event.kind in (EventKind.DEAD, EventKind.LEFT):
-            self.status.forget(event.state.id)
+            for node in worker_ids(event.state.id, event.state.member.workers):
+                self.status.forget(node)
         self.core.on_member_event(event)
+        if self.feed is not None:
+            self.feed.publish([event])
         self._wake.set()
 
     def api_url(self, address: str) -> str:

@@ -90,6 +90,8 @@ class SwimNode:
         peer_addr: str = "",
         weight: int = 1,
         draining: bool = False,
+        workers: int = 1,
+        workers_down: int = 0,
         config: SwimConfig | None = None,
         epoch: int | None = None,
         rng: random.Random | None = None,
@@ -109,6 +111,7 @@ class SwimNode:
         self._peer_addr = peer_addr
         self._weight = weight
         self._draining = draining
+        self._workers = (workers, workers_down)
         #: Wall-clock nanoseconds at start: larger than any earlier run's epoch.
         self.epoch = time.time_ns() if epoch is None else epoch
         self._rng = rng or random.Random()
@@ -149,7 +152,9 @@ class SwimNode:
             peer=self._peer_addr or format_address(self._advertise_host, port),
             gossip=self.gossip_addr,
         )
-        me = Member(self.node_id, addresses, self._weight, self._draining, self.epoch)
+        me = Member(
+            self.node_id, addresses, self._weight, self._draining, self.epoch, *self._workers
+        )
         try:
             self._core = Swim(
                 self.config,
@@ -209,8 +214,14 @@ class SwimNode:
     def members(self) -> dict[str, MemberState]:
         return self.core.members()
 
-    def update_self(self, *, weight: int | None = None, draining: bool | None = None) -> None:
-        self.core.update_self(weight=weight, draining=draining)
+    def update_self(
+        self,
+        *,
+        weight: int | None = None,
+        draining: bool | None = None,
+        workers_down: int | None = None,
+    ) -> None:
+        self.core.update_self(weight=weight, draining=draining, workers_down=workers_down)
         self._flush()
 
     # ---- plumbing --------------------------------------------------------------------------

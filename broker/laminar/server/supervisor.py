@@ -1,0 +1,143 @@
+"""`laminar serve --workers N` with N > 1: start the broker's N workers and keep them running.
+
+Each worker is `laminar serve` again, with the same arguments and `--worker-index w`
+(docs/workers.md). A worker that exits is started again after a pause that doubles from
+RESTART_MIN_S to RESTART_MAX_S while it keeps failing within STARTUP_S of its start; one
+that failed MAX_QUICK_FAILURES times in a row that way stops the broker (exit 1: a port in
+use, a damaged disk; its output says why). SIGTERM and SIGINT are passed on to every worker,
+which stops gracefully (hands its leaderships over); the supervisor exits once all have, 0
+if all exited 0. The workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG). Their
+process ids are in `<data dir>/workers.json`, for tools and tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from .config import BrokerConfig
+
+RESTART_MIN_S = 0.5
+RESTART_MAX_S = 30.0
+#: a worker that exits sooner than this after its start failed to start
+STARTUP_S = 10.0
+MAX_QUICK_FAILURES = 5
+POLL_S = 0.05
+PR_SET_PDEATHSIG = 1
+PIDS_FILE = "workers.json"
+
+
+def _die_with_parent() -> None:  # (runs in the child, before exec)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Worker:
+    def __init__(self, index: int, command: list[str]) -> None:
+        self.index = index
+        self.command = command
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.restart_at: float | None = 0.0  # start now
+        self.pause_s = RESTART_MIN_S
+        self.quick_failures = 0
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, preexec_fn=_die_with_parent)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    def exited(self, code: int, now: float) -> None:
+        """The worker exited with `code` (not asked to): plan its restart."""
+        if now - self.started_at < STARTUP_S:
+            self.quick_failures += 1
+            self.pause_s = min(RESTART_MAX_S, self.pause_s * 2)
+        else:
+            self.quick_failures = 0
+            self.pause_s = RESTART_MIN_S
+        print(
+            f"laminar serve: worker {self.index} exited with {code}; starting it again in "
+            f"{self.pause_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.process = None
+        self.restart_at = now + self.pause_s
+
+
+def worker_command(argv: list[str], workers: int, index: int) -> list[str]:
+    """`laminar serve` as worker `index` of `workers` (the later flags win)."""
+    return [
+        sys.executable,
+        "-m",
+        "laminar",
+        *argv,
+        "--workers",
+        str(workers),
+        "--worker-index",
+        str(index),
+    ]
+
+
+def supervise(config: BrokerConfig, argv: list[str]) -> int:
+    """Run the workers until SIGTERM or SIGINT (or one cannot start); the exit status."""
+    workers = [Worker(w, worker_command(argv, config.workers, w)) for w in range(config.workers)]
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    pids_file = config.data_dir / PIDS_FILE
+    status = 0
+    while True:
+        now = time.monotonic()
+        changed = False
+        for worker in workers:
+            process = worker.process
+            if process is not None and (code := process.poll()) is not None:
+                changed = True
+                if stopping:
+                    worker.process = None
+                    status = status or int(code != 0)
+                    continue
+                worker.exited(code, now)
+                if worker.quick_failures >= MAX_QUICK_FAILURES:
+                    print(
+                        f"laminar serve: worker {worker.index} failed to start "
+                        f"{worker.quick_failures} times in a row; stopping the broker",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    stop(signal.SIGTERM, None)
+                    status = 1
+            if not stopping and worker.restart_at is not None and worker.restart_at <= now:
+                worker.start()
+                changed = True
+        if changed:
+            _write_pids(pids_file, workers)
+        if stopping and all(w.process is None for w in workers):
+            break
+        time.sleep(POLL_S)
+    pids_file.unlink(missing_ok=True)
+    return status
+
+
+def _write_pids(path: Path, workers: list[Worker]) -> None:
+    pids = {str(w.index): w.process.pid for w in workers if w.process is not None}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"supervisor": os.getpid(), "workers": pids}))
+    temporary.replace(path)

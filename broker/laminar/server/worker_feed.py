@@ -1,0 +1,254 @@
+"""The local feed between a broker's workers (docs/workers.md).
+
+Worker 0 runs the broker's SWIM member; the others see the cluster's members through it. Each
+other worker connects to worker 0's Unix socket (`<data dir>/workers.sock`, mode 600), says
+which worker it is, and is sent the member table at once, with the members already gone as
+events (`laminar.workers.standing_events`), then again with every membership event SWIM
+reports. Lines of JSON, one message each.
+
+Worker 0 counts a worker up while its connection is open: a worker that exits, however it
+exits, closes it, and worker 0 at once advertises it down (`Member.workers_down`), so that
+the groups it led elect new leaders without waiting for a timeout. A worker keeps the last
+table it was sent while worker 0 is away, and connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..swim.member import (
+    Addresses,
+    EventKind,
+    Member,
+    MembershipEvent,
+    MemberState,
+    MemberStatus,
+)
+from ..workers import standing_events
+
+log = logging.getLogger(__name__)
+SOCKET_NAME = "workers.sock"
+#: the longest path a Unix socket can have (sun_path, with its terminating NUL)
+MAX_SOCKET_PATH_BYTES = 107
+HELLO_TIMEOUT_S = 5.0
+RECONNECT_S = 0.2
+#: a worker that lets this much of the feed pile up unread is cut off (it reconnects)
+MAX_BUFFERED_BYTES = 4 << 20
+MAX_LINE_BYTES = 16 << 20
+
+
+class FeedError(Exception):
+    pass
+
+
+def socket_path(data_dir: Path) -> Path:
+    path = data_dir / SOCKET_NAME
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise FeedError(
+            f"the workers' socket {path} is longer than a Unix socket path may be "
+            f"({MAX_SOCKET_PATH_BYTES} bytes): use a shorter --data-dir"
+        )
+    return path
+
+
+# ---- the messages --------------------------------------------------------------------------
+
+
+def _state(state: MemberState) -> dict[str, Any]:
+    m = state.member
+    return {
+        "id": m.id,
+        "api": m.addresses.api,
+        "peer": m.addresses.peer,
+        "gossip": m.addresses.gossip,
+        "weight": m.weight,
+        "draining": m.draining,
+        "epoch": m.epoch,
+        "workers": m.workers,
+        "workers_down": m.workers_down,
+        "status": int(state.status),
+        "incarnation": state.incarnation,
+    }
+
+
+def _parse_state(raw: dict[str, Any]) -> MemberState:
+    member = Member(
+        raw["id"],
+        Addresses(raw["api"], raw["peer"], raw["gossip"]),
+        raw["weight"],
+        raw["draining"],
+        raw["epoch"],
+        raw["workers"],
+        raw["workers_down"],
+    )
+    return MemberState(member, MemberStatus(raw["status"]), raw["incarnation"])
+
+
+def encode(states: Iterable[MemberState], events: Iterable[MembershipEvent]) -> bytes:
+    message = {
+        "members": [_state(s) for s in states],
+        "events": [
+            {"kind": e.kind.value, "state": _state(e.state), "at_ms": e.at_ms} for e in events
+        ],
+    }
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> tuple[list[MemberState], list[MembershipEvent]]:
+    """A feed message (FeedError: not one)."""
+    try:
+        raw = json.loads(line)
+        states = [_parse_state(s) for s in raw["members"]]
+        events = [
+            MembershipEvent(EventKind(e["kind"]), _parse_state(e["state"]), e["at_ms"])
+            for e in raw["events"]
+        ]
+    except (ValueError, KeyError, TypeError) as e:
+        raise FeedError(f"not a feed message: {e}") from None
+    return states, events
+
+
+# ---- worker 0 ------------------------------------------------------------------------------
+
+
+class FeedServer:
+    """Worker 0's side: serves the member table to the other workers and tells
+    `on_workers` the mask of those not connected whenever it changes."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        workers: int,
+        table: Callable[[], list[MemberState]],
+        on_workers: Callable[[int], None],
+    ) -> None:
+        self.path = socket_path(data_dir)
+        self.workers = workers
+        self._table = table
+        self._on_workers = on_workers
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def down(self) -> int:
+        """The bit mask of the workers not connected (worker 0 never is)."""
+        return sum(1 << w for w in range(1, self.workers) if w not in self._writers)
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a socket a previous run left
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=str(self.path), limit=MAX_LINE_BYTES
+        )
+        os.chmod(self.path, 0o600)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers.values()):
+            writer.close()  # (each connection's task then sees the end of its stream)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=HELLO_TIMEOUT_S)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def publish(self, events: Iterable[MembershipEvent] = ()) -> None:
+        """Send every connected worker the table and `events`."""
+        if not self._writers:
+            return
+        line = encode(self._table(), events)
+        for worker, writer in list(self._writers.items()):
+            if writer.transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
+                log.warning("worker %d does not read its feed: cut off", worker)
+                writer.close()
+                continue
+            writer.write(line)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        worker = None
+        try:
+            hello = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
+            worker = json.loads(hello)["worker"]
+            if not isinstance(worker, int) or not 1 <= worker < self.workers:
+                raise FeedError(f"no worker {worker!r} here")
+            previous = self._writers.get(worker)
+            if previous is not None:
+                previous.close()  # a restarted worker replaces the connection it left
+            self._writers[worker] = writer
+            table = self._table()
+            writer.write(encode(table, standing_events(table, _now_ms())))
+            log.info("worker %d connected", worker)
+            self._on_workers(self.down)
+            await reader.read()  # (a worker sends nothing more: until it closes)
+        except (OSError, ValueError, KeyError, TypeError, FeedError, TimeoutError) as e:
+            log.warning("a worker's feed connection failed: %s", e)
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            if worker is not None and self._writers.get(worker) is writer:
+                del self._writers[worker]
+                log.warning("worker %d disconnected", worker)
+                self._on_workers(self.down)
+
+
+# ---- the other workers ---------------------------------------------------------------------
+
+
+class FeedClient:
+    """Worker w's side: follows worker 0's member table (kept while worker 0 is away)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        worker: int,
+        on_table: Callable[[list[MemberState]], None],
+        on_event: Callable[[MembershipEvent], None],
+    ) -> None:
+        self.path = socket_path(data_dir)
+        self.worker = worker
+        self._on_table = on_table
+        self._on_event = on_event
+        #: set once the first table arrived
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Follow the feed until cancelled, connecting again whenever it closes."""
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(
+                    str(self.path), limit=MAX_LINE_BYTES
+                )
+            except OSError:
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            try:
+                writer.write(json.dumps({"worker": self.worker}).encode() + b"\n")
+                while line := await reader.readline():
+                    states, events = decode(line)
+                    self._on_table(states)
+                    for event in events:
+                        self._on_event(event)
+                    self.ready.set()
+            except (OSError, FeedError, ValueError) as e:
+                log.warning("worker %d's feed: %s", self.worker, e)
+            finally:
+                writer.close()
+            await asyncio.sleep(RECONNECT_S)
+
+
+def _now_ms() -> int:
+    return int(asyncio.get_running_loop().time() * 1000)

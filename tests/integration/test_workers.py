@@ -1,0 +1,132 @@
+"""Workers (issue 23, docs/workers.md): three real brokers of two worker processes each.
+
+* ownership: every partition has one replica on each broker placement picks, held by the
+  worker that owns it there;
+* kill -9 of one worker: only the partitions it led change leader; its supervisor starts it
+  again, and every acknowledged record of every partition is still there;
+* a client whose routing is stale (it sends a partition's requests to a worker that does not
+  lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from laminar.client import AsyncClient
+from laminar.local_cluster import LocalCluster
+from laminar.log.batch import Record
+from laminar.placement import owner
+from laminar.workers import broker_of, worker_ids
+
+from .conftest import auth, make_cluster, wait_until
+
+pytestmark = pytest.mark.integration
+TOPIC = "work"
+PARTITIONS = 6
+RECORDS_PER_PARTITION = 40
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = make_cluster(tmp_path_factory.mktemp("workers"), workers=2)
+    yield cluster
+    cluster.stop()
+
+
+def worker_url(cluster: LocalCluster, node: str) -> str:
+    """The API of worker `node` (e.g. n2~1)."""
+    broker = cluster.nodes[broker_of(node)]
+    index = int(node.partition("~")[2] or 0)
+    return broker.worker_urls(cluster.workers)[index]
+
+
+async def leaders(client: AsyncClient) -> dict[int, tuple[str | None, int | None]]:
+    info = await client.describe_topic(TOPIC)
+    return {p.partition: (p.leader, p.term) for p in info.partition_states}
+
+
+async def test_workers_own_their_partitions_and_fail_over_alone(cluster: LocalCluster) -> None:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
+        await client.wait_for_leaders(TOPIC)
+
+        async def settled() -> object:  # replicas where placement wants them, none moving
+            info = await client.describe_topic(TOPIC)
+            wrong = {}
+            for p in info.partition_states:
+                key = f"{TOPIC}/{p.partition}"
+                wanted = {owner(key, worker_ids(b, 2)) for b in ("n1", "n2", "n3")}
+                if set(p.replicas) != wanted or p.learners or p.leader is None:
+                    wrong[p.partition] = (p.replicas, p.learners, p.leader)
+            return wrong or True
+
+        await wait_until("every partition on its owning workers", settled)
+        acked: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+        for partition in range(PARTITIONS):
+            values = [f"{partition}-{n}".encode() for n in range(RECORDS_PER_PARTITION)]
+            await client.append(TOPIC, partition, [Record(value=v) for v in values])
+            acked[partition] += values
+
+        before = await leaders(client)
+        victims = {leader for leader, _ in before.values() if leader and "~" in leader}
+        assert victims, f"no partition led by a worker other than 0: {before}"
+        victim = sorted(victims)[0]
+        broker = broker_of(victim)
+        pids = cluster.worker_pids(broker)
+        os.kill(pids[1], signal.SIGKILL)
+        led = {p for p, (leader, _) in before.items() if leader == victim}
+
+        async def failed_over() -> object:
+            now = await leaders(client)
+            moved = {p for p in led if now[p][0] not in (None, victim)}
+            return moved == led or now
+
+        await wait_until(f"{victim}'s partitions to fail over", failed_over)
+        after = await leaders(client)
+        for partition, (leader, term) in before.items():
+            if partition not in led:  # the other workers' partitions did not notice
+                assert after[partition] == (leader, term), (partition, before, after)
+
+        async def restarted() -> object:
+            pid = cluster.worker_pids(broker).get(1)
+            if pid is None or pid == pids[1]:
+                return f"worker 1 of {broker}: pid {pid}"
+            async with aiohttp.ClientSession() as session:
+                url = worker_url(cluster, victim) + "/readyz"
+                async with session.get(url) as response:
+                    return response.status == 200 or response.status
+
+        await wait_until(f"{victim} to be started again", restarted)
+        for partition, values in acked.items():
+            read = await client.read(TOPIC, partition, 0, max_records=1000)
+            assert [r.value for r in read.records] == values, partition
+
+
+async def test_a_stale_route_is_redirected_to_the_owning_worker(cluster: LocalCluster) -> None:
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.wait_for_leaders(TOPIC)
+        info = await client.describe_topic(TOPIC)
+    every_worker = [w for b in cluster.nodes for w in worker_ids(b, cluster.workers)]
+    redirected = 0
+    for p in info.partition_states:
+        assert p.leader is not None
+        # a worker that holds no replica of the partition (a replica may serve reads)
+        wrong = next(w for w in every_worker if w not in p.replicas)
+        url = f"{worker_url(cluster, wrong)}/v1/topics/{TOPIC}/partitions/{p.partition}/records"
+        async with (
+            aiohttp.ClientSession(headers=auth(cluster)) as session,
+            session.get(f"{url}?from=0&max_records=1", allow_redirects=False) as response,
+        ):
+            assert response.status == 307, await response.text()
+            assert response.headers["Location"].startswith(worker_url(cluster, p.leader))
+            redirected += 1
+        # a client that knows only the wrong worker still appends, through the redirect
+        async with AsyncClient([worker_url(cluster, wrong)], token=cluster.token) as stale:
+            result = await stale.append(TOPIC, p.partition, [Record(value=b"stale route")])
+            assert result.base_index >= RECORDS_PER_PARTITION
+    assert redirected == PARTITIONS
