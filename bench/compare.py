@@ -176,7 +176,7 @@ def laminar_bench(
     command = [sys.executable, "-m", "laminar", "bench", *arguments, "--json", "--no-progress"]
     command += ["--brokers", ",".join(cluster.urls), "--token-file", str(cluster.token_file)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "broker"), str(REPO)]))
-    pids = [n.pid for n in cluster.nodes.values() if n.pid]
+    pids = list(cluster.serving_pids().values())
     before = [cpu_seconds(p) for p in pids]
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -218,7 +218,7 @@ def wrk_single(
     for `seconds`, sent by wrk: the broker's cost per request with no Python client in the
     way. Its figures and the brokers' CPU seconds (from /proc) while it ran."""
     token = cluster.token_file.read_text().strip()
-    pids = [n.pid for n in cluster.nodes.values() if n.pid]
+    pids = list(cluster.serving_pids().values())
     return wrk_appends(url, token, pids, size, seconds, connections, root)
 
 

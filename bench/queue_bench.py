@@ -557,7 +557,9 @@ def _check_free(cluster: LocalCluster) -> None:
 
 
 def run_laminar(a: argparse.Namespace, root: Path) -> dict[str, Any]:
-    cluster = LocalCluster(root / "laminar", a.brokers, prefix=a.prefix, fsync=a.fsync)
+    cluster = LocalCluster(
+        root / "laminar", a.brokers, prefix=a.prefix, fsync=a.fsync, workers=a.workers
+    )
     log(f"laminar: {a.brokers} brokers on {a.prefix}.x, fsync {a.fsync}")
     out: dict[str, Any] = {}
     _check_free(cluster)
@@ -567,7 +569,7 @@ def run_laminar(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         urls = cluster.urls
         # the cluster's admin token, for every client here and in the worker processes
         os.environ["LAMINAR_TOKEN_FILE"] = str(cluster.token_file)
-        pids = {n.id: n.pid for n in cluster.nodes.values() if n.pid}
+        pids = cluster.serving_pids()
         out["broker_pids"] = pids
         asyncio.run(_ensure_topic(urls, "queue", a.partitions, a.replication_factor))
         try:
@@ -648,6 +650,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         epilog="\n".join((__doc__ or "").splitlines()[1:]),
     )
     parser.add_argument("--brokers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="worker processes per broker")
     parser.add_argument("--replication-factor", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--consumers", type=int, default=4)

@@ -397,6 +397,8 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
                 args.stream,
             )
             result = await produce(client, options, progress)
+        # how many requests went to the wrong broker or worker first (a redirect answered)
+        result.update(requests=client.requests_sent, redirects=client.redirects)
     result.update({"topic": args.topic, "size": args.size})
     return result
 

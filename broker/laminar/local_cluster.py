@@ -54,7 +54,7 @@ from .server.config import (
     read_secret_file,
 )
 from .tls import client_context
-from .workers import PORT_STRIDE
+from .workers import PORT_STRIDE, worker_id
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -313,6 +313,20 @@ class LocalCluster:
         except (OSError, ValueError):
             return {}
         return {int(index): int(pid) for index, pid in document["workers"].items()}
+
+    def serving_pids(self) -> dict[str, int]:
+        """The process serving each running broker, or each of its workers (with --workers
+        above 1, not their supervisor), by node id (n1, n1~1, ...)."""
+        out: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.pid is None or not node.alive():
+                continue
+            if self.workers == 1:
+                out[node.id] = node.pid
+                continue
+            for index, pid in sorted(self.worker_pids(node.id).items()):
+                out[worker_id(node.id, index)] = pid
+        return out
 
     def start(self, *, wait: bool = True) -> None:
         for node_id in list(self.nodes):

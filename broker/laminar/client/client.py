@@ -426,6 +426,10 @@ class AsyncClient:
         self._refreshing: dict[str, asyncio.Task[TopicDescription | None]] = {}
         self._cluster: ClusterInfo | None = None
         self._cluster_at = float("-inf")
+        #: HTTP requests sent, and how many of them were answered by a redirect (a broker,
+        #: or a broker's worker, that was not the one to ask: docs/workers.md, routing)
+        self.requests_sent = 0
+        self.redirects = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1156,9 +1160,11 @@ class AsyncClient:
         """One attempt: the request and the 307/308 redirects that follow it."""
         for _ in range(MAX_REDIRECTS + 1):
             answer = await self._http(method, url, body, headers, deadline)
+            self.requests_sent += 1
             location = answer.headers.get("Location")
             if answer.status not in (307, 308) or not location:
                 return answer
+            self.redirects += 1
             url = str(URL(url).join(URL(location)))
             self._redirected(target, url)
         raise _TooManyRedirects
