@@ -356,6 +356,7 @@ WORKERS = Setting(
     "the API and peer ports plus 3*w",
     flag="--workers",
     env="LAMINAR_WORKERS",
+    crd_path="spec.workersPerPod",
 )
 WORKER_INDEX = Setting(
     "worker_index",

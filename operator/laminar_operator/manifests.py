@@ -41,6 +41,9 @@ KIND = "LaminarCluster"
 API_PORT = settings.API_PORT.default
 PEER_PORT = settings.PEER_PORT.default
 GOSSIP_PORT = settings.GOSSIP_PORT.default
+#: worker w of a broker (spec.workersPerPod, docs/workers.md) listens on both ports plus
+#: PORT_STRIDE * w
+PORT_STRIDE = 3
 DATA_DIR = "/var/lib/laminar"
 SECRET_DIR = "/etc/laminar/secret"
 SECRET_KEY = "hmac"
@@ -554,6 +557,14 @@ def stateful_set(
             {"name": "api", "containerPort": API_PORT, "protocol": "TCP"},
             {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
             {"name": "gossip", "containerPort": GOSSIP_PORT, "protocol": "UDP"},
+            *(
+                port
+                for w in range(1, spec["workersPerPod"])
+                for port in (
+                    {"name": f"api-{w}", "containerPort": worker_port(API_PORT, w)},
+                    {"name": f"peer-{w}", "containerPort": worker_port(PEER_PORT, w)},
+                )
+            ),
         ],
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": "api"},
@@ -597,8 +608,9 @@ def stateful_set(
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    if spec["resources"]:
-        broker["resources"] = spec["resources"]
+    resources = worker_resources(spec)
+    if resources:
+        broker["resources"] = resources
     pod_labels = _pod_selector(name)
     volumes: list[Object] = [
         {"name": "secret", "secret": {"secretName": secret_name(name)}},
@@ -833,16 +845,35 @@ def pod_disruption_budget(cluster: Object) -> Object:
     }
 
 
+def worker_port(port: int, worker: int) -> int:
+    return port + PORT_STRIDE * worker
+
+
+def worker_resources(spec: Object) -> Object:
+    """spec.resources, with a CPU request of one core per worker when the spec gives none
+    and runs more than one worker (each is a process meant to have a core of its own)."""
+    resources: Object = dict(spec["resources"] or {})
+    workers = spec["workersPerPod"]
+    requests = dict(resources.get("requests") or {})
+    if workers > 1 and "cpu" not in requests:
+        requests["cpu"] = str(workers)
+        resources["requests"] = requests
+    return resources
+
+
 def network_policy(cluster: Object, operator_namespace: str | None = None) -> Object:
     """Who may reach the brokers. The API port (7070; /metrics is served there too): the
     cluster's own brokers, pods of its namespace labelled CLIENT_LABEL=true, the peers
     spec.networkPolicy.clientSelectors lists, the operator's pods in `operator_namespace`
     (when known), and every pod of the namespaces spec.networkPolicy.metricsNamespaceSelector
     selects (Prometheus). The peer (TCP 7071) and gossip (UDP 7072) ports: the cluster's own
-    brokers only. Egress is not restricted. (Traffic from the pod's own node, the kubelet's
-    probes, is always allowed.)"""
+    brokers only. With spec.workersPerPod above 1, each worker's API and peer ports likewise
+    (7070 and 7071 plus 3 per worker). Egress is not restricted. (Traffic from the pod's own
+    node, the kubelet's probes, is always allowed.)"""
     name, _ = names(cluster)
-    policy = spec_of(cluster)["networkPolicy"]
+    spec = spec_of(cluster)
+    policy = spec["networkPolicy"]
+    workers = range(spec["workersPerPod"])
     brokers: Object = {"podSelector": {"matchLabels": _pod_selector(name)}}
     clients: list[Object] = [
         brokers,  # brokers ask each other's API (a node's partitions, through any broker)
@@ -867,11 +898,16 @@ def network_policy(cluster: Object, operator_namespace: str | None = None) -> Ob
             "podSelector": {"matchLabels": _pod_selector(name)},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": clients, "ports": [{"protocol": "TCP", "port": API_PORT}]},
+                {
+                    "from": clients,
+                    "ports": [
+                        {"protocol": "TCP", "port": worker_port(API_PORT, w)} for w in workers
+                    ],
+                },
                 {
                     "from": [brokers],
                     "ports": [
-                        {"protocol": "TCP", "port": PEER_PORT},
+                        *({"protocol": "TCP", "port": worker_port(PEER_PORT, w)} for w in workers),
                         {"protocol": "UDP", "port": GOSSIP_PORT},
                     ],
                 },

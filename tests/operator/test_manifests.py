@@ -165,6 +165,32 @@ def test_network_policy_admits_clients_the_operator_and_metrics_to_the_api_only(
     }
 
 
+def test_workers_per_pod_opens_their_ports_and_requests_their_cores() -> None:
+    one = build()
+    assert one["ConfigMap"]["data"]["LAMINAR_WORKERS"] == "1"
+    broker = one["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert "resources" not in broker  # (one worker: as before, no CPU request made up)
+    objects = build(with_spec(workersPerPod=3))
+    assert objects["ConfigMap"]["data"]["LAMINAR_WORKERS"] == "3"
+    broker = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in broker["ports"]}
+    assert ports == {"api": 7070, "peer": 7071, "gossip": 7072, "api-1": 7073, "peer-1": 7074,
+                     "api-2": 7076, "peer-2": 7077}  # fmt: skip
+    assert broker["resources"] == {"requests": {"cpu": "3"}}
+    api, internal = objects["NetworkPolicy"]["spec"]["ingress"]
+    assert [p["port"] for p in api["ports"]] == [7070, 7073, 7076]
+    assert [p["port"] for p in internal["ports"]] == [7071, 7074, 7077, 7072]
+    # a CPU request the spec gives is kept; the other resources are untouched
+    given = {"requests": {"cpu": "1500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    objects = build(with_spec(workersPerPod=2, resources=given))
+    broker = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert broker["resources"] == given
+    given = {"limits": {"memory": "2Gi"}}
+    objects = build(with_spec(workersPerPod=2, resources=given))
+    broker = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert broker["resources"] == {"limits": {"memory": "2Gi"}, "requests": {"cpu": "2"}}
+
+
 def test_network_policy_settings() -> None:
     outside = build()["NetworkPolicy"]["spec"]["ingress"][0]["from"]  # no operator namespace
     assert not any("laminar-operator" in str(peer) for peer in outside)

@@ -43,6 +43,7 @@ from laminar.log.batch import StoredRecord
 from laminar.models import AcquiredMessage, Handoff, TopicList, record_to_json
 from laminar.tls import TlsError, client_context
 
+from ..workers import broker_of
 from .client import AsyncClient, check_consumer, check_group
 from .config import ClientConfigError, resolve
 from .errors import Forbidden, LaminarError, NotFound, OutOfRange, Unauthorized
@@ -1330,7 +1331,12 @@ async def _node_undrain(client: AsyncClient, args: argparse.Namespace) -> int:
 async def _node_handoff(client: AsyncClient, args: argparse.Namespace) -> int:
     if not args.id:
         raise SystemExit("laminar node handoff: give the node id (or set LAMINAR_NODE_ID)")
-    leading = await client.handoff(args.id)
+    # a broker's workers (docs/workers.md) each hand over their own leaderships
+    members = [m.id for m in (await client.cluster()).members]
+    workers = [m for m in members if m != args.id and broker_of(m) == args.id]
+    leading = 0
+    for node in [args.id, *workers]:
+        leading += await client.handoff(node)
     if args.json:
         _print_json(Handoff(args.id, leading).to_json())
     else:

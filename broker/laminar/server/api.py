@@ -36,9 +36,9 @@ from ..contract import (
     METADATA_INDEX_HEADER,
     METADATA_WAIT_S,
     NEXT_INDEX_HEADER,
-    NODE_ID,
     ROUTES,
     TOPIC_NAME,
+    WORKER_NODE_ID,
 )
 from ..credentials import internal_token
 from ..log.batch import (
@@ -550,7 +550,7 @@ class Api:
         node = request.match_info["node"]
         state = self.broker.core.state
         known = set(self.broker.members()) | set(state.weights) | state.draining
-        if not NODE_ID.fullmatch(node) or node not in known:
+        if not WORKER_NODE_ID.fullmatch(node) or node not in known:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
         return node
 

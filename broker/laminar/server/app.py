@@ -74,7 +74,7 @@ async def serve(config: BrokerConfig) -> None:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         print(f"laminar {broker.id}: api {broker.api_url(broker.api_addr)}", flush=True)
-        if config.kube_namespace and config.kube_cluster:
+        if config.kube_namespace and config.kube_cluster and config.worker == 0:
             try:
                 reporter = KubeStatusReporter(
                     api, config.kube_namespace, config.kube_cluster, config.kube_config

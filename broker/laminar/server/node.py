@@ -360,11 +360,15 @@ class Broker:
         return self._client
 
     async def readiness(self, timeout_s: float) -> tuple[bool, str]:
-        """Ready: serving, and caught up with the metadata the cluster has committed (a
-        metadata barrier completes within `timeout_s`)."""
+        """Ready: serving, with every worker of the broker running (worker 0 answers for
+        them), and caught up with the metadata the cluster has committed (a metadata barrier
+        completes within `timeout_s`)."""
         reason = "starting" if not self._running else self.core.readiness()
         if reason is not None:
             return False, reason
+        if self.feed is not None and self.feed.down:  # (the pod is ready with all its workers)
+            down = [w for w in range(self.config.workers) if self.feed.down >> w & 1]
+            return False, f"workers {down} are not running"
         if not await self.waits.metadata_barrier(timeout_s):
             return False, "not caught up with the cluster metadata"
         return True, "ready"
