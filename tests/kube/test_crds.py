@@ -59,7 +59,7 @@ def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) ->
         (lambda s: s.update(replicas=2), "replicationFactor may not exceed replicas"),
         (lambda s: s["config"].update(fsync="sometimes"), "spec.config.fsync"),
         (lambda s: s["storage"].update(size="lots"), "spec.storage.size"),
-        (lambda s: s.update(workersPerPod=2), "spec.workersPerPod"),  # one worker for now
+        (lambda s: s.update(workersPerPod=65), "spec.workersPerPod"),  # 64 at most
         (lambda s: s.update(tls={"enabled": "yes"}), "spec.tls.enabled"),
         (lambda s: s.update(surprise=1), "surprise"),
     ],
