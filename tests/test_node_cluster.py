@@ -102,7 +102,8 @@ def test_the_convergence_check_catches_a_placement_that_ignores_workers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the core's plans put every partition on a broker's worker 0; placement says otherwise
-    monkeypatch.setattr(reconcile, "owner", lambda key, workers: workers[0])
+    first = lambda key, broker, workers: workers[0] if workers else broker  # noqa: E731
+    monkeypatch.setattr(reconcile, "worker_of", first)
     with pytest.raises(InvariantViolation, match=r"voters"):
         NodeSimulation(3, workers=2).run()
 

@@ -75,10 +75,13 @@ def hosts(key: str, candidates: Iterable[Candidate], replicas: int) -> list[str]
     picks, each represented by the worker that owns `key` among its workers (`owner`)."""
     candidates = list(candidates)
     workers = {c.id: c.workers for c in candidates}
-    return [
-        owner(key, workers[broker]) if workers[broker] else broker
-        for broker in place(key, candidates, replicas)
-    ]
+    return [worker_of(key, b, workers[b]) for b in place(key, candidates, replicas)]
+
+
+def worker_of(key: str, broker: str, workers: Sequence[str]) -> str:
+    """The node of `broker` that owns `key`: the owner among its `workers`, or the broker
+    itself when it lists none (one worker)."""
+    return owner(key, workers) if workers else broker
 
 
 def partition_key(topic: str, partition: int) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..placement import Candidate, owner, place, preferred_leaders
+from ..placement import Candidate, place, preferred_leaders, worker_of
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
 from ..raft.raft import Raft, Role
 
@@ -213,15 +213,12 @@ def plan_topic(
     )
     weights = {c.id: c.weight for c in candidates}
     workers = {c.id: c.workers for c in candidates}
-
-    def node(key: str, broker: str) -> str:  # the worker of `broker` that owns `key`
-        return owner(key, workers[broker]) if workers[broker] else broker
-
     targets = tuple(
-        tuple(node(f"{name}/{p}", b) for b in chosen) for p, chosen in enumerate(brokers)
+        tuple(worker_of(f"{name}/{p}", b, workers[b]) for b in chosen)
+        for p, chosen in enumerate(brokers)
     )
-    preferred = tuple(
-        None if leader is None else node(f"{name}/{p}", leader)
+    preferred = tuple(  # the preferred broker's worker that holds the partition
+        None if leader is None else worker_of(f"{name}/{p}", leader, workers[leader])
         for p, leader in enumerate(preferred_leaders(brokers, weights))
     )
     return TopicPlan(
