@@ -19,8 +19,9 @@ every answer after its fdatasync):
                for each routing layer: 1, the client's (it routes by each partition's
                leader: `laminar bench produce`'s requests not answered by a redirect); 2,
                none (every request to each broker's worker 0, answered by a redirect when
-               another worker owns the partition: raw HTTP, counting 307s). Layer 3 (kernel
-               steering) is not built yet.
+               another worker owns the partition: raw HTTP, counting 307s); 3, with 2
+               workers, the kernel's (every append on a new connection to the broker's
+               --steer-port, from a source port the kernel hands to the leading worker).
 
 Printed per phase: msg/s (or ms) with 1 and 2 workers and their ratio, and the server CPU
 seconds per million messages of each broker process (from /proc). Also the machine's limits
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -50,6 +52,7 @@ from machine import cpu_seconds, fdatasync_per_s, load_avg_1m
 
 from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
+from laminar.server.steering import source_port_for
 
 PREFIX = "127.0.23"  # the clusters' loopback /24
 SIZE = 1120
@@ -57,6 +60,7 @@ WRK_CONNECTIONS = 32  # per partition (two partitions: 64 in flight, as bench/si
 BATCH_RECORDS = 500
 RATE = 5000
 ROUTING_REQUESTS = 600
+STEER_PORT = 7090
 PHASES = ("rf1_single", "rf1_batch", "rf3_batch", "rf1_latency", "rf3_latency",
           "queue_drain", "routing")  # fmt: skip
 
@@ -89,8 +93,13 @@ async def _leaders(cluster: LocalCluster, topic: str, partitions: int, rf: int) 
             await asyncio.sleep(0.2)
 
 
-def cluster_of(root: Path, name: str, brokers: int, workers: int) -> LocalCluster:
-    cluster = LocalCluster(root / name, brokers, prefix=PREFIX, fsync="always", workers=workers)
+def cluster_of(
+    root: Path, name: str, brokers: int, workers: int, *, steer: bool = False
+) -> LocalCluster:
+    extra = ("--steer-port", str(STEER_PORT)) if steer else ()
+    cluster = LocalCluster(
+        root / name, brokers, prefix=PREFIX, fsync="always", workers=workers, extra_args=extra
+    )
     _check_free(cluster)
     cluster.start()
     return cluster
@@ -173,9 +182,48 @@ def queue_drain(root: Path, workers: int, count: int) -> dict[str, Any]:
     return {"msgs_per_s": drain["msgs_per_s"], "accepted": drain["accepted"]}
 
 
+async def _steered(
+    cluster: LocalCluster, leaders: dict[int, Any], body: bytes, requests: int
+) -> dict[str, Any]:
+    """Layer 3: each append on a new connection to its partition's broker's steer port, from
+    a source port that the kernel's program hands to the leading worker."""
+    rng = random.Random(23)
+    first_time = 0
+    for n in range(requests):
+        partition = n % len(leaders)
+        leader = leaders[partition][0]
+        broker, _, index = leader.partition("~")
+        host = cluster.nodes[broker].host
+        for _ in range(100):  # a source port naming the worker that no socket holds
+            port = source_port_for(int(index or 0), cluster.workers, rng)
+            try:
+                reader, writer = await asyncio.open_connection(
+                    host, STEER_PORT, local_addr=(host, port)
+                )
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError("no free source port for a steered connection")
+        head = (f"POST /v1/topics/steered/partitions/{partition}/records HTTP/1.1\r\n"
+                f"Host: {host}\r\nAuthorization: Bearer {cluster.token}\r\n"
+                f"Content-Type: application/vnd.laminar.batch\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        writer.write(head.encode() + body)
+        answer = await reader.read()
+        writer.close()
+        status = answer.split(b" ", 2)[1]
+        if status == b"200":
+            first_time += 1
+        elif status != b"307":
+            raise RuntimeError(f"a steered append answered {answer[:300]!r}")
+    return {"requests": requests, "first_time": first_time}
+
+
 async def _unrouted(cluster: LocalCluster, topic: str, requests: int) -> dict[str, Any]:
     """Layer 2 alone: each append goes to its partition's broker's worker 0 (the address a
-    client without routing knows), which redirects it if another worker owns it."""
+    client without routing knows), which redirects it if another worker owns it. Then, with
+    more than one worker, layer 3 (`_steered`) on another topic."""
     import aiohttp
 
     from laminar.log.batch import Record, encode_batch
@@ -200,11 +248,15 @@ async def _unrouted(cluster: LocalCluster, topic: str, requests: int) -> dict[st
                 else:
                     assert answer.status == 200, await answer.text()
                     first_time += 1
-    return {"requests": requests, "first_time": first_time, "redirected": redirected}
+    out: dict[str, Any] = {"requests": requests, "first_time": first_time}
+    if cluster.workers > 1:
+        steered = await _leaders(cluster, "steered", 6, 3)
+        out["steered"] = await _steered(cluster, steered, body, requests)
+    return out
 
 
 def routing(root: Path, workers: int) -> dict[str, Any]:
-    cluster = cluster_of(root, f"routing-w{workers}", 3, workers)
+    cluster = cluster_of(root, f"routing-w{workers}", 3, workers, steer=workers > 1)
     try:
         layer2 = asyncio.run(_unrouted(cluster, "unrouted", ROUTING_REQUESTS))
         figures = laminar_bench(
@@ -216,12 +268,17 @@ def routing(root: Path, workers: int) -> dict[str, Any]:
     finally:
         stopped(cluster)
     requests, redirects = figures["requests"], figures["redirects"]
-    return {
+    out = {
         "layer1_first_time_share": round(1 - redirects / requests, 4) if requests else None,
         "layer1_requests": requests,
         "layer2_first_time_share": round(layer2["first_time"] / layer2["requests"], 4),
         "layer2_requests": layer2["requests"],
     }
+    if "steered" in layer2:
+        steered = layer2["steered"]
+        out["layer3_first_time_share"] = round(steered["first_time"] / steered["requests"], 4)
+        out["layer3_requests"] = steered["requests"]
+    return out
 
 
 def round_of(root: Path, a: argparse.Namespace, workers: int) -> dict[str, Any]:
@@ -255,9 +312,11 @@ def _headline(phase: str, figures: dict[str, Any]) -> str:
     if phase.endswith("latency"):
         return f"p50 {figures['latency_p50_ms']} ms, p99 {figures['latency_p99_ms']} ms"
     if phase == "routing":
+        layer3 = figures.get("layer3_first_time_share")
         return (
             f"first time: layer 1 {figures['layer1_first_time_share']:.1%}, "
             f"layer 2 {figures['layer2_first_time_share']:.1%}"
+            + (f", layer 3 {layer3:.1%}" if layer3 is not None else "")
         )
     return f"{figures['msgs_per_s']:,.0f} msg/s"
 
@@ -275,7 +334,8 @@ def table(result: dict[str, Any]) -> str:
             ("rf1_latency", "latency_p50_ms"), ("rf1_latency", "latency_p99_ms"),
             ("rf3_latency", "latency_p50_ms"), ("rf3_latency", "latency_p99_ms"),
             ("queue_drain", "msgs_per_s"), ("routing", "layer1_first_time_share"),
-            ("routing", "layer2_first_time_share")]  # fmt: skip
+            ("routing", "layer2_first_time_share"),
+            ("routing", "layer3_first_time_share")]  # fmt: skip
     for phase, key in rows:
         a, b = median(one, phase, key), median(two, phase, key)
         if a is None and b is None:

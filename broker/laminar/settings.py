@@ -358,6 +358,16 @@ WORKERS = Setting(
     env="LAMINAR_WORKERS",
     crd_path="spec.workersPerPod",
 )
+STEER_PORT = Setting(
+    "steer_port",
+    int,
+    0,
+    "with --workers above 1: one more API port, shared by the workers, on which the kernel "
+    "hands each new connection to worker (its TCP source port mod workers) (docs/workers.md, "
+    "routing layer 3); 0: none",
+    flag="--steer-port",
+    env="LAMINAR_STEER_PORT",
+)
 WORKER_INDEX = Setting(
     "worker_index",
     int,

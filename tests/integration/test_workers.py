@@ -5,12 +5,16 @@
 * kill -9 of one worker: only the partitions it led change leader; its supervisor starts it
   again, and every acknowledged record of every partition is still there;
 * a client whose routing is stale (it sends a partition's requests to a worker that does not
-  lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is.
+  lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is;
+* the steer port: the kernel hands a connection to the worker its source port names.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import random
 import signal
 from collections.abc import Iterator
 
@@ -21,7 +25,8 @@ from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.placement import owner
-from laminar.workers import broker_of, worker_ids
+from laminar.server import steering
+from laminar.workers import broker_of, worker_id, worker_ids
 
 from .conftest import auth, make_cluster, wait_until
 
@@ -29,11 +34,14 @@ pytestmark = pytest.mark.integration
 TOPIC = "work"
 PARTITIONS = 6
 RECORDS_PER_PARTITION = 40
+STEER = 7090
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = make_cluster(tmp_path_factory.mktemp("workers"), workers=2)
+    cluster = make_cluster(
+        tmp_path_factory.mktemp("workers"), workers=2, extra_args=("--steer-port", str(STEER))
+    )
     yield cluster
     cluster.stop()
 
@@ -130,3 +138,35 @@ async def test_a_stale_route_is_redirected_to_the_owning_worker(cluster: LocalCl
             result = await stale.append(TOPIC, p.partition, [Record(value=b"stale route")])
             assert result.base_index >= RECORDS_PER_PARTITION
     assert redirected == PARTITIONS
+
+
+async def answered_by(host: str, source_port: int, token: str) -> str:
+    """The node that answers GET /v1/cluster on a connection to the steer port from
+    `source_port` (its node_id: the worker that accepted the connection)."""
+    reader, writer = await asyncio.open_connection(host, STEER, local_addr=(host, source_port))
+    try:
+        request = f"GET /v1/cluster HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+        writer.write(f"{request}Authorization: Bearer {token}\r\n\r\n".encode())
+        answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return str(json.loads(body)["node_id"])
+
+
+async def test_the_kernel_steers_a_connection_to_the_worker_its_source_port_names(
+    cluster: LocalCluster,
+) -> None:
+    rng = random.Random(23)
+    for broker, node in cluster.nodes.items():
+        for attempt in range(12):
+            worker = attempt % cluster.workers
+            port = steering.source_port_for(worker, cluster.workers, rng)
+            for _ in range(5):  # (a source port another connection holds: pick again)
+                try:
+                    got = await answered_by(node.host, port, cluster.token)
+                    break
+                except OSError:
+                    port = steering.source_port_for(worker, cluster.workers, rng)
+            assert got == worker_id(broker, worker), (port, got)

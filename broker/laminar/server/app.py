@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
+import socket
 import sys
 
 from .. import allocator
@@ -22,6 +24,7 @@ from .http import ApiRunner, ApiSite, ConnectionLimits
 from .kube_status import KubeStatusReporter
 from .metrics import BrokerMetrics
 from .node import Broker, BrokerError
+from .supervisor import STEER_FD_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,17 @@ async def serve(config: BrokerConfig) -> None:
     )
     try:
         await site.start()
+        steered = os.environ.get(STEER_FD_VARIABLE)
+        if steered:  # this worker's socket of the steer port (laminar.server.steering)
+            sock = socket.socket(fileno=int(steered))
+            await ApiSite(
+                runner,
+                config.host,
+                config.steer_port,
+                ssl_context=None if broker.tls is None else broker.tls.api_listener,
+                handshake_timeout_s=config.header_timeout_ms / 1000,
+                sock=sock,
+            ).start()
     except OSError:
         await runner.cleanup()
         raise

@@ -124,6 +124,8 @@ class BrokerConfig:
     #: worker processes (docs/workers.md; 0: one per usable core, resolved here), and which
     #: of them this process is (None: the supervisor of several, or the only one)
     workers: int = settings.WORKERS.default
+    #: the port the workers share, where the kernel steers connections (0: none)
+    steer_port: int = settings.STEER_PORT.default
     worker_index: int | None = settings.WORKER_INDEX.default
 
     def __post_init__(self) -> None:
@@ -132,7 +134,7 @@ class BrokerConfig:
         if self.workers == 0:
             object.__setattr__(self, "workers", usable_cores())
         self._check_workers()
-        for name in ("api_port", "peer_port", "gossip_port"):
+        for name in ("api_port", "peer_port", "gossip_port", "steer_port"):
             port = getattr(self, name)
             if not 0 <= port < 65_536:
                 raise ConfigError(f"{name}={port} is not a port")
@@ -172,6 +174,8 @@ class BrokerConfig:
         index = self.worker_index
         if index is not None and not 0 <= index < self.workers:
             raise ConfigError(f"--worker-index {index} must be in [0, --workers {self.workers})")
+        if self.steer_port and self.workers == 1:
+            raise ConfigError("--steer-port steers connections to workers: it needs --workers > 1")
         if self.workers == 1:
             return
         if not (self.api_port and self.peer_port):
@@ -179,15 +183,15 @@ class BrokerConfig:
                 "--workers above 1 needs fixed --api-port and --peer-port (worker w listens "
                 f"on each plus {PORT_STRIDE}*w; peers find them so), not 0"
             )
-        ports = [self.gossip_port]
+        ports = [self.gossip_port, *([self.steer_port] if self.steer_port else [])]
         for w in range(self.workers):
             ports += [self.api_port + PORT_STRIDE * w, self.peer_port + PORT_STRIDE * w]
         if max(ports) >= 65_536 or len(set(ports)) != len(ports):
             raise ConfigError(
                 f"--workers {self.workers}: worker w listens on the API port {self.api_port} "
                 f"and the peer port {self.peer_port} plus {PORT_STRIDE}*w; those ports must "
-                f"all differ from each other and from the gossip port {self.gossip_port}, "
-                "and stay below 65536"
+                f"all differ from each other and from the gossip port {self.gossip_port} "
+                "(and the steer port), and stay below 65536"
             )
 
     @property

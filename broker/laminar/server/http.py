@@ -318,21 +318,36 @@ class ApiSite(web.TCPSite):
         ssl_context: ssl.SSLContext | None = None,
         handshake_timeout_s: float = 10.0,
         backlog: int = 1024,
+        sock: socket.socket | None = None,
     ) -> None:
+        """`sock`: a listening socket to serve instead of binding (host, port): a worker's
+        socket of the steer port (laminar.server.steering)."""
         super().__init__(
             runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_address=True
         )
+        self.sock = sock
         self.handshake_timeout_s = handshake_timeout_s
         #: TLS handshakes under way (connections counted, not handed to aiohttp yet)
         self._handshakes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        if self._ssl_context is None:
+        if self._ssl_context is None and self.sock is None:
             await super().start()
             return
         await web.BaseSite.start(self)  # registers the site with its runner
+        if self._ssl_context is None:
+            assert self.sock is not None and self._runner.server is not None
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(
+                self._runner.server, sock=self.sock, backlog=self._backlog
+            )
+            self._bound_port = int(self.sock.getsockname()[1])
+            return
         listener = Listener(self._accepted)
-        await listener.start(self._host, self._port, backlog=self._backlog)
+        if self.sock is not None:
+            listener.adopt(self.sock, backlog=self._backlog)
+        else:
+            await listener.start(self._host, self._port, backlog=self._backlog)
         self._server = listener
         self._bound_port = int(listener.sockets[0].getsockname()[1])
 

@@ -106,6 +106,16 @@ class Listener(asyncio.AbstractServer):
         self._serving = True
         self._watch()
 
+    def adopt(self, sock: socket.socket, *, backlog: int) -> None:
+        """Accept on `sock`, a socket already listening (inherited, as a worker's socket of
+        the steer port)."""
+        sock.setblocking(False)
+        self._sockets.append(sock)
+        self._loop = asyncio.get_running_loop()
+        self._backlog = backlog
+        self._serving = True
+        self._watch()
+
     def _watch(self) -> None:
         self._retry = None
         if self._serving and self._loop is not None:

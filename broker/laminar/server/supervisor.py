@@ -7,7 +7,9 @@ that failed MAX_QUICK_FAILURES times in a row that way stops the broker (exit 1:
 use, a damaged disk; its output says why). SIGTERM and SIGINT are passed on to every worker,
 which stops gracefully (hands its leaderships over); the supervisor exits once all have, 0
 if all exited 0. The workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG). Their
-process ids are in `<data dir>/workers.json`, for tools and tests.
+process ids are in `<data dir>/workers.json`, for tools and tests. With `--steer-port`, it
+holds the steer port's sockets (`laminar.server.steering`) and hands worker w the w-th, as
+the file descriptor LAMINAR_STEER_FD names.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import FrameType
 
+from . import steering
 from .config import BrokerConfig
 
 RESTART_MIN_S = 0.5
@@ -32,6 +36,9 @@ MAX_QUICK_FAILURES = 5
 POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
 PIDS_FILE = "workers.json"
+#: a worker's socket of the steer port's group: the file descriptor it inherits
+STEER_FD_VARIABLE = "LAMINAR_STEER_FD"
+STEER_BACKLOG = 1024
 
 
 def _die_with_parent() -> None:  # (runs in the child, before exec)
@@ -40,9 +47,13 @@ def _die_with_parent() -> None:  # (runs in the child, before exec)
 
 
 class Worker:
-    def __init__(self, index: int, command: list[str]) -> None:
+    def __init__(
+        self, index: int, command: list[str], steered: socket.socket | None = None
+    ) -> None:
         self.index = index
         self.command = command
+        #: its socket of the steer port's group (`laminar.server.steering`), if any
+        self.steered = steered
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.restart_at: float | None = 0.0  # start now
@@ -50,7 +61,14 @@ class Worker:
         self.quick_failures = 0
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.command, preexec_fn=_die_with_parent)
+        env: dict[str, str] | None = None
+        fds: tuple[int, ...] = ()
+        if self.steered is not None:
+            fds = (self.steered.fileno(),)
+            env = dict(os.environ, **{STEER_FD_VARIABLE: str(fds[0])})
+        self.process = subprocess.Popen(
+            self.command, preexec_fn=_die_with_parent, pass_fds=fds, env=env
+        )
         self.started_at = time.monotonic()
         self.restart_at = None
 
@@ -88,7 +106,27 @@ def worker_command(argv: list[str], workers: int, index: int) -> list[str]:
 
 def supervise(config: BrokerConfig, argv: list[str]) -> int:
     """Run the workers until SIGTERM or SIGINT (or one cannot start); the exit status."""
-    workers = [Worker(w, worker_command(argv, config.workers, w)) for w in range(config.workers)]
+    steered: list[socket.socket | None] = [None] * config.workers
+    if config.steer_port:
+        try:
+            sockets, attached = steering.listen(
+                config.host, config.steer_port, config.workers, STEER_BACKLOG
+            )
+        except steering.SteeringError as e:
+            print(f"laminar serve: {e}", file=sys.stderr)
+            return 1
+        steered = list(sockets)
+        print(
+            f"laminar serve: steer port {config.steer_port}: "
+            + ("connections go to worker (source port mod workers)" if attached else
+               "the kernel refused the program; connections spread by hash"),
+            file=sys.stderr,
+            flush=True,
+        )  # fmt: skip
+    workers = [
+        Worker(w, worker_command(argv, config.workers, w), steered[w])
+        for w in range(config.workers)
+    ]
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
