@@ -188,6 +188,7 @@ async def _steered(
     """Layer 3: each append on a new connection to its partition's broker's steer port, from
     a source port that the kernel's program hands to the leading worker."""
     rng = random.Random(23)
+    used: set[int] = set()  # each source port once: no connection meets another's TIME_WAIT
     first_time = 0
     for n in range(requests):
         partition = n % len(leaders)
@@ -196,6 +197,9 @@ async def _steered(
         host = cluster.nodes[broker].host
         for _ in range(100):  # a source port naming the worker that no socket holds
             port = source_port_for(int(index or 0), cluster.workers, rng)
+            if port in used:
+                continue
+            used.add(port)
             try:
                 reader, writer = await asyncio.open_connection(
                     host, STEER_PORT, local_addr=(host, port)

@@ -159,14 +159,18 @@ async def test_the_kernel_steers_a_connection_to_the_worker_its_source_port_name
     cluster: LocalCluster,
 ) -> None:
     rng = random.Random(23)
+    used: set[int] = set()  # (each source port once: no connection meets another's TIME_WAIT)
     for broker, node in cluster.nodes.items():
         for attempt in range(12):
             worker = attempt % cluster.workers
-            port = steering.source_port_for(worker, cluster.workers, rng)
-            for _ in range(5):  # (a source port another connection holds: pick again)
+            for _ in range(20):  # (a source port used, or that another socket holds: again)
+                port = steering.source_port_for(worker, cluster.workers, rng)
+                if port in used:
+                    continue
+                used.add(port)
                 try:
                     got = await answered_by(node.host, port, cluster.token)
                     break
                 except OSError:
-                    port = steering.source_port_for(worker, cluster.workers, rng)
+                    continue
             assert got == worker_id(broker, worker), (port, got)

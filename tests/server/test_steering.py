@@ -1,17 +1,23 @@
-"""The steer port (docs/workers.md, routing layer 3): real sockets on loopback, the kernel's
-choice of socket for each connection, and the settings that allow it."""
+"""The steer port (docs/workers.md, routing layer 3): real sockets, on loopback and over a veth
+pair between two network namespaces the test makes; the kernel's choice of socket for each
+connection; and the settings that allow it."""
 
 from __future__ import annotations
 
+import json
 import random
 import select
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from laminar.server import steering
 from laminar.server.config import BrokerConfig, ConfigError, new_secret
+
+from ..netns import veth_pair
 
 WORKERS = 3
 CONNECTIONS = 30
@@ -23,14 +29,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def accepted_by(sockets: list[socket.socket], worker: int, port: int, rng: random.Random) -> int:
+def accepted_by(
+    sockets: list[socket.socket], worker: int, port: int, rng: random.Random, used: set[int]
+) -> int:
     """Which of `sockets` accepts a connection from a source port that names `worker` (one
-    that no other socket of the machine holds: the first free one drawn)."""
+    not used before here, and that no other socket of the machine holds: the first such
+    drawn)."""
     with socket.socket() as client:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         for _ in range(100):
+            source = steering.source_port_for(worker, WORKERS, rng)
+            if source in used:
+                continue
+            used.add(source)
             try:
-                client.bind(("127.0.0.1", steering.source_port_for(worker, WORKERS, rng)))
+                client.bind(("127.0.0.1", source))
                 break
             except OSError:  # (in use: draw another)
                 continue
@@ -49,11 +61,12 @@ def matches(attached: bool, monkeypatch: pytest.MonkeyPatch) -> int:
     sockets, on = steering.listen("127.0.0.1", port, WORKERS, 64)
     assert on == attached
     rng = random.Random(7)
+    used: set[int] = set()
     try:
         hits = 0
         for n in range(CONNECTIONS):
             worker = n % WORKERS
-            hits += accepted_by(sockets, worker, port, rng) == worker
+            hits += accepted_by(sockets, worker, port, rng, used) == worker
         return hits
     finally:
         for sock in sockets:
@@ -91,3 +104,77 @@ def test_the_steer_port_needs_workers_and_a_port_of_its_own(tmp_path: Path) -> N
         config(workers=2, steer_port=7073)  # worker 1's API port
     with pytest.raises(ConfigError, match="not 0"):
         config(workers=2, api_port=0)
+
+
+#: the broker's side, in its namespace: the steer port's sockets; prints whether the program
+#: is attached, then (source port, index of the socket that accepted) of each connection
+ACCEPTOR = """
+import json, select, sys
+from laminar.server import steering
+host, port, workers, count, attach = sys.argv[1], *map(int, sys.argv[2:6])
+if not attach:
+    steering.attach = lambda sock, workers: False
+sockets, attached = steering.listen(host, port, workers, 64)
+print(json.dumps(attached), flush=True)
+out = []
+while len(out) < count:
+    ready, _, _ = select.select(sockets, [], [], 20)
+    if not ready:
+        break
+    for listening in ready:
+        connection, address = listening.accept()
+        out.append([address[1], sockets.index(listening)])
+        connection.close()
+print(json.dumps(out), flush=True)
+"""
+#: the client's side, in the other namespace: connections from source ports naming workers
+CONNECTOR = """
+import random, socket, sys
+from laminar.server import steering
+host, port, workers, count = sys.argv[1], *map(int, sys.argv[2:5])
+rng = random.Random(5)
+used = set()  # (a port is used once: no connection meets another's TIME_WAIT)
+for n in range(count):
+    port_ = steering.source_port_for(n % workers, workers, rng)
+    while port_ in used:
+        port_ = steering.source_port_for(n % workers, workers, rng)
+    used.add(port_)
+    client = socket.socket()
+    client.bind((sys.argv[5], port_))
+    client.connect((host, port))
+    client.close()
+"""
+
+
+def steered_over_a_wire(attach: bool) -> list[tuple[int, int]]:
+    """(source port, the socket that accepted) of CONNECTIONS connections over a veth pair
+    between two namespaces the test made, to 3 steer sockets."""
+    with veth_pair() as (client, broker):
+        port = 7090
+        acceptor = subprocess.Popen(
+            ["ip", "netns", "exec", broker.netns, sys.executable, "-c", ACCEPTOR,
+             broker.address, str(port), str(WORKERS), str(CONNECTIONS), str(int(attach))],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert acceptor.stdout is not None
+            assert json.loads(acceptor.stdout.readline()) is attach
+            client.run(sys.executable, "-c", CONNECTOR, broker.address, str(port),
+                       str(WORKERS), str(CONNECTIONS), client.address)  # fmt: skip
+            out, _ = acceptor.communicate(timeout=60)
+        finally:
+            if acceptor.poll() is None:
+                acceptor.kill()
+    return [(int(p), int(i)) for p, i in json.loads(out)]
+
+
+def test_the_kernel_chooses_the_socket_for_connections_over_a_wire() -> None:
+    """In namespaces: every connection is accepted on the socket its source port names, and
+    nothing in user space moved it (the acceptor only reports where it arrived); without
+    the program the same sockets get them by the kernel's hash."""
+    steered = steered_over_a_wire(attach=True)
+    assert len(steered) == CONNECTIONS
+    assert all(index == port % WORKERS for port, index in steered), steered
+    spread = steered_over_a_wire(attach=False)
+    assert len(spread) == CONNECTIONS
+    assert sum(index == port % WORKERS for port, index in spread) < CONNECTIONS
