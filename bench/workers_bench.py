@@ -53,6 +53,7 @@ from machine import cpu_seconds, fdatasync_per_s, load_avg_1m
 from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
 from laminar.server.steering import source_port_for
+from laminar.workers import broker_of, worker_index
 
 PREFIX = "127.0.23"  # the clusters' loopback /24
 SIZE = 1120
@@ -193,10 +194,9 @@ async def _steered(
     for n in range(requests):
         partition = n % len(leaders)
         leader = leaders[partition][0]
-        broker, _, index = leader.partition("~")
-        host = cluster.nodes[broker].host
+        host = cluster.nodes[broker_of(leader)].host
         for _ in range(100):  # a source port naming the worker that no socket holds
-            port = source_port_for(int(index or 0), cluster.workers, rng)
+            port = source_port_for(worker_index(leader), cluster.workers, rng)
             if port in used:
                 continue
             used.add(port)
@@ -240,7 +240,7 @@ async def _unrouted(cluster: LocalCluster, topic: str, requests: int) -> dict[st
     async with aiohttp.ClientSession(headers=headers) as session:
         for n in range(requests):
             partition = n % len(leaders)
-            broker = cluster.nodes[leaders[partition][0].partition("~")[0]]
+            broker = cluster.nodes[broker_of(leaders[partition][0])]
             url = f"{broker.api_url}/v1/topics/{topic}/partitions/{partition}/records"
             async with session.post(url, data=body, allow_redirects=False) as answer:
                 await answer.read()

@@ -54,7 +54,7 @@ from .server.config import (
     read_secret_file,
 )
 from .tls import client_context
-from .workers import PORT_STRIDE, worker_id
+from .workers import worker_address, worker_id
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -86,9 +86,8 @@ class LocalNode:
     def worker_urls(self, workers: int) -> list[str]:
         """Each worker's API (docs/workers.md: worker w listens on the port plus 3*w)."""
         scheme = "https" if self.tls else "http"
-        return [
-            f"{scheme}://{self.host}:{DEFAULT_API_PORT + PORT_STRIDE * w}" for w in range(workers)
-        ]
+        api = f"{self.host}:{DEFAULT_API_PORT}"
+        return [f"{scheme}://{worker_address(api, w)}" for w in range(workers)]
 
     @property
     def gossip_addr(self) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 from laminar import credentials, settings
 from laminar.credentials import Role, token_hash
+from laminar.workers import PORT_STRIDE
 
 API_GROUP = "laminarmq.io"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -41,9 +42,6 @@ KIND = "LaminarCluster"
 API_PORT = settings.API_PORT.default
 PEER_PORT = settings.PEER_PORT.default
 GOSSIP_PORT = settings.GOSSIP_PORT.default
-#: worker w of a broker (spec.workersPerPod, docs/workers.md) listens on both ports plus
-#: PORT_STRIDE * w
-PORT_STRIDE = 3
 DATA_DIR = "/var/lib/laminar"
 SECRET_DIR = "/etc/laminar/secret"
 SECRET_KEY = "hmac"
@@ -846,6 +844,7 @@ def pod_disruption_budget(cluster: Object) -> Object:
 
 
 def worker_port(port: int, worker: int) -> int:
+    """Worker `worker`'s port of the broker's `port` (spec.workersPerPod, docs/workers.md)."""
     return port + PORT_STRIDE * worker
 
 

@@ -26,7 +26,7 @@ from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.placement import owner
 from laminar.server import steering
-from laminar.workers import broker_of, worker_id, worker_ids
+from laminar.workers import broker_of, worker_id, worker_ids, worker_index
 
 from .conftest import auth, make_cluster, wait_until
 
@@ -49,8 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def worker_url(cluster: LocalCluster, node: str) -> str:
     """The API of worker `node` (e.g. n2~1)."""
     broker = cluster.nodes[broker_of(node)]
-    index = int(node.partition("~")[2] or 0)
-    return broker.worker_urls(cluster.workers)[index]
+    return broker.worker_urls(cluster.workers)[worker_index(node)]
 
 
 async def leaders(client: AsyncClient) -> dict[int, tuple[str | None, int | None]]:

@@ -23,14 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..swim.member import (
-    Addresses,
-    EventKind,
-    Member,
-    MembershipEvent,
-    MemberState,
-    MemberStatus,
-)
+from ..swim import Addresses, EventKind, Member, MembershipEvent, MemberState, MemberStatus
 from ..workers import standing_events
 
 log = logging.getLogger(__name__)
