@@ -22,18 +22,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
-import functools
 import json
 import os
-import platform
 import shutil
 import struct
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from . import bpf
 from .server.config import (
     DEFAULT_API_PORT,
     DEFAULT_GOSSIP_PORT,
@@ -222,38 +220,20 @@ def load(
     raise XdpError("could not attach: " + "; ".join(errors))
 
 
-#: bpf(2): its syscall number per machine, and the commands used here.
-BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351}
-BPF_MAP_LOOKUP_ELEM, BPF_OBJ_GET = 1, 7
 BPF_F_RDONLY = 1 << 3  # open a pinned map for reading only: file read permission suffices
-BPF_ATTR_BYTES = 128
 COUNTER_LAYOUT = struct.Struct("<QQQ")  # struct class_counters: packets, bytes, drops
 
 
-@functools.cache
-def _syscall() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc.syscall
-
-
 def _bpf(command: int, attr: bytes) -> int:
-    number = BPF_SYSCALL.get(platform.machine())
-    if number is None:
-        raise XdpError(f"bpf(2) on {platform.machine()} is not known here")
-    buffer = ctypes.create_string_buffer(attr.ljust(BPF_ATTR_BYTES, b"\0"), BPF_ATTR_BYTES)
-    result = int(_syscall()(ctypes.c_long(number), ctypes.c_long(command), buffer,
-                            ctypes.c_uint(BPF_ATTR_BYTES)))  # fmt: skip
-    if result < 0:
-        code = ctypes.get_errno()
-        error = f"bpf command {command}: {os.strerror(code)}"
-        if code in (errno.EPERM, errno.EACCES):
+    try:
+        return bpf.call(command, attr)
+    except OSError as e:
+        if e.errno in (errno.EPERM, errno.EACCES):
             raise NotPermitted(
-                f"{error} (reading the counters needs read permission on the pinned map and "
-                "Linux >= 6.5, or CAP_BPF)"
-            )
-        raise XdpError(error)
-    return result
+                f"{e.strerror} (reading the counters needs read permission on the pinned map "
+                "and Linux >= 6.5, or CAP_BPF)"
+            ) from e
+        raise XdpError(e.strerror or str(e)) from e
 
 
 def _possible_cpus() -> int:
@@ -273,7 +253,7 @@ def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
     if not counters.exists():
         return {}
     path = ctypes.create_string_buffer(str(counters).encode())
-    fd = _bpf(BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, BPF_F_RDONLY))
+    fd = _bpf(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, BPF_F_RDONLY))
     try:
         cpus = _possible_cpus()
         totals: dict[str, dict[str, int]] = {}
@@ -281,7 +261,7 @@ def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
             key = ctypes.create_string_buffer(struct.pack("<I", index), 4)
             value = ctypes.create_string_buffer(COUNTER_LAYOUT.size * cpus)
             attr = struct.pack("<IIQQQ", fd, 0, ctypes.addressof(key), ctypes.addressof(value), 0)
-            _bpf(BPF_MAP_LOOKUP_ELEM, attr)
+            _bpf(bpf.MAP_LOOKUP_ELEM, attr)
             per_cpu = list(COUNTER_LAYOUT.iter_unpack(value.raw))
             summed = (sum(column) for column in zip(*per_cpu, strict=True))
             totals[name] = dict(zip(("packets", "bytes", "drops"), summed, strict=True))

@@ -1,10 +1,12 @@
 """The steer port (docs/workers.md, routing layer 3): real sockets, on loopback and over a veth
 pair between two network namespaces the test makes; the kernel's choice of socket for each
-connection; and the settings that allow it."""
+connection, by the eBPF program and by the classic one; the fall back from one to the other
+without CAP_BPF; and the settings that allow it."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import select
 import socket
@@ -54,12 +56,17 @@ def accepted_by(
         return sockets.index(ready[0])
 
 
-def matches(attached: bool, monkeypatch: pytest.MonkeyPatch) -> int:
-    if not attached:
-        monkeypatch.setattr(steering, "attach", lambda sock, workers: False)
+def needs_cap_bpf(mechanism: str) -> None:
+    if mechanism == "ebpf" and os.geteuid() != 0:
+        pytest.skip("loading the eBPF program needs CAP_BPF: run as root")
+
+
+def matches(mechanisms: tuple[str, ...]) -> int:
+    """How many of CONNECTIONS connections, each from a source port naming a worker, the
+    socket of that worker accepted, with the first of `mechanisms` attached."""
     port = free_port()
-    sockets, on = steering.listen("127.0.0.1", port, WORKERS, 64)
-    assert on == attached
+    sockets, attached = steering.listen("127.0.0.1", port, WORKERS, 64, mechanisms)
+    assert attached == (mechanisms[0] if mechanisms else None)
     rng = random.Random(7)
     used: set[int] = set()
     try:
@@ -73,12 +80,38 @@ def matches(attached: bool, monkeypatch: pytest.MonkeyPatch) -> int:
             sock.close()
 
 
+@pytest.mark.parametrize("mechanism", steering.MECHANISMS)
 def test_the_program_hands_each_connection_to_the_socket_its_source_port_names(
-    monkeypatch: pytest.MonkeyPatch,
+    mechanism: str,
 ) -> None:
-    assert matches(True, monkeypatch) == CONNECTIONS
+    needs_cap_bpf(mechanism)
+    assert matches((mechanism,)) == CONNECTIONS
     # without it the kernel's hash spreads them (all 30 right by chance: 3**-30)
-    assert matches(False, monkeypatch) < CONNECTIONS
+    assert matches(()) < CONNECTIONS
+
+
+#: without CAP_BPF (a process whose bounding set is empty): what `listen` attached
+WITHOUT_CAP_BPF = """
+import json, sys
+from laminar.server import steering
+sockets, attached = steering.listen("127.0.0.1", int(sys.argv[1]), 2, 8)
+try:
+    steering.attach_ebpf(sockets)
+    refused = None
+except OSError as e:
+    refused = e.errno
+print(json.dumps([attached, refused]))
+"""
+
+
+def test_without_cap_bpf_the_classic_program_steers() -> None:
+    needs_cap_bpf("ebpf")  # (to drop the capability, it must be held)
+    out = subprocess.run(
+        ["setpriv", "--bounding-set=-all", sys.executable, "-c", WITHOUT_CAP_BPF,
+         str(free_port())],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert json.loads(out) == ["cbpf", 1]  # EPERM
 
 
 def test_source_ports_name_their_worker() -> None:
@@ -91,6 +124,7 @@ def test_source_ports_name_their_worker() -> None:
                 assert low <= port <= high and port % workers == worker
     assert len(steering.program(4, socket.AF_INET)) == 4 * 8  # ldx, ldh, mod, ret
     assert len(steering.program(4, socket.AF_INET6)) == 3 * 8
+    assert len(steering.ebpf_program(4, 3)) == 19 * 8
 
 
 def test_the_steer_port_needs_workers_and_a_port_of_its_own(tmp_path: Path) -> None:
@@ -99,22 +133,21 @@ def test_the_steer_port_needs_workers_and_a_port_of_its_own(tmp_path: Path) -> N
 
     assert config(workers=2, steer_port=7090).steer_port == 7090
     with pytest.raises(ConfigError, match="needs --workers"):
-        config(steer_port=7090)
+        config(workers=1, steer_port=7090)
     with pytest.raises(ConfigError, match="must all differ"):
         config(workers=2, steer_port=7073)  # worker 1's API port
     with pytest.raises(ConfigError, match="not 0"):
         config(workers=2, api_port=0)
 
 
-#: the broker's side, in its namespace: the steer port's sockets; prints whether the program
-#: is attached, then (source port, index of the socket that accepted) of each connection
+#: the broker's side, in its namespace: the steer port's sockets; prints the program attached,
+#: then (source port, index of the socket that accepted) of each connection
 ACCEPTOR = """
 import json, select, sys
 from laminar.server import steering
-host, port, workers, count, attach = sys.argv[1], *map(int, sys.argv[2:6])
-if not attach:
-    steering.attach = lambda sock, workers: False
-sockets, attached = steering.listen(host, port, workers, 64)
+host, port, workers, count = sys.argv[1], *map(int, sys.argv[2:5])
+mechanisms = tuple(m for m in sys.argv[5].split(",") if m)
+sockets, attached = steering.listen(host, port, workers, 64, mechanisms)
 print(json.dumps(attached), flush=True)
 out = []
 while len(out) < count:
@@ -146,19 +179,19 @@ for n in range(count):
 """
 
 
-def steered_over_a_wire(attach: bool) -> list[tuple[int, int]]:
+def steered_over_a_wire(mechanism: str | None) -> list[tuple[int, int]]:
     """(source port, the socket that accepted) of CONNECTIONS connections over a veth pair
-    between two namespaces the test made, to 3 steer sockets."""
+    between two namespaces the test made, to 3 steer sockets with `mechanism` attached."""
     with veth_pair() as (client, broker):
         port = 7090
         acceptor = subprocess.Popen(
             ["ip", "netns", "exec", broker.netns, sys.executable, "-c", ACCEPTOR,
-             broker.address, str(port), str(WORKERS), str(CONNECTIONS), str(int(attach))],
+             broker.address, str(port), str(WORKERS), str(CONNECTIONS), mechanism or ""],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             assert acceptor.stdout is not None
-            assert json.loads(acceptor.stdout.readline()) is attach
+            assert json.loads(acceptor.stdout.readline()) == mechanism
             client.run(sys.executable, "-c", CONNECTOR, broker.address, str(port),
                        str(WORKERS), str(CONNECTIONS), client.address)  # fmt: skip
             out, _ = acceptor.communicate(timeout=60)
@@ -168,13 +201,15 @@ def steered_over_a_wire(attach: bool) -> list[tuple[int, int]]:
     return [(int(p), int(i)) for p, i in json.loads(out)]
 
 
-def test_the_kernel_chooses_the_socket_for_connections_over_a_wire() -> None:
+@pytest.mark.parametrize("mechanism", steering.MECHANISMS)
+def test_the_kernel_chooses_the_socket_for_connections_over_a_wire(mechanism: str) -> None:
     """In namespaces: every connection is accepted on the socket its source port names, and
     nothing in user space moved it (the acceptor only reports where it arrived); without
     the program the same sockets get them by the kernel's hash."""
-    steered = steered_over_a_wire(attach=True)
+    needs_cap_bpf(mechanism)
+    steered = steered_over_a_wire(mechanism)
     assert len(steered) == CONNECTIONS
     assert all(index == port % WORKERS for port, index in steered), steered
-    spread = steered_over_a_wire(attach=False)
+    spread = steered_over_a_wire(None)
     assert len(spread) == CONNECTIONS
     assert sum(index == port % WORKERS for port, index in spread) < CONNECTIONS

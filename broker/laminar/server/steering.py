@@ -2,27 +2,39 @@
 
 With `--steer-port P` and more than one worker, the supervisor listens on P once per worker:
 N sockets in one SO_REUSEPORT group, made in worker order, each handed to its worker (which
-serves the API on it as on its own port). A classic BPF program attached to the group
-(SO_ATTACH_REUSEPORT_CBPF) picks the socket of each new connection: the client's TCP source
-port modulo N. So a client that wants worker w connects from a source port p with p mod N ==
-w (`source_port_for`), and the kernel hands the connection to worker w with no user-space
-hop. The supervisor keeps the sockets open while workers restart, so the group's order never
-changes and connections for a worker being restarted wait in its backlog.
+serves the API on it as on its own port). A program attached to the group picks the socket
+of each new connection: the client's TCP source port modulo N. So a client that wants worker
+w connects from a source port p with p mod N == w (`source_port_for`), and the kernel hands
+the connection to worker w with no user-space hop.
 
-Attaching needs no privilege. Where it fails (a kernel without it), the group spreads
-connections by the kernel's own hash and a wrong worker answers with a redirect (layer 2).
+Two programs do this, tried in order (`MECHANISMS`):
+* "ebpf": an eBPF `sk_reuseport` program that looks the socket up in a
+  `REUSEPORT_SOCKARRAY` map holding worker w's socket at key w (`bpf_sk_select_reuseport`).
+  Loading it needs CAP_BPF (root, or a pod granted it).
+* "cbpf": a classic BPF program returning the socket's index in the group
+  (SO_ATTACH_REUSEPORT_CBPF), which needs no privilege.
+If neither attaches, the group spreads connections by the kernel's hash and a wrong worker
+answers with a redirect (layer 2). The supervisor keeps the sockets open while workers
+restart, so the map and the group's order never change, and connections for a worker being
+restarted wait in its backlog.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
+import os
 import random
 import socket
 import struct
 
+from .. import bpf
+
 log = logging.getLogger(__name__)
-SO_ATTACH_REUSEPORT_CBPF = 51
+SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF = 51, 52
+#: the programs tried, best first (see the module's text)
+MECHANISMS = ("ebpf", "cbpf")
 #: classic BPF opcodes (linux/filter.h)
 BPF_LD, BPF_LDX, BPF_ALU, BPF_RET = 0x00, 0x01, 0x04, 0x06
 BPF_H, BPF_B = 0x08, 0x10
@@ -56,22 +68,135 @@ def program(workers: int, family: socket.AddressFamily) -> bytes:
     return b"".join([*load_port, _insn(BPF_ALU | BPF_MOD | BPF_K, workers), _insn(BPF_RET | BPF_A)])
 
 
-def attach(sock: socket.socket, workers: int) -> bool:
-    """Attach the program to `sock`'s reuseport group; False (logged) if the kernel refuses."""
-    code = program(workers, sock.family)
+#: eBPF (linux/bpf.h): the program and map types, the attach type, the helper, a verdict
+PROG_TYPE_SK_REUSEPORT, MAP_TYPE_REUSEPORT_SOCKARRAY = 21, 20
+ATTACH_SK_REUSEPORT_SELECT, FUNC_SK_SELECT_REUSEPORT, SK_PASS = 39, 82, 1
+PSEUDO_MAP_FD = 1
+#: eBPF opcodes: loads (ldx) of 8 and 1 bytes, a 4-byte store, 64-bit ALU with a register (x)
+#: or an immediate (k), the jump if greater, call, exit, and the 16-byte immediate load
+LDX_DW, LDX_B, STX_W = 0x79, 0x71, 0x63
+MOV_X, MOV_K, ADD_K, LSH_K, OR_X, MOD_K = 0xBF, 0xB7, 0x07, 0x67, 0x4F, 0x97
+JGT_X, CALL, EXIT, LD_IMM64 = 0x2D, 0x85, 0x95, 0x18
+VERIFIER_LOG_BYTES = 1 << 16
+
+
+def _ebpf(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, src << 4 | dst, off, imm)
+
+
+def ebpf_program(workers: int, sockarray_fd: int) -> bytes:
+    """The eBPF program: look up the socket at key (TCP source port mod `workers`) in the
+    REUSEPORT_SOCKARRAY map `sockarray_fd` and select it; if the header is short or the slot
+    is empty, pass and let the kernel's hash choose. The context's `data` is the TCP header,
+    for IPv4 and IPv6 alike (r1: the context, r10: the stack)."""
+    pass_at = 17
+    code = [
+        _ebpf(LDX_DW, 2, 1, 0),  # r2 = ctx->data
+        _ebpf(LDX_DW, 3, 1, 8),  # r3 = ctx->data_end
+        _ebpf(MOV_X, 4, 2),
+        _ebpf(ADD_K, 4, imm=2),
+        _ebpf(JGT_X, 4, 3, off=pass_at - 5),  # the source port is not within the data
+        _ebpf(LDX_B, 4, 2, 0),
+        _ebpf(LSH_K, 4, imm=8),
+        _ebpf(LDX_B, 5, 2, 1),
+        _ebpf(OR_X, 4, 5),  # r4 = the source port (network order, read bytewise)
+        _ebpf(MOD_K, 4, imm=workers),
+        _ebpf(STX_W, 10, 4, -4),  # the key, on the stack
+        _ebpf(LD_IMM64, 2, PSEUDO_MAP_FD, imm=sockarray_fd),
+        _ebpf(0),
+        _ebpf(MOV_X, 3, 10),
+        _ebpf(ADD_K, 3, imm=-4),
+        _ebpf(MOV_K, 4, imm=0),
+        _ebpf(CALL, imm=FUNC_SK_SELECT_REUSEPORT),  # (ctx, map, &key, 0)
+        _ebpf(MOV_K, 0, imm=SK_PASS),
+        _ebpf(EXIT),
+    ]
+    assert len(code) == pass_at + 2
+    return b"".join(code)
+
+
+def _load(workers: int, sockarray_fd: int) -> int:
+    """Load the eBPF program: its file descriptor. OSError carries the verifier's log."""
+    code = ebpf_program(workers, sockarray_fd)
+    insns = ctypes.create_string_buffer(code, len(code))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    name = b"laminar_steer"
+
+    def attr(log: ctypes.Array[ctypes.c_char] | None) -> bytes:
+        return struct.pack(
+            "<IIQQIIQII16sII", PROG_TYPE_SK_REUSEPORT, len(code) // 8,
+            ctypes.addressof(insns), ctypes.addressof(license_),
+            int(log is not None), len(log) if log else 0, ctypes.addressof(log) if log else 0,
+            0, 0, name, 0, ATTACH_SK_REUSEPORT_SELECT,
+        )  # fmt: skip
+
+    try:
+        return bpf.call(bpf.PROG_LOAD, attr(None))
+    except OSError as e:
+        if e.errno in (errno.EPERM, errno.EACCES):
+            raise
+        log_buffer = ctypes.create_string_buffer(VERIFIER_LOG_BYTES)
+        try:
+            return bpf.call(bpf.PROG_LOAD, attr(log_buffer))
+        except OSError as again:
+            text = log_buffer.value.decode(errors="replace").strip()
+            raise OSError(again.errno, f"{again.strerror}; verifier: {text}") from e
+
+
+def attach_ebpf(sockets: list[socket.socket]) -> None:
+    """Put socket w at key w of a new REUSEPORT_SOCKARRAY and attach the eBPF program to the
+    group. The group then holds the program and the program the map: their descriptors are
+    closed here. OSError if the kernel refuses (EPERM without CAP_BPF)."""
+    workers = len(sockets)
+    sockarray = bpf.call(
+        bpf.MAP_CREATE, struct.pack("<IIIII", MAP_TYPE_REUSEPORT_SOCKARRAY, 4, 8, workers, 0)
+    )
+    try:
+        for index, sock in enumerate(sockets):
+            key = ctypes.create_string_buffer(struct.pack("<I", index), 4)
+            value = ctypes.create_string_buffer(struct.pack("<Q", sock.fileno()), 8)
+            bpf.call(
+                bpf.MAP_UPDATE_ELEM,
+                struct.pack("<IIQQQ", sockarray, 0, ctypes.addressof(key),
+                            ctypes.addressof(value), 0),
+            )  # fmt: skip
+        program_fd = _load(workers, sockarray)
+        try:
+            sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, program_fd)
+        finally:
+            os.close(program_fd)
+    finally:
+        os.close(sockarray)
+
+
+def attach_cbpf(sockets: list[socket.socket]) -> None:
+    """Attach the classic program to the group of `sockets` (made in worker order)."""
+    code = program(len(sockets), sockets[0].family)
     instructions = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("HxxxxxxQ", len(code) // 8, ctypes.addressof(instructions))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
-    except OSError as e:
-        log.warning("kernel steering is off (%s): connections spread by hash, and redirect", e)
-        return False
-    return True
+    sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
-def listen(host: str, port: int, workers: int, backlog: int) -> tuple[list[socket.socket], bool]:
+def attach(sockets: list[socket.socket], mechanisms: tuple[str, ...] = MECHANISMS) -> str | None:
+    """Attach the first of `mechanisms` the kernel accepts to the group of `sockets`: its
+    name, or None (each refusal logged) when connections are left to the kernel's hash."""
+    for mechanism in mechanisms:
+        try:
+            (attach_ebpf if mechanism == "ebpf" else attach_cbpf)(sockets)
+        except OSError as e:
+            log.info("steering: the %s program did not attach: %s", mechanism, e)
+            continue
+        return mechanism
+    if mechanisms:
+        log.warning("kernel steering is off: connections spread by hash, and redirect")
+    return None
+
+
+def listen(
+    host: str, port: int, workers: int, backlog: int, mechanisms: tuple[str, ...] = MECHANISMS
+) -> tuple[list[socket.socket], str | None]:
     """One listening socket per worker on (host, port), in one SO_REUSEPORT group in worker
-    order, and whether the steering program is attached."""
+    order, and the steering program attached to it (`attach`)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as e:
@@ -90,7 +215,7 @@ def listen(host: str, port: int, workers: int, backlog: int) -> tuple[list[socke
         for sock in sockets:
             sock.close()
         raise SteeringError(f"--steer-port {port}: cannot listen on {host}: {e}") from e
-    return sockets, attach(sockets[0], workers)
+    return sockets, attach(sockets, mechanisms)
 
 
 def source_port_for(worker: int, workers: int, rng: random.Random | None = None) -> int:

@@ -109,7 +109,7 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
     steered: list[socket.socket | None] = [None] * config.workers
     if config.steer_port:
         try:
-            sockets, attached = steering.listen(
+            sockets, mechanism = steering.listen(
                 config.host, config.steer_port, config.workers, STEER_BACKLOG
             )
         except steering.SteeringError as e:
@@ -118,8 +118,8 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
         steered = list(sockets)
         print(
             f"laminar serve: steer port {config.steer_port}: "
-            + ("connections go to worker (source port mod workers)" if attached else
-               "the kernel refused the program; connections spread by hash"),
+            + (f"connections go to worker (source port mod workers), by the {mechanism} program"
+               if mechanism else "the kernel refused both programs; connections spread by hash"),
             file=sys.stderr,
             flush=True,
         )  # fmt: skip
