@@ -162,7 +162,7 @@ def broker_cpu_under_flood(
         ["ip", "netns", "exec", receiver.netns, sys.executable, "-m", "laminar", "serve",
          "--node-id", "b", "--data-dir", str(data), "--host", receiver.address,
          "--initial-nodes", "b", "--cluster-id", CLUSTER, "--secret-file", str(secret),
-         "--allow-anonymous"],  # its metrics only are read
+         "--allow-anonymous", "--workers", "1"],  # its metrics only are read; one process
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

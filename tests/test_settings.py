@@ -18,6 +18,7 @@ import yaml
 from laminar import settings
 from laminar.server.config import BrokerConfig, add_arguments, from_arguments, new_secret
 from laminar.settings import SETTINGS, Setting
+from laminar.workers import usable_cores
 from laminar_operator import manifests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +151,8 @@ def test_without_flags_or_variables_a_broker_has_the_tables_defaults(
     config = from_arguments(parser().parse_args([*required, "--allow-anonymous"]))
     for setting in SETTINGS:
         if not setting.required and setting not in (settings.SECRET, settings.ALLOW_ANONYMOUS):
-            assert getattr(config, setting.name) == setting.default, setting.name
+            default = usable_cores() if setting is settings.WORKERS else setting.default
+            assert getattr(config, setting.name) == default, setting.name  # (0 resolved)
 
 
 def test_every_variable_sets_its_flag(clean_env: pytest.MonkeyPatch) -> None:
@@ -187,9 +189,14 @@ def test_crd_paths_exist_with_the_tables_default_and_type(path: Path) -> None:
             assert schema["enum"] == [member.value for member in setting.type]
         else:
             assert schema["type"] == crd_types[setting.type], setting.crd_path
-        if "default" in schema:
-            assert schema["default"] == setting.default, setting.crd_path
         default = setting.default
+        if setting is settings.WORKERS:
+            # a pod's count is always given (its ports and CPU request follow it): 1 unless
+            # set; the broker's own default (0: one per usable core) is for other machines
+            assert default == 0 and schema["default"] == schema["minimum"] == 1
+            continue
+        if "default" in schema:
+            assert schema["default"] == default, setting.crd_path
         assert schema.get("minimum", default) <= default <= schema.get("maximum", default)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from laminar.partition.reconcile import plan_topic
 from laminar.placement import Candidate, hosts, place
+from laminar.server.config import BrokerConfig, new_secret
 from laminar.swim import Addresses, Member, MemberState, MemberStatus
 from laminar.workers import (
     broker_of,
@@ -76,6 +77,18 @@ def test_the_cgroup_quota_caps_the_cores(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(root, v1) is None
     assert cgroup_cpu_limit(tmp_path / "missing", v2) is None
     assert 1 <= usable_cores() <= affinity  # this machine's own cgroup
+
+
+def test_the_default_is_one_worker_per_usable_core_where_ports_are_fixed(tmp_path: Path) -> None:
+    def workers(**kwargs: int) -> int:
+        config = BrokerConfig("n1", tmp_path, secret=new_secret(), allow_anonymous=True, **kwargs)
+        return config.workers
+
+    assert workers() == usable_cores()  # the default ports: fixed
+    assert workers(workers=0) == usable_cores()
+    assert workers(api_port=0) == 1  # an ephemeral port: worker w's could not be derived
+    assert workers(peer_port=0) == 1
+    assert workers(workers=1) == 1
 
 
 def _brokers(workers: dict[str, int]) -> list[Candidate]:

@@ -350,10 +350,11 @@ XDP_PIN_DIR = Setting(
 WORKERS = Setting(
     "workers",
     int,
-    1,
-    "worker processes, each owning a share of the partitions (docs/workers.md); 0: one per "
-    "usable core (the CPU affinity, capped by the cgroup's CPU quota). Worker w listens on "
-    "the API and peer ports plus 3*w",
+    0,
+    "worker processes, each owning a share of the partitions (docs/workers.md); 0 (the "
+    "default): one per usable core (the CPU affinity, capped by the cgroup's CPU quota), or "
+    "one with an ephemeral (0) API or peer port. Worker w listens on the API and peer ports "
+    "plus 3*w",
     flag="--workers",
     env="LAMINAR_WORKERS",
     crd_path="spec.workersPerPod",

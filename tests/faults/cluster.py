@@ -154,6 +154,9 @@ class Cluster:
             "--request-timeout-ms", str(s.request_timeout_ms),
             "--dead-grace-ms", str(s.dead_grace_ms),
             "--fsync", "always",
+            # one process per broker: the faults act on a broker's process (a worker's own
+            # kill -9 is tests/integration/test_workers.py)
+            "--workers", "1",
         ]  # fmt: skip
 
     def environment(self, broker: Broker) -> dict[str, str]:

@@ -121,7 +121,8 @@ class BrokerConfig:
     #: where `laminar-xdp` pinned the XDP router's maps; its counters are exported as metrics
     #: when they are there and readable (without CAP_BPF: Linux >= 6.5)
     xdp_pin_dir: Path = settings.XDP_PIN_DIR.default
-    #: worker processes (docs/workers.md; 0: one per usable core, resolved here), and which
+    #: worker processes (docs/workers.md; 0: one per usable core, or one with an ephemeral API
+    #: or peer port, whose workers' ports could not be derived; resolved here), and which
     #: of them this process is (None: the supervisor of several, or the only one)
     workers: int = settings.WORKERS.default
     #: the port the workers share, where the kernel steers connections (0: none)
@@ -132,7 +133,8 @@ class BrokerConfig:
         if not NODE_ID.fullmatch(self.node_id):
             raise ConfigError(f"node id {self.node_id!r} must match {NODE_ID.pattern}")
         if self.workers == 0:
-            object.__setattr__(self, "workers", usable_cores())
+            fixed_ports = bool(self.api_port and self.peer_port)
+            object.__setattr__(self, "workers", usable_cores() if fixed_ports else 1)
         self._check_workers()
         for name in ("api_port", "peer_port", "gossip_port", "steer_port"):
             port = getattr(self, name)
