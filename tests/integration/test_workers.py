@@ -6,7 +6,8 @@
   again, and every acknowledged record of every partition is still there;
 * a client whose routing is stale (it sends a partition's requests to a worker that does not
   lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is;
-* the steer port: the kernel hands a connection to the worker its source port names.
+* the steer port: the kernel hands a connection to the worker its source port names;
+* metrics: each broker's /metrics has every one of its workers', labelled.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
@@ -173,3 +175,41 @@ async def test_the_kernel_steers_a_connection_to_the_worker_its_source_port_name
                 except OSError:
                     continue
             assert got == worker_id(broker, worker), (port, got)
+
+
+async def test_worker_0s_metrics_have_every_workers_labelled(cluster: LocalCluster) -> None:
+    """Each broker's /metrics (worker 0's port) exports the partitions every one of its
+    workers leads, each labelled with that worker, as the topic's state names the leaders."""
+    topic = "metered"
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic(topic, partitions=PARTITIONS, replication_factor=3)
+
+        async def agree() -> object:
+            states = (await client.describe_topic(topic)).partition_states
+            if not all(s.leader for s in states):
+                return "leaderless partitions"
+            wanted: set[tuple[str, str, str]] = set()
+            for s in states:
+                assert s.leader is not None
+                wanted.add((broker_of(s.leader), str(s.partition), str(worker_index(s.leader))))
+            seen: set[tuple[str, str, str]] = set()
+            hosted.clear()
+            async with aiohttp.ClientSession() as session:
+                for broker, node in cluster.nodes.items():
+                    async with session.get(f"{node.api_url}/metrics") as response:
+                        text = await response.text()
+                    for family in text_string_to_metric_families(text):
+                        for sample in family.samples:
+                            if sample.name != "laminar_partition_leader":
+                                continue
+                            if sample.labels["topic"] != topic:
+                                continue
+                            hosted.add(sample.labels["worker"])
+                            if sample.value == 1:
+                                partition = sample.labels["partition"]
+                                seen.add((broker, partition, sample.labels["worker"]))
+            return seen == wanted or (seen, wanted)
+
+        hosted: set[str] = set()  # the workers that host a replica, by the metrics' labels
+        await wait_until("worker 0s' metrics name every leader", agree)
+        assert hosted == {"0", "1"}  # (placement puts replicas on both: the label tells them apart)

@@ -115,7 +115,7 @@ from .http import (
     read_body,
     unavailable,
 )
-from .metrics import BrokerMetrics
+from .metrics import BrokerMetrics, merge_workers
 from .node import Broker
 from .streams import serve_stream
 
@@ -167,6 +167,7 @@ class Api:
     def __init__(self, broker: Broker, metrics: BrokerMetrics) -> None:
         self.broker = broker
         self.metrics = metrics
+        broker.render_metrics = metrics.openmetrics  # (what the feed sends worker 0)
         config = broker.config
         #: who may call what (server/auth.py); the brokers' own calls carry `internal_token`
         self.auth = Authenticator(
@@ -352,7 +353,12 @@ class Api:
         return json_response({"status": "not_ready", "reason": reason}, status=503)
 
     async def metrics_text(self, _: web.Request) -> web.Response:
-        body, content_type = self.metrics.render()
+        feed = self.broker.feed
+        if feed is None:
+            body, content_type = self.metrics.render()
+        else:  # worker 0 of several: every worker's, labelled (docs/workers.md)
+            texts = {0: self.metrics.openmetrics(), **await feed.scrape()}
+            body, content_type = merge_workers(texts)
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from .. import xdp
@@ -156,6 +158,38 @@ class BrokerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def openmetrics(self) -> str:
+        """The same, as OpenMetrics text: what a worker sends worker 0 (`merge_workers`)."""
+        text: bytes = generate_openmetrics(self.registry)  # type: ignore[no-untyped-call]
+        return text.decode()
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def merge_workers(texts: dict[int, str]) -> tuple[bytes, str]:
+    """One exposition of a broker's workers' metrics (OpenMetrics texts by worker index, as
+    `BrokerMetrics.openmetrics` makes them): every sample labelled with its `worker`, each
+    family once. Worker 0's /metrics serves it (docs/workers.md)."""
+    families: dict[str, Metric] = {}
+    for worker, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text):  # type: ignore[no-untyped-call]
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            label = str(worker)
+            merged.samples += [
+                s._replace(labels={**s.labels, "worker": label}) for s in family.samples
+            ]
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 def _tls_metrics(broker: Broker) -> Iterator[Metric]:

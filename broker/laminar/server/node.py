@@ -80,6 +80,8 @@ class Broker:
         self.feed: FeedServer | None = None
         self.follow: FeedClient | None = None
         self._followed: dict[str, Member] = {}
+        #: this worker's metrics as OpenMetrics text (the API sets it; the feed sends it)
+        self.render_metrics: Callable[[], str] | None = None
         self.api_addr = format_address(config.public_host, config.worker_api_port)
         self.peer_addr = ""
         self._wake = asyncio.Event()
@@ -117,13 +119,18 @@ class Broker:
             await self._start_swim()
         else:
             self.follow = FeedClient(
-                config.data_dir, config.worker, self._on_table, self._on_member_event
+                config.data_dir,
+                config.worker,
+                self._on_table,
+                self._on_member_event,
+                lambda: self.render_metrics() if self.render_metrics else "# EOF\n",
             )
+            # (kept in _tasks: a task nothing refers to may be collected while it runs)
             self._tasks.append(asyncio.create_task(self.follow.run(), name=f"feed-{self.id}"))
         if self.tls is not None:
             self.tls.start()
         self._running = True
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self._drive(), name=f"drive-{self.id}"),
             asyncio.create_task(self._tick_timer(), name=f"tick-{self.id}"),
             asyncio.create_task(self.status.run(), name=f"status-{self.id}"),

@@ -10,6 +10,9 @@ Worker 0 counts a worker up while its connection is open: a worker that exits, h
 exits, closes it, and worker 0 at once advertises it down (`Member.workers_down`), so that
 the groups it led elect new leaders without waiting for a timeout. A worker keeps the last
 table it was sent while worker 0 is away, and connects again.
+
+Worker 0 also asks the others for their metrics (`FeedServer.scrape`, for its `/metrics`):
+`{"scrape": n}` down the feed, answered `{"scrape": n, "text": <OpenMetrics text>}` up it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ RECONNECT_S = 0.2
 #: a worker that lets this much of the feed pile up unread is cut off (it reconnects)
 MAX_BUFFERED_BYTES = 4 << 20
 MAX_LINE_BYTES = 16 << 20
+#: how long worker 0 waits for the other workers' metrics (a worker that does not answer in
+#: time is left out of that scrape)
+SCRAPE_TIMEOUT_S = 2.0
 
 
 class FeedError(Exception):
@@ -96,8 +102,21 @@ def encode(states: Iterable[MemberState], events: Iterable[MembershipEvent]) -> 
 
 def decode(line: bytes) -> tuple[list[MemberState], list[MembershipEvent]]:
     """A feed message (FeedError: not one)."""
+    return _members(_object(line))
+
+
+def _object(line: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(line)
+    except ValueError as e:
+        raise FeedError(f"not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise FeedError("not a JSON object")
+    return raw
+
+
+def _members(raw: dict[str, Any]) -> tuple[list[MemberState], list[MembershipEvent]]:
+    try:
         states = [_parse_state(s) for s in raw["members"]]
         events = [
             MembershipEvent(EventKind(e["kind"]), _parse_state(e["state"]), e["at_ms"])
@@ -129,6 +148,9 @@ class FeedServer:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: scrapes awaiting an answer: (worker, scrape number) -> its text
+        self._scrapes: dict[tuple[int, int], asyncio.Future[str]] = {}
+        self._scrape_number = 0
 
     @property
     def down(self) -> int:
@@ -168,6 +190,43 @@ class FeedServer:
                 continue
             writer.write(line)
 
+    async def scrape(self, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[int, str]:
+        """Each connected worker's metrics (OpenMetrics text), by worker index; those that do
+        not answer within `timeout_s` are left out."""
+        self._scrape_number += 1
+        number = self._scrape_number
+        waiting: dict[int, asyncio.Future[str]] = {}
+        loop = asyncio.get_running_loop()
+        line = json.dumps({"scrape": number}).encode() + b"\n"
+        for worker, writer in list(self._writers.items()):
+            waiting[worker] = self._scrapes[(worker, number)] = loop.create_future()
+            writer.write(line)
+        try:
+            if waiting:
+                await asyncio.wait(list(waiting.values()), timeout=timeout_s)
+        finally:
+            for worker in waiting:
+                self._scrapes.pop((worker, number), None)
+        out = {w: f.result() for w, f in waiting.items() if f.done() and not f.cancelled()}
+        if len(out) < len(waiting):
+            log.warning(
+                "workers %s did not send their metrics in time", sorted(set(waiting) - set(out))
+            )
+        return out
+
+    def _answered(self, worker: int, line: bytes) -> None:
+        """A line from `worker`: the answer to a scrape (FeedError: not one)."""
+        try:
+            raw = json.loads(line)
+            number, text = raw["scrape"], raw["text"]
+            if not isinstance(number, int) or not isinstance(text, str):
+                raise TypeError("scrape must be a number and text a string")
+        except (ValueError, KeyError, TypeError) as e:
+            raise FeedError(f"worker {worker} sent what is not a scrape's answer: {e}") from None
+        waiting = self._scrapes.get((worker, number))
+        if waiting is not None and not waiting.done():
+            waiting.set_result(text)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -186,7 +245,8 @@ class FeedServer:
             writer.write(encode(table, standing_events(table, _now_ms())))
             log.info("worker %d connected", worker)
             self._on_workers(self.down)
-            await reader.read()  # (a worker sends nothing more: until it closes)
+            while line := await reader.readline():  # (until it closes)
+                self._answered(worker, line)
         except (OSError, ValueError, KeyError, TypeError, FeedError, TimeoutError) as e:
             log.warning("a worker's feed connection failed: %s", e)
         finally:
@@ -210,11 +270,14 @@ class FeedClient:
         worker: int,
         on_table: Callable[[list[MemberState]], None],
         on_event: Callable[[MembershipEvent], None],
+        metrics: Callable[[], str],
     ) -> None:
         self.path = socket_path(data_dir)
         self.worker = worker
         self._on_table = on_table
         self._on_event = on_event
+        #: this worker's metrics, OpenMetrics text (sent when worker 0 scrapes)
+        self._metrics = metrics
         #: set once the first table arrived
         self.ready = asyncio.Event()
 
@@ -231,7 +294,12 @@ class FeedClient:
             try:
                 writer.write(json.dumps({"worker": self.worker}).encode() + b"\n")
                 while line := await reader.readline():
-                    states, events = decode(line)
+                    message = _object(line)
+                    if "scrape" in message:
+                        answer = {"scrape": message["scrape"], "text": self._metrics()}
+                        writer.write(json.dumps(answer).encode() + b"\n")
+                        continue
+                    states, events = _members(message)
                     self._on_table(states)
                     for event in events:
                         self._on_event(event)

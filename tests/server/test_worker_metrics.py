@@ -1,0 +1,90 @@
+"""A broker's workers' metrics in one scrape (docs/workers.md): worker 0 asks the others over
+the local feed (a real Unix socket) and labels every sample with its worker; a worker that
+does not answer is left out, and the scrape still answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from laminar.server.metrics import merge_workers
+from laminar.server.worker_feed import FeedClient, FeedServer, socket_path
+
+
+def worker_text(appended: int, latency_s: float) -> str:
+    """A worker's OpenMetrics text, made as BrokerMetrics makes it."""
+    registry = CollectorRegistry()
+    Counter("laminar_appended_records", "records appended", registry=registry).inc(appended)
+    errors = Counter("laminar_request_errors", "errors", ["status", "code"], registry=registry)
+    errors.labels("404", "not_found").inc()
+    Histogram("laminar_append_latency_seconds", "latency", registry=registry).observe(latency_s)
+    return str(openmetrics(registry).decode())
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_merged_metrics_label_each_sample_with_its_worker_and_name_each_family_once() -> None:
+    body, content_type = merge_workers({0: worker_text(3, 0.01), 1: worker_text(5, 2.0)})
+    text = body.decode()
+    assert content_type.startswith("text/plain")
+    assert text.count("# TYPE laminar_appended_records_total counter") == 1
+    got = samples(text)
+    assert got[("laminar_appended_records_total", (("worker", "0"),))] == 3
+    assert got[("laminar_appended_records_total", (("worker", "1"),))] == 5
+    error = ("laminar_request_errors_total", (("code", "not_found"), ("status", "404"),
+                                              ("worker", "1")))  # fmt: skip
+    assert got[error] == 1
+    slow = ("laminar_append_latency_seconds_bucket", (("le", "1.0"), ("worker", "1")))
+    assert got[slow] == 0 and got[(slow[0], (("le", "1.0"), ("worker", "0")))] == 1
+    assert all(dict(labels).get("worker") in ("0", "1") for _, labels in got)
+
+
+async def test_worker_0_scrapes_the_others_over_the_feed_and_leaves_out_a_silent_one(
+    tmp_path: Path,
+) -> None:
+    down: list[int] = []
+    changed = asyncio.Event()
+
+    def on_workers(mask: int) -> None:
+        down.append(mask)
+        changed.set()
+
+    async def until_down(mask: int) -> None:
+        while not down or down[-1] != mask:
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 10)
+
+    server = FeedServer(tmp_path, 3, lambda: [], on_workers)
+    await server.start()
+    text = worker_text(7, 0.1)
+    client = FeedClient(tmp_path, 1, lambda table: None, lambda event: None, lambda: text)
+    following = asyncio.create_task(client.run())
+    silent = None
+    try:
+        await until_down(0b100)  # worker 1 connected
+        assert await server.scrape() == {1: text}
+        # worker 2 connects and never answers: left out when the wait ends
+        reader, silent = await asyncio.open_unix_connection(str(socket_path(tmp_path)))
+        silent.write(json.dumps({"worker": 2}).encode() + b"\n")
+        await until_down(0)
+        assert await server.scrape(timeout_s=0.5) == {1: text}
+        asked: dict[str, object] = {}
+        while "scrape" not in asked:  # (the member table comes first)
+            asked = json.loads(await reader.readline())
+        assert asked == {"scrape": 2}  # (it was asked; it did not answer)
+    finally:
+        following.cancel()
+        if silent is not None:
+            silent.close()
+        await server.stop()
