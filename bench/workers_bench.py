@@ -37,6 +37,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -61,6 +62,8 @@ WRK_CONNECTIONS = 32  # per partition (two partitions: 64 in flight, as bench/si
 BATCH_RECORDS = 500
 RATE = 5000
 ROUTING_REQUESTS = 600
+#: the supervisor's line that says which program steers the steer port (server/supervisor.py)
+STEERED_BY = re.compile(r"steer port \d+: connections go to worker .*by the (\w+) program")
 STEER_PORT = 7090
 PHASES = ("rf1_single", "rf1_batch", "rf3_batch", "rf1_latency", "rf3_latency",
           "queue_drain", "routing")  # fmt: skip
@@ -269,6 +272,9 @@ def routing(root: Path, workers: int) -> dict[str, Any]:
              "--replication-factor", "3", "--batch", "14", "--count", "20000"],
             timeout_s=240,
         )  # fmt: skip
+        logs = [(n.data_dir / "broker.log").read_text(errors="replace")
+                for n in cluster.nodes.values()]  # fmt: skip
+        programs = sorted({program for text in logs for program in STEERED_BY.findall(text)})
     finally:
         stopped(cluster)
     requests, redirects = figures["requests"], figures["redirects"]
@@ -282,6 +288,7 @@ def routing(root: Path, workers: int) -> dict[str, Any]:
         steered = layer2["steered"]
         out["layer3_first_time_share"] = round(steered["first_time"] / steered["requests"], 4)
         out["layer3_requests"] = steered["requests"]
+        out["layer3_program"] = ",".join(programs) or "none: the kernel's hash"
     return out
 
 
@@ -320,7 +327,11 @@ def _headline(phase: str, figures: dict[str, Any]) -> str:
         return (
             f"first time: layer 1 {figures['layer1_first_time_share']:.1%}, "
             f"layer 2 {figures['layer2_first_time_share']:.1%}"
-            + (f", layer 3 {layer3:.1%}" if layer3 is not None else "")
+            + (
+                f", layer 3 {layer3:.1%} ({figures['layer3_program']} program)"
+                if layer3 is not None
+                else ""
+            )
         )
     return f"{figures['msgs_per_s']:,.0f} msg/s"
 
