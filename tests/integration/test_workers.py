@@ -213,3 +213,63 @@ async def test_worker_0s_metrics_have_every_workers_labelled(cluster: LocalClust
         hosted: set[str] = set()  # the workers that host a replica, by the metrics' labels
         await wait_until("worker 0s' metrics name every leader", agree)
         assert hosted == {"0", "1"}  # (placement puts replicas on both: the label tells them apart)
+
+
+async def test_a_brokers_partitions_are_all_its_workers(cluster: LocalCluster) -> None:
+    """GET /v1/nodes/{broker}/partitions (what the operator waits on to be empty before it
+    removes a drained broker) lists the replicas of every worker of the broker, asked at any
+    broker; the id of a worker above 0 lists that worker's alone (worker 0's id is the
+    broker's)."""
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic("hosted", partitions=PARTITIONS, replication_factor=3)
+
+        async def placed() -> object:
+            states = (await client.describe_topic("hosted")).partition_states
+            return all(len(s.replicas) == 3 for s in states)
+
+        await wait_until("every partition placed", placed)
+        states = (await client.describe_topic("hosted")).partition_states
+        for broker in cluster.nodes:
+            held = {
+                node: {s.partition for s in states if node in s.replicas}
+                for node in worker_ids(broker, cluster.workers)
+            }
+            assert all(held.values()), held  # (both workers hold some: placement spreads them)
+            for node, partitions in list(held.items())[1:]:
+                answer = await client.node_partitions(node)
+                assert {p.partition for p in answer.partitions if p.topic == "hosted"} == partitions
+            whole = await client.node_partitions(broker)
+            mine = [(p.topic, p.partition) for p in whole.partitions if p.topic == "hosted"]
+            assert sorted(mine) == sorted(
+                ("hosted", partition) for partitions in held.values() for partition in partitions
+            )
+
+
+async def test_draining_a_broker_empties_every_one_of_its_workers(cluster: LocalCluster) -> None:
+    """A drained broker's partitions move off all of its workers, so the operator's check
+    (the broker's partitions, above) sees it empty only when none of them hosts any."""
+    topic, leaving = "drained", "n3"
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic(topic, partitions=PARTITIONS, replication_factor=2)
+
+        async def on_workers_of_the_leaving_broker() -> set[str]:
+            states = (await client.describe_topic(topic)).partition_states
+            return {r for s in states for r in s.replicas if broker_of(r) == leaving}
+
+        async def hosting() -> object:
+            return len(await on_workers_of_the_leaving_broker()) > 1
+
+        await wait_until("both workers of n3 host a replica", hosting)
+        await client.drain(leaving)
+        try:
+
+            async def empty() -> object:
+                hosted = (await client.node_partitions(leaving)).partitions
+                return not [p for p in hosted if p.topic == topic]
+
+            await wait_until("n3 drained of the topic", empty)
+            assert not await on_workers_of_the_leaving_broker()
+            states = (await client.describe_topic(topic)).partition_states
+            assert all(len(s.replicas) == 2 and s.leader for s in states), states
+        finally:
+            await client.undrain(leaving)

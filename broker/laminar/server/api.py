@@ -100,6 +100,7 @@ from ..partition.errors import (
 from ..partition.replica import Replica
 from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
+from ..workers import worker_ids
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .deadlines import Deadlines
 from .groups_api import GroupsApi
@@ -482,17 +483,32 @@ class Api:
         return json_response(info.to_json())
 
     async def node_partitions(self, request: web.Request) -> web.Response:
+        """What node `{node}` hosts. A broker's id names its worker 0 and the broker: worker 0
+        adds what each of its other workers hosts (asked at each), so that a broker that
+        hosts nothing (a drained one the operator removes) is one none of whose workers
+        does; a worker that cannot be asked makes it 503, never an answer that leaves it out."""
         node = request.match_info["node"]
-        if node == self.broker.id:
-            hosted = tuple(self.broker.core.hosted_partitions())
-            return json_response(NodePartitions(node, hosted).to_json())
+        broker = self.broker
+        if node == broker.id:
+            hosted = list(broker.core.hosted_partitions())
+            if broker.config.worker == 0:
+                for worker in worker_ids(node, broker.config.workers)[1:]:
+                    if broker.api_address_of(worker) is None:
+                        raise unavailable(f"worker {worker} is not running")
+                    hosted += (await self._node_partitions_at(worker)).partitions
+            return json_response(NodePartitions(node, tuple(hosted)).to_json())
+        return json_response((await self._node_partitions_at(node)).to_json())
+
+    async def _node_partitions_at(self, node: str) -> NodePartitions:
+        """Node `node`'s answer to GET /v1/nodes/{node}/partitions (404 unknown, 503 not
+        answering)."""
         address = self.broker.api_address_of(node)
         if address is None:
             raise ApiError(404, "not_found", f"no member {node[:60]!r}")
         answer = await self._fetch(address, f"/v1/nodes/{node}/partitions", NodePartitions)
         if answer is None:
             raise unavailable(f"{node} did not answer")
-        return json_response(dataclasses.replace(answer, node_id=node).to_json())
+        return dataclasses.replace(answer, node_id=node)
 
     def _tls(self) -> NodeTls:
         tls = self.broker.tls
