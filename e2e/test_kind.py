@@ -1,7 +1,7 @@
 """The user's whole story on a real kind cluster, against the real images: the operator
 installed with Helm, `kubectl apply -f examples/cluster.yaml`, a Topic, records through the
 client Service from a pod, a scale to 5 and back to 3, a force-deleted broker pod, a rolling
-restart, the XDP router, and deleting it all.
+restart, the XDP router with two workers per broker, and deleting it all.
 
 The scenarios run in order on one cluster (e2e/conftest.py makes it), each asserting on
 state and waiting with bounded timeouts. Every record a producer had acknowledged is checked
@@ -492,17 +492,25 @@ def test_7_a_rolling_restart_hands_leaderships_over(kube: Kube) -> None:
 # ---------------------------------------------------------------------------- 8. XDP
 
 
-def test_8_the_xdp_router_in_the_pods(kube: Kube) -> None:
-    kube.kubectl("patch", "laminarcluster/demo", "--type=merge",
-                 "-p", json.dumps({"spec": {"xdp": {"enabled": True}}}))  # fmt: skip
+def test_8_the_xdp_router_and_two_workers_in_the_pods(kube: Kube) -> None:
+    """One roll: the XDP router in an init container, and two worker processes per broker
+    (docs/workers.md), while a producer runs."""
+    producer = Producer(kube, "workers")
+    wait_for_progress(kube, "demo-0", 200)
+    kube.kubectl("patch", "laminarcluster/demo", "--type=merge", "-p",
+                 json.dumps({"spec": {"xdp": {"enabled": True}, "workersPerPod": 2}}))  # fmt: skip
 
     def templated() -> bool:  # the operator applied it: else the rollout below is the old one
         spec = kube.get("statefulset/demo")["spec"]["template"]["spec"]
-        return any(c["name"] == "xdp-router" for c in spec.get("initContainers") or [])
+        ports = {p["name"] for c in spec["containers"] for p in c.get("ports") or []}
+        xdp = any(c["name"] == "xdp-router" for c in spec.get("initContainers") or [])
+        return xdp and {"api-1", "peer-1"} <= ports
 
-    wait_for("the StatefulSet's template with the XDP init container", templated)
+    wait_for("the StatefulSet's template with the XDP init container and worker 1", templated)
     kube.kubectl("rollout", "status", "statefulset/demo", "--timeout=600s", timeout_s=660)
     wait_for("3 brokers ready", lambda: cluster_status(kube).get("readyReplicas") == 3)
+    summary = producer.finish()
+    assert summary["errors"] == 0, summary  # (the client retried the roll's 503s and 307s)
     for pod in pod_names(kube):
         loaded = kube.kubectl("logs", pod, "-c", "xdp-router")
         assert "router attached" in loaded, loaded
@@ -513,6 +521,17 @@ def test_8_the_xdp_router_in_the_pods(kube: Kube) -> None:
 
     first = wait_for("XDP counters exported", counted)
     wait_for("XDP counters moving (gossip passes the router)", lambda: counted() > first)
+
+    # each broker's worker 1 hosts a share of the partitions (placement moved them within
+    # the broker), and worker 0's /metrics has its samples, labelled
+    def on_worker_1() -> set[str]:
+        parts = topic_status(kube).get("partitions") or []
+        return {r for p in parts for r in p["replicas"] if r.endswith("~1")}
+
+    wait_for("replicas on the brokers' worker 1", lambda: len(on_worker_1()) == 3)
+    for pod in pod_names(kube):
+        leads = gauge(kube.metrics(pod), "laminar_partition_term", worker="1", topic=TOPIC)
+        assert leads is not None, f"{pod}'s /metrics has no replica of its worker 1"
     LEDGER.check(kube)
 
 
