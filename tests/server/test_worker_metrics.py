@@ -1,6 +1,7 @@
 """A broker's workers' metrics in one scrape (docs/workers.md): worker 0 asks the others over
 the local feed (a real Unix socket) and labels every sample with its worker; a worker that
-does not answer is left out, and the scrape still answers."""
+does not answer is left out, and the scrape still answers; a worker that sends garbage keeps
+its connection (which says it runs)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,15 @@ async def test_worker_0_scrapes_the_others_over_the_feed_and_leaves_out_a_silent
         while "scrape" not in asked:  # (the member table comes first)
             asked = json.loads(await reader.readline())
         assert asked == {"scrape": 2}  # (it was asked; it did not answer)
+        # garbage, then a late answer to scrape 2: both dropped, the connection kept
+        silent.write(b"not json\n" + json.dumps({"scrape": 2, "text": "late"}).encode() + b"\n")
+        answering = asyncio.create_task(server.scrape(timeout_s=10))
+        asked = json.loads(await reader.readline())
+        assert asked == {"scrape": 3}
+        mine = worker_text(1, 0.2)
+        silent.write(json.dumps({"scrape": 3, "text": mine}).encode() + b"\n")
+        assert await answering == {1: text, 2: mine}
+        assert down[-1] == 0
     finally:
         following.cancel()
         if silent is not None:

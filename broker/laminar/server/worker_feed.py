@@ -215,14 +215,16 @@ class FeedServer:
         return out
 
     def _answered(self, worker: int, line: bytes) -> None:
-        """A line from `worker`: the answer to a scrape (FeedError: not one)."""
+        """A line from `worker`: the answer to a scrape. Anything else is logged and dropped,
+        never the connection (that would count the worker down, and move its leaderships)."""
         try:
             raw = json.loads(line)
             number, text = raw["scrape"], raw["text"]
             if not isinstance(number, int) or not isinstance(text, str):
                 raise TypeError("scrape must be a number and text a string")
         except (ValueError, KeyError, TypeError) as e:
-            raise FeedError(f"worker {worker} sent what is not a scrape's answer: {e}") from None
+            log.warning("worker %d sent what is not a scrape's answer: %s", worker, e)
+            return
         waiting = self._scrapes.get((worker, number))
         if waiting is not None and not waiting.done():
             waiting.set_result(text)
@@ -296,7 +298,7 @@ class FeedClient:
                 while line := await reader.readline():
                     message = _object(line)
                     if "scrape" in message:
-                        answer = {"scrape": message["scrape"], "text": self._metrics()}
+                        answer = {"scrape": message["scrape"], "text": self._rendered()}
                         writer.write(json.dumps(answer).encode() + b"\n")
                         continue
                     states, events = _members(message)
@@ -309,6 +311,15 @@ class FeedClient:
             finally:
                 writer.close()
             await asyncio.sleep(RECONNECT_S)
+
+    def _rendered(self) -> str:
+        """This worker's metrics; a failure to render them is logged and sends none (it must
+        not end the feed, which tells worker 0 this worker runs)."""
+        try:
+            return self._metrics()
+        except Exception:
+            log.exception("worker %d could not render its metrics", self.worker)
+            return "# EOF\n"
 
 
 def _now_ms() -> int:
