@@ -23,6 +23,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from laminar_operator.manifests import STEER_PORT
+
 from .cluster import IMAGE_TAG, ROOT
 from .conftest import Kube, wait_for
 
@@ -514,6 +516,11 @@ def test_8_the_xdp_router_and_two_workers_in_the_pods(kube: Kube) -> None:
     for pod in pod_names(kube):
         loaded = kube.kubectl("logs", pod, "-c", "xdp-router")
         assert "router attached" in loaded, loaded
+        # beside the router, the steer port's program (docs/workers.md, routing layer 3),
+        # which the unprivileged broker attached to its steer port
+        assert "steer port's program pinned for 2 workers" in loaded, loaded
+        served = kube.kubectl("logs", pod, "-c", "broker")
+        assert "by the pinned program" in served, served[-2000:]
 
     def counted() -> float:
         return sum(gauge(kube.metrics(p), "laminar_xdp_packets_total", **{"class": "membership"})
@@ -529,10 +536,40 @@ def test_8_the_xdp_router_and_two_workers_in_the_pods(kube: Kube) -> None:
         return {r for p in parts for r in p["replicas"] if r.endswith("~1")}
 
     wait_for("replicas on the brokers' worker 1", lambda: len(on_worker_1()) == 3)
-    for pod in pod_names(kube):
+    for ordinal, pod in enumerate(pod_names(kube)):
         leads = gauge(kube.metrics(pod), "laminar_partition_term", worker="1", topic=TOPIC)
         assert leads is not None, f"{pod}'s /metrics has no replica of its worker 1"
+        # a connection to the steer port from a source port naming worker w is worker w's
+        address = kube.get(f"pod/{pod}")["status"]["podIP"]
+        base = 41000 + 10 * ordinal  # (fresh source ports: no TIME_WAIT met)
+        out = kube.kubectl("exec", "-i", CLIENT, "--", "python3", "-", address, str(STEER_PORT),
+                           str(base), stdin=STEERED)  # fmt: skip
+        assert json.loads(out) == [[w % 2, f"{pod}~{w % 2}" if w % 2 else pod] for w in range(6)]
     LEDGER.check(kube)
+
+
+#: In the client pod: which worker (node id) answers GET /v1/cluster on a connection to the
+#: steer port from a source port naming worker (port mod 2), for 6 fresh source ports.
+STEERED = """
+import json, os, socket, ssl, sys
+address, port, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])  # (base: even)
+context = ssl.create_default_context(cafile=os.environ["LAMINAR_CA_FILE"])
+context.check_hostname = False  # (by IP; the CA is still checked)
+token = open(os.environ["LAMINAR_TOKEN_FILE"]).read().strip()
+out = []
+for n in range(6):
+    plain = socket.create_connection((address, port), timeout=10,
+                                     source_address=("", base + n))
+    with context.wrap_socket(plain) as tls:
+        tls.sendall(f"GET /v1/cluster HTTP/1.1\\r\\nHost: {address}\\r\\nConnection: close\\r\\n"
+                    f"Authorization: Bearer {token}\\r\\n\\r\\n".encode())
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+    body = answer.partition(b"\\r\\n\\r\\n")[2]
+    out.append([n % 2, json.loads(body)["node_id"]])
+print(json.dumps(out))
+"""
 
 
 # ---------------------------------------------------------------------------- 9. deleting

@@ -16,7 +16,8 @@ from typing import Any
 #: bpf(2): its syscall number per machine
 BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351}
 #: commands (enum bpf_cmd)
-MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_GET = 0, 1, 2, 5, 7
+MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, PROG_LOAD, OBJ_PIN, OBJ_GET = 0, 1, 2, 5, 6, 7
+OBJ_GET_INFO_BY_FD = 15
 #: the size of the attribute buffer passed (the kernel checks that the unused tail is zero)
 ATTR_BYTES = 128
 

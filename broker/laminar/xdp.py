@@ -1,6 +1,7 @@
 """`laminar-xdp`: load, unload and read the XDP router (broker/xdp/router.c).
 
     laminar-xdp load --iface eth0 [--config xdp.json] [--mode auto|native|generic]
+                     [--steer-workers N] [--steer-owner UID]
     laminar-xdp unload --iface eth0
     laminar-xdp stats                      # JSON: packets, bytes, drops per class
 
@@ -10,6 +11,13 @@ The program and its maps are pinned under `--pin-dir` (default /sys/fs/bpf/lamin
 can export them). The configuration comes from `--config` (a JSON
 object with cluster_id, gossip_port, api_port, peer_port) or else from the same flags and
 LAMINAR_* variables as `laminar serve`, so the init container shares the brokers' ConfigMap.
+
+With more than one worker (`--steer-workers`, else LAMINAR_WORKERS as `laminar serve` reads
+it), `load` also pins the steer port's eBPF program for that many workers and its empty map
+(`steer-prog`, `steer-map`, mode 600, owned by `--steer-owner`): the broker's supervisor, which
+may not load BPF itself, fills the map with its sockets and attaches the program
+(`laminar.server.steering`, docs/workers.md). A failure there is reported and leaves the
+router attached: the broker then falls back to a program of its own.
 
 Loading twice replaces; unloading when nothing is loaded succeeds. Loading is done by bpftool
 (libbpf) and iproute2, reading the counters by bpf(2) directly. BPF needs root, or CAP_BPF and
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import bpf
+from .server import steering
 from .server.config import (
     DEFAULT_API_PORT,
     DEFAULT_GOSSIP_PORT,
@@ -39,6 +48,7 @@ from .server.config import (
     DEFAULT_XDP_PIN_DIR,
 )
 from .swim.codec import cluster_hash
+from .workers import usable_cores
 
 DEFAULT_PIN_DIR = DEFAULT_XDP_PIN_DIR
 BPF_FS = Path("/sys/fs/bpf")
@@ -166,7 +176,7 @@ def unload(iface: str, pin_dir: Path = DEFAULT_PIN_DIR) -> None:
     if not _interface_exists(iface):
         raise XdpError(f"no interface {iface!r}")
     _run("ip", "link", "set", "dev", iface, "xdp", "off")
-    for name in ("prog", "config", "counters"):
+    for name in ("prog", "config", "counters", steering.PINNED_PROGRAM, steering.PINNED_MAP):
         try:
             (pin_dir / name).unlink()
         except FileNotFoundError:
@@ -311,10 +321,32 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="where BPF is not permitted, say so and exit 0 (the broker runs without XDP)",
     )
+    loading.add_argument(
+        "--steer-workers", type=int, default=int(env("WORKERS", "1") or "1"),
+        help="pin the steer port's program for this many workers (above 1; 0: one per usable "
+        "core, as laminar serve counts them)",
+    )  # fmt: skip
+    loading.add_argument(
+        "--steer-owner", type=int, help="the uid the steer pins belong to (the broker's)"
+    )
     unloading = commands.add_parser("unload", help="detach and unpin")
     unloading.add_argument("--iface", required=True)
     commands.add_parser("stats", help="counters per class, as JSON")
     return parser
+
+
+def _pin_steering(pin_dir: Path, workers: int, owner: int | None) -> None:
+    """Pin the steer port's program beside the router (several workers only); a failure is
+    said and leaves the router as it is."""
+    workers = workers or usable_cores()
+    if workers < 2:
+        return
+    try:
+        steering.pin(pin_dir, workers, owner)
+    except OSError as exc:
+        print(f"laminar-xdp: the steer port's program is not pinned: {exc}", file=sys.stderr)
+        return
+    print(f"laminar-xdp: the steer port's program pinned for {workers} workers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 mode=args.mode,
             )  # fmt: skip
             print(f"laminar-xdp: router attached to {args.iface} ({used} mode)")
+            _pin_steering(args.pin_dir, args.steer_workers, args.steer_owner)
         elif args.command == "unload":
             unload(args.iface, args.pin_dir)
             print(f"laminar-xdp: nothing attached to {args.iface}")

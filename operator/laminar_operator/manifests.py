@@ -42,6 +42,9 @@ KIND = "LaminarCluster"
 API_PORT = settings.API_PORT.default
 PEER_PORT = settings.PEER_PORT.default
 GOSSIP_PORT = settings.GOSSIP_PORT.default
+#: With spec.workersPerPod above 1: the API port the pod's workers share, on which the kernel
+#: hands each connection to the worker its TCP source port names (docs/workers.md, layer 3)
+STEER_PORT = 7069
 DATA_DIR = "/var/lib/laminar"
 SECRET_DIR = "/etc/laminar/secret"
 SECRET_KEY = "hmac"
@@ -544,6 +547,9 @@ def stateful_set(
         # for the `laminar` commands run in the pod (its preStop hook, kubectl exec)
         {"name": "LAMINAR_TOKEN_FILE", "value": f"{CREDENTIALS_DIR}/{ADMIN_TOKEN_KEY}"},
     ]
+    steered = spec["workersPerPod"] > 1
+    if steered:
+        env.append({"name": "LAMINAR_STEER_PORT", "value": str(STEER_PORT)})
     broker: Object = {
         "name": "broker",
         "image": spec["image"],
@@ -563,6 +569,7 @@ def stateful_set(
                     {"name": f"peer-{w}", "containerPort": worker_port(PEER_PORT, w)},
                 )
             ),
+            *([{"name": "steer", "containerPort": STEER_PORT}] if steered else []),
         ],
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": "api"},
@@ -799,15 +806,22 @@ def xdp_init_container(cluster: Object) -> Object:
     """Loads the XDP router onto the pod's interface before the broker starts (`laminar-xdp
     load`, same image): the one privileged container of the pod, and it exits. Its maps are
     pinned per pod under /sys/fs/bpf/laminar/ on the node; the broker container mounts that
-    directory read-only and exports the counters. Where BPF is not permitted it says
-    so in its log and lets the broker start without the router (--best-effort)."""
+    directory read-only and exports the counters. With spec.workersPerPod above 1 it also
+    pins the steer port's eBPF program for that many workers, owned by the broker's uid,
+    which the broker's supervisor attaches to its sockets (docs/workers.md). Where BPF is not
+    permitted it says so in its log and lets the broker start without the router
+    (--best-effort)."""
     name, _ = names(cluster)
     spec = spec_of(cluster)
     return {
         "name": "xdp-router",
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
-        "command": ["laminar-xdp", "load", "--iface", POD_INTERFACE, "--best-effort"],
+        # (--steer-owner: whom the steer port's program is pinned for, with several workers)
+        "command": [
+            *("laminar-xdp", "load", "--iface", POD_INTERFACE, "--best-effort"),
+            *("--steer-owner", str(BROKER_UID)),
+        ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {
@@ -867,8 +881,8 @@ def network_policy(cluster: Object, operator_namespace: str | None = None) -> Ob
     (when known), and every pod of the namespaces spec.networkPolicy.metricsNamespaceSelector
     selects (Prometheus). The peer (TCP 7071) and gossip (UDP 7072) ports: the cluster's own
     brokers only. With spec.workersPerPod above 1, each worker's API and peer ports likewise
-    (7070 and 7071 plus 3 per worker). Egress is not restricted. (Traffic from the pod's own
-    node, the kubelet's probes, is always allowed.)"""
+    (7070 and 7071 plus 3 per worker), and the steer port (7069) as the API. Egress is not
+    restricted. (Traffic from the pod's own node, the kubelet's probes, is always allowed.)"""
     name, _ = names(cluster)
     spec = spec_of(cluster)
     policy = spec["networkPolicy"]
@@ -900,7 +914,8 @@ def network_policy(cluster: Object, operator_namespace: str | None = None) -> Ob
                 {
                     "from": clients,
                     "ports": [
-                        {"protocol": "TCP", "port": worker_port(API_PORT, w)} for w in workers
+                        *({"protocol": "TCP", "port": worker_port(API_PORT, w)} for w in workers),
+                        *([{"protocol": "TCP", "port": STEER_PORT}] if len(workers) > 1 else []),
                     ],
                 },
                 {

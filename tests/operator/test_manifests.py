@@ -175,10 +175,13 @@ def test_workers_per_pod_opens_their_ports_and_requests_their_cores() -> None:
     broker = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in broker["ports"]}
     assert ports == {"api": 7070, "peer": 7071, "gossip": 7072, "api-1": 7073, "peer-1": 7074,
-                     "api-2": 7076, "peer-2": 7077}  # fmt: skip
+                     "api-2": 7076, "peer-2": 7077, "steer": 7069}  # fmt: skip
+    assert {"name": "LAMINAR_STEER_PORT", "value": "7069"} in broker["env"]
+    alone = one["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"] == "LAMINAR_STEER_PORT" for e in alone["env"])  # (one worker)
     assert broker["resources"] == {"requests": {"cpu": "3"}}
     api, internal = objects["NetworkPolicy"]["spec"]["ingress"]
-    assert [p["port"] for p in api["ports"]] == [7070, 7073, 7076]
+    assert [p["port"] for p in api["ports"]] == [7070, 7073, 7076, 7069]
     assert [p["port"] for p in internal["ports"]] == [7071, 7074, 7077, 7072]
     # a CPU request the spec gives is kept; the other resources are untouched
     given = {"requests": {"cpu": "1500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}

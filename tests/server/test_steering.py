@@ -5,6 +5,7 @@ without CAP_BPF; and the settings that allow it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -12,6 +13,8 @@ import select
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,11 @@ from laminar.server import steering
 from laminar.server.config import BrokerConfig, ConfigError, new_secret
 
 from ..netns import veth_pair
+from ..xdp.conftest import bpffs
 
 WORKERS = 3
 CONNECTIONS = 30
+BROKER_UID = 10001  # (the broker image's)
 
 
 def free_port() -> int:
@@ -80,7 +85,7 @@ def matches(mechanisms: tuple[str, ...]) -> int:
             sock.close()
 
 
-@pytest.mark.parametrize("mechanism", steering.MECHANISMS)
+@pytest.mark.parametrize("mechanism", ("ebpf", "cbpf"))  # ("pinned": below)
 def test_the_program_hands_each_connection_to_the_socket_its_source_port_names(
     mechanism: str,
 ) -> None:
@@ -201,7 +206,7 @@ def steered_over_a_wire(mechanism: str | None) -> list[tuple[int, int]]:
     return [(int(p), int(i)) for p, i in json.loads(out)]
 
 
-@pytest.mark.parametrize("mechanism", steering.MECHANISMS)
+@pytest.mark.parametrize("mechanism", ("ebpf", "cbpf"))  # ("pinned": below)
 def test_the_kernel_chooses_the_socket_for_connections_over_a_wire(mechanism: str) -> None:
     """In namespaces: every connection is accepted on the socket its source port names, and
     nothing in user space moved it (the acceptor only reports where it arrived); without
@@ -213,3 +218,59 @@ def test_the_kernel_chooses_the_socket_for_connections_over_a_wire(mechanism: st
     spread = steered_over_a_wire(None)
     assert len(spread) == CONNECTIONS
     assert sum(index == port % WORKERS for port, index in spread) < CONNECTIONS
+
+
+def as_the_broker(pins: Path, port: int, other: int) -> list[object]:
+    """In the broker's uid (no capabilities): the steer port's sockets with the pinned
+    program; how many connections reached their worker's socket; the errno of loading a
+    program itself; what a second group (another broker) gets from the same pins."""
+    sockets, attached = steering.listen("127.0.0.1", port, WORKERS, 64, ("pinned",), pins)
+    rng, hits = random.Random(3), 0
+    for n in range(CONNECTIONS):
+        hits += accepted_by(sockets, n % WORKERS, port, rng, set()) == n % WORKERS
+    try:
+        steering.attach_ebpf(sockets)
+        loaded = None
+    except OSError as e:
+        loaded = e.errno
+    _, second = steering.listen("127.0.0.1", other, WORKERS, 64, ("pinned",), pins)
+    return [attached, hits, loaded, second]
+
+
+def in_a_child_as(uid: int, work: Callable[[], object]) -> object:
+    """`work()` in a forked child that dropped to `uid` (and so every capability)."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = json.dumps(work())
+        except BaseException as e:
+            answer = json.dumps(f"{type(e).__name__}: {e}")
+        os.write(writing, answer.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        out = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return json.loads(out)
+
+
+def test_a_program_pinned_beside_the_router_steers_for_the_unprivileged_broker() -> None:
+    """What `laminar-xdp load` pins (as root) the broker's uid attaches without any
+    capability, and it steers every connection; it cannot load one itself; and a second
+    group is refused the pins the first one holds."""
+    needs_cap_bpf("ebpf")
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)  # (the broker's uid must reach the pins)
+        with bpffs(Path(tmp) / "bpf") as fs:
+            pins = fs / "laminar"
+            pins.mkdir(mode=0o755)
+            steering.pin(pins, WORKERS, owner=BROKER_UID)
+            for name in (steering.PINNED_PROGRAM, steering.PINNED_MAP):
+                status = (pins / name).stat()
+                assert (status.st_uid, status.st_mode & 0o777) == (BROKER_UID, 0o600), name
+            got = in_a_child_as(BROKER_UID, lambda: as_the_broker(pins, free_port(), free_port()))
+            assert got == ["pinned", CONNECTIONS, errno.EPERM, None]

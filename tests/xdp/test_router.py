@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from laminar import xdp
+from laminar.server import steering
 from laminar.swim.codec import HEADER_BYTES
 from laminar.xdp import CLASSES
 
@@ -127,13 +128,17 @@ def test_loading_twice_replaces_and_unloading_lets_everything_through(
     sender, receiver, pins = wire
     send_udp(sender, receiver.address, GOSSIP, b"garbage")
     assert stats(receiver, pins)["membership"]["drops"] == 1
-    laminar_xdp(receiver, pins, "load", "--iface", receiver.iface,
-                "--object", str(router_object), "--cluster-id", CLUSTER)  # fmt: skip
+    said = laminar_xdp(receiver, pins, "load", "--iface", receiver.iface,
+                       "--object", str(router_object), "--cluster-id", CLUSTER,
+                       "--steer-workers", "2")  # fmt: skip
+    assert "steer port's program pinned for 2 workers" in said
     shown = receiver.run("ip", "link", "show", receiver.iface).stdout
     assert shown.count("prog/xdp") == 1
     assert stats(receiver, pins)["membership"]["drops"] == 0  # a fresh program and maps
 
     laminar_xdp(receiver, pins, "unload", "--iface", receiver.iface)
+    assert not (pins / steering.PINNED_PROGRAM).exists()
+    assert not (pins / steering.PINNED_MAP).exists()
     assert laminar_xdp(receiver, pins, "stats").strip() == "{}"
     assert "xdp" not in receiver.run("ip", "link", "show", receiver.iface).stdout
     laminar_xdp(receiver, pins, "unload", "--iface", receiver.iface)  # nothing loaded: fine
@@ -201,13 +206,19 @@ def test_the_unprivileged_broker_may_read_the_counters_and_nothing_else(
         with bpffs(Path(tmp) / "bpf") as fs:
             pins = fs / "laminar"
             laminar_xdp(receiver, pins, "load", "--iface", receiver.iface,
-                        "--object", str(router_object), "--cluster-id", CLUSTER)  # fmt: skip
+                        "--object", str(router_object), "--cluster-id", CLUSTER,
+                        "--steer-workers", "2", "--steer-owner", "10001")  # fmt: skip
             send_udp(sender, receiver.address, GOSSIP, b"garbage")
             counted = json.loads(read_counters_as(10001, pins))
             garbage_bytes = ETH_IPV4_UDP_BYTES + len(b"garbage")
             assert counted["membership"] == {"packets": 1, "bytes": garbage_bytes, "drops": 1}
             assert oct((pins / "config").stat().st_mode & 0o777) == "0o600"
             assert oct((pins / "prog").stat().st_mode & 0o777) == "0o600"
+            # the steer port's program and map are the broker's (tests/server/test_steering.py
+            # attaches them as that uid)
+            for name in (steering.PINNED_PROGRAM, steering.PINNED_MAP):
+                status = (pins / name).stat()
+                assert (status.st_uid, oct(status.st_mode & 0o777)) == (10001, "0o600")
 
 
 # ---- frames built by hand (AF_PACKET): VLAN tags, IPv6, fragments, truncation ------------

@@ -121,7 +121,8 @@ class _BrokerCollector(Collector):
             for reason, count in sorted(broker.swim.core.dropped.items()):
                 dropped.add_metric([reason], count)
             yield dropped
-        yield from _xdp_metrics(broker)
+        if broker.config.worker == 0:  # (the pod's interface: once per broker)
+            yield from _xdp_metrics(broker)
         stats = broker.transport.stats
         for key in sorted(stats):
             counter = CounterMetricFamily(f"laminar_peer_{key}", f"peer transport {key}")

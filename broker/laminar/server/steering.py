@@ -7,10 +7,14 @@ of each new connection: the client's TCP source port modulo N. So a client that 
 w connects from a source port p with p mod N == w (`source_port_for`), and the kernel hands
 the connection to worker w with no user-space hop.
 
-Two programs do this, tried in order (`MECHANISMS`):
-* "ebpf": an eBPF `sk_reuseport` program that looks the socket up in a
-  `REUSEPORT_SOCKARRAY` map holding worker w's socket at key w (`bpf_sk_select_reuseport`).
-  Loading it needs CAP_BPF (root, or a pod granted it).
+Tried in order (`MECHANISMS`):
+* "pinned": the eBPF program below, loaded and pinned beside the XDP router by
+  `laminar-xdp load` (`pin`: in the pods, the privileged init container) with its empty
+  map, for the broker's uid. The unprivileged supervisor opens both pins, puts its sockets in
+  the map and attaches the program (Linux >= 6.5: the pins' file permissions suffice).
+* "ebpf": the same program loaded by the supervisor itself, which needs CAP_BPF (root). It
+  is an eBPF `sk_reuseport` program that looks the socket up in a `REUSEPORT_SOCKARRAY` map
+  holding worker w's socket at key w (`bpf_sk_select_reuseport`).
 * "cbpf": a classic BPF program returning the socket's index in the group
   (SO_ATTACH_REUSEPORT_CBPF), which needs no privilege.
 If neither attaches, the group spreads connections by the kernel's hash and a wrong worker
@@ -28,13 +32,16 @@ import os
 import random
 import socket
 import struct
+from pathlib import Path
 
 from .. import bpf
 
 log = logging.getLogger(__name__)
 SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF = 51, 52
 #: the programs tried, best first (see the module's text)
-MECHANISMS = ("ebpf", "cbpf")
+MECHANISMS = ("pinned", "ebpf", "cbpf")
+#: the pins of the program and its map, in the XDP router's pin directory (`pin`)
+PINNED_PROGRAM, PINNED_MAP = "steer-prog", "steer-map"
 #: classic BPF opcodes (linux/filter.h)
 BPF_LD, BPF_LDX, BPF_ALU, BPF_RET = 0x00, 0x01, 0x04, 0x06
 BPF_H, BPF_B = 0x08, 0x10
@@ -143,26 +150,128 @@ def _load(workers: int, sockarray_fd: int) -> int:
             raise OSError(again.errno, f"{again.strerror}; verifier: {text}") from e
 
 
+def _sockarray(workers: int) -> int:
+    return bpf.call(
+        bpf.MAP_CREATE, struct.pack("<IIIII", MAP_TYPE_REUSEPORT_SOCKARRAY, 4, 8, workers, 0)
+    )
+
+
+def _key(index: int) -> ctypes.Array[ctypes.c_char]:
+    return ctypes.create_string_buffer(struct.pack("<I", index), 4)
+
+
+def _fill(sockarray: int, sockets: list[socket.socket]) -> None:
+    """Put socket w at key w of the map `sockarray`."""
+    for index, sock in enumerate(sockets):
+        key = _key(index)
+        value = ctypes.create_string_buffer(struct.pack("<Q", sock.fileno()), 8)
+        bpf.call(
+            bpf.MAP_UPDATE_ELEM,
+            struct.pack("<IIQQQ", sockarray, 0, ctypes.addressof(key), ctypes.addressof(value), 0),
+        )
+
+
+def _attach_program(sockets: list[socket.socket], program_fd: int) -> None:
+    sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, program_fd)
+
+
 def attach_ebpf(sockets: list[socket.socket]) -> None:
     """Put socket w at key w of a new REUSEPORT_SOCKARRAY and attach the eBPF program to the
     group. The group then holds the program and the program the map: their descriptors are
     closed here. OSError if the kernel refuses (EPERM without CAP_BPF)."""
-    workers = len(sockets)
-    sockarray = bpf.call(
-        bpf.MAP_CREATE, struct.pack("<IIIII", MAP_TYPE_REUSEPORT_SOCKARRAY, 4, 8, workers, 0)
-    )
+    sockarray = _sockarray(len(sockets))
     try:
-        for index, sock in enumerate(sockets):
-            key = ctypes.create_string_buffer(struct.pack("<I", index), 4)
-            value = ctypes.create_string_buffer(struct.pack("<Q", sock.fileno()), 8)
-            bpf.call(
-                bpf.MAP_UPDATE_ELEM,
-                struct.pack("<IIQQQ", sockarray, 0, ctypes.addressof(key),
-                            ctypes.addressof(value), 0),
-            )  # fmt: skip
+        _fill(sockarray, sockets)
+        program_fd = _load(len(sockets), sockarray)
+        try:
+            _attach_program(sockets, program_fd)
+        finally:
+            os.close(program_fd)
+    finally:
+        os.close(sockarray)
+
+
+def _path(path: Path) -> ctypes.Array[ctypes.c_char]:
+    return ctypes.create_string_buffer(os.fsencode(path))
+
+
+def pin(directory: Path, workers: int, owner: int | None = None) -> None:
+    """Load the eBPF program for `workers` with an empty map and pin both in `directory`
+    (replacing any), mode 600 and owned by `owner` (the broker's uid), for `attach_pinned`:
+    what `laminar-xdp load` does beside the router. Needs CAP_BPF; OSError if refused."""
+    unpin(directory)
+    sockarray = _sockarray(workers)
+    try:
         program_fd = _load(workers, sockarray)
         try:
-            sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, program_fd)
+            for fd, name in ((program_fd, PINNED_PROGRAM), (sockarray, PINNED_MAP)):
+                path = _path(directory / name)
+                bpf.call(bpf.OBJ_PIN, struct.pack("<QII", ctypes.addressof(path), fd, 0))
+                os.chmod(directory / name, 0o600)
+                if owner is not None:
+                    os.chown(directory / name, owner, owner)
+        finally:
+            os.close(program_fd)
+    finally:
+        os.close(sockarray)
+
+
+def unpin(directory: Path) -> None:
+    for name in (PINNED_PROGRAM, PINNED_MAP):
+        (directory / name).unlink(missing_ok=True)
+
+
+#: struct bpf_map_info's first fields: type, id, key size, value size, max entries
+MAP_INFO = struct.Struct("<IIIII")
+MAP_INFO_BYTES = 96
+
+
+def _sockarray_size(sockarray: int) -> int:
+    """The number of entries of the REUSEPORT_SOCKARRAY `sockarray` (OSError: not one)."""
+    info = ctypes.create_string_buffer(MAP_INFO_BYTES)
+    attr = struct.pack("<IIQ", sockarray, MAP_INFO_BYTES, ctypes.addressof(info))
+    bpf.call(bpf.OBJ_GET_INFO_BY_FD, attr)
+    kind, _, _, _, entries = MAP_INFO.unpack_from(info.raw)
+    if kind != MAP_TYPE_REUSEPORT_SOCKARRAY:
+        raise OSError(errno.EINVAL, f"the pinned map is of type {kind}, not a sockarray")
+    return int(entries)
+
+
+def _in_use(sockarray: int, entries: int) -> bool:
+    """Whether any key of the map holds a socket (another group's: a broker's own are put
+    in only now, and a closed socket leaves its key)."""
+    value = ctypes.create_string_buffer(8)
+    for index in range(entries):
+        key = _key(index)
+        attr = struct.pack("<IIQQQ", sockarray, 0, ctypes.addressof(key),
+                           ctypes.addressof(value), 0)  # fmt: skip
+        try:
+            bpf.call(bpf.MAP_LOOKUP_ELEM, attr)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                continue
+            raise
+        return True
+    return False
+
+
+def attach_pinned(sockets: list[socket.socket], directory: Path) -> None:
+    """Attach the program `pin` pinned in `directory` to the group of `sockets`, after
+    putting them in its map. OSError if there is none, it was pinned for another number of
+    workers, another broker's sockets are in it, or the kernel refuses."""
+    path = _path(directory / PINNED_MAP)
+    sockarray = bpf.call(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, 0))
+    try:
+        entries = _sockarray_size(sockarray)
+        if entries != len(sockets):
+            raise OSError(errno.EINVAL, f"pinned for {entries} workers, not {len(sockets)}")
+        if _in_use(sockarray, entries):
+            raise OSError(errno.EBUSY, "its map holds another group's sockets")
+        _fill(sockarray, sockets)
+        path = _path(directory / PINNED_PROGRAM)
+        program_fd = bpf.call(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, 0))
+        try:
+            _attach_program(sockets, program_fd)
         finally:
             os.close(program_fd)
     finally:
@@ -177,12 +286,24 @@ def attach_cbpf(sockets: list[socket.socket]) -> None:
     sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
-def attach(sockets: list[socket.socket], mechanisms: tuple[str, ...] = MECHANISMS) -> str | None:
-    """Attach the first of `mechanisms` the kernel accepts to the group of `sockets`: its
-    name, or None (each refusal logged) when connections are left to the kernel's hash."""
+def attach(
+    sockets: list[socket.socket],
+    mechanisms: tuple[str, ...] = MECHANISMS,
+    pin_dir: Path | None = None,
+) -> str | None:
+    """Attach the first of `mechanisms` the kernel accepts to the group of `sockets` ("pinned"
+    looks in `pin_dir`): its name, or None (each refusal logged) when connections are left
+    to the kernel's hash."""
     for mechanism in mechanisms:
         try:
-            (attach_ebpf if mechanism == "ebpf" else attach_cbpf)(sockets)
+            if mechanism == "pinned":
+                if pin_dir is None:
+                    continue
+                attach_pinned(sockets, pin_dir)
+            elif mechanism == "ebpf":
+                attach_ebpf(sockets)
+            else:
+                attach_cbpf(sockets)
         except OSError as e:
             log.info("steering: the %s program did not attach: %s", mechanism, e)
             continue
@@ -193,7 +314,12 @@ def attach(sockets: list[socket.socket], mechanisms: tuple[str, ...] = MECHANISM
 
 
 def listen(
-    host: str, port: int, workers: int, backlog: int, mechanisms: tuple[str, ...] = MECHANISMS
+    host: str,
+    port: int,
+    workers: int,
+    backlog: int,
+    mechanisms: tuple[str, ...] = MECHANISMS,
+    pin_dir: Path | None = None,
 ) -> tuple[list[socket.socket], str | None]:
     """One listening socket per worker on (host, port), in one SO_REUSEPORT group in worker
     order, and the steering program attached to it (`attach`)."""
@@ -215,7 +341,7 @@ def listen(
         for sock in sockets:
             sock.close()
         raise SteeringError(f"--steer-port {port}: cannot listen on {host}: {e}") from e
-    return sockets, attach(sockets, mechanisms)
+    return sockets, attach(sockets, mechanisms, pin_dir)
 
 
 def source_port_for(worker: int, workers: int, rng: random.Random | None = None) -> int:

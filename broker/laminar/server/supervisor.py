@@ -110,7 +110,11 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
     if config.steer_port:
         try:
             sockets, mechanism = steering.listen(
-                config.host, config.steer_port, config.workers, STEER_BACKLOG
+                config.host,
+                config.steer_port,
+                config.workers,
+                STEER_BACKLOG,
+                pin_dir=config.xdp_pin_dir,  # (where `laminar-xdp load` pins the program)
             )
         except steering.SteeringError as e:
             print(f"laminar serve: {e}", file=sys.stderr)
