@@ -11,6 +11,7 @@ import ctypes
 import functools
 import os
 import platform
+import struct
 from typing import Any
 
 #: bpf(2): its syscall number per machine
@@ -42,3 +43,20 @@ def call(command: int, attr: bytes) -> int:
         code = ctypes.get_errno()
         raise OSError(code, f"bpf command {command}: {os.strerror(code)}")
     return result
+
+
+def _path(path: str | os.PathLike[str]) -> ctypes.Array[ctypes.c_char]:
+    return ctypes.create_string_buffer(os.fsencode(path))
+
+
+def obj_get(path: str | os.PathLike[str], flags: int = 0) -> int:
+    """OBJ_GET: a new file descriptor of the object pinned at `path` (`flags`: 0 to read and
+    write, BPF_F_RDONLY to read)."""
+    name = _path(path)
+    return call(OBJ_GET, struct.pack("<QII", ctypes.addressof(name), 0, flags))
+
+
+def obj_pin(path: str | os.PathLike[str], fd: int) -> None:
+    """OBJ_PIN: pin the object `fd` at `path` (in a bpffs)."""
+    name = _path(path)
+    call(OBJ_PIN, struct.pack("<QII", ctypes.addressof(name), fd, 0))

@@ -234,16 +234,13 @@ BPF_F_RDONLY = 1 << 3  # open a pinned map for reading only: file read permissio
 COUNTER_LAYOUT = struct.Struct("<QQQ")  # struct class_counters: packets, bytes, drops
 
 
-def _bpf(command: int, attr: bytes) -> int:
-    try:
-        return bpf.call(command, attr)
-    except OSError as e:
-        if e.errno in (errno.EPERM, errno.EACCES):
-            raise NotPermitted(
-                f"{e.strerror} (reading the counters needs read permission on the pinned map "
-                "and Linux >= 6.5, or CAP_BPF)"
-            ) from e
-        raise XdpError(e.strerror or str(e)) from e
+def _xdp_error(e: OSError) -> XdpError:
+    if e.errno in (errno.EPERM, errno.EACCES):
+        return NotPermitted(
+            f"{e.strerror} (reading the counters needs read permission on the pinned map "
+            "and Linux >= 6.5, or CAP_BPF)"
+        )
+    return XdpError(e.strerror or str(e))
 
 
 def _possible_cpus() -> int:
@@ -262,8 +259,10 @@ def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
     counters = pin_dir / "counters"
     if not counters.exists():
         return {}
-    path = ctypes.create_string_buffer(str(counters).encode())
-    fd = _bpf(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, BPF_F_RDONLY))
+    try:
+        fd = bpf.obj_get(counters, BPF_F_RDONLY)
+    except OSError as e:
+        raise _xdp_error(e) from e
     try:
         cpus = _possible_cpus()
         totals: dict[str, dict[str, int]] = {}
@@ -271,7 +270,10 @@ def stats(pin_dir: Path = DEFAULT_PIN_DIR) -> dict[str, dict[str, int]]:
             key = ctypes.create_string_buffer(struct.pack("<I", index), 4)
             value = ctypes.create_string_buffer(COUNTER_LAYOUT.size * cpus)
             attr = struct.pack("<IIQQQ", fd, 0, ctypes.addressof(key), ctypes.addressof(value), 0)
-            _bpf(bpf.MAP_LOOKUP_ELEM, attr)
+            try:
+                bpf.call(bpf.MAP_LOOKUP_ELEM, attr)
+            except OSError as e:
+                raise _xdp_error(e) from e
             per_cpu = list(COUNTER_LAYOUT.iter_unpack(value.raw))
             summed = (sum(column) for column in zip(*per_cpu, strict=True))
             totals[name] = dict(zip(("packets", "bytes", "drops"), summed, strict=True))

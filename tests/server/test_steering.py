@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from laminar.server import steering
 from laminar.server.config import BrokerConfig, ConfigError, new_secret
 
 from ..netns import veth_pair
+from ..privileges import in_a_child_as
 from ..xdp.conftest import bpffs
 
 WORKERS = 3
@@ -235,27 +235,6 @@ def as_the_broker(pins: Path, port: int, other: int) -> list[object]:
         loaded = e.errno
     _, second = steering.listen("127.0.0.1", other, WORKERS, 64, ("pinned",), pins)
     return [attached, hits, loaded, second]
-
-
-def in_a_child_as(uid: int, work: Callable[[], object]) -> object:
-    """`work()` in a forked child that dropped to `uid` (and so every capability)."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            answer = json.dumps(work())
-        except BaseException as e:
-            answer = json.dumps(f"{type(e).__name__}: {e}")
-        os.write(writing, answer.encode())
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        out = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return json.loads(out)
 
 
 def test_a_program_pinned_beside_the_router_steers_for_the_unprivileged_broker() -> None:

@@ -21,6 +21,7 @@ from laminar.swim.codec import HEADER_BYTES
 from laminar.xdp import CLASSES
 
 from ..netns import Host, veth_pair
+from ..privileges import in_a_child_as
 from .conftest import bpffs, gossip_datagram, laminar_xdp, send_udp
 
 GOSSIP, API, PEER, OTHER_UDP, OTHER_TCP = 7072, 7070, 7071, 9999, 8080
@@ -175,27 +176,6 @@ def test_bad_configuration_is_refused_and_changes_nothing(
     assert stats(receiver, pins)["membership"]["packets"] == 0
 
 
-def read_counters_as(uid: int, pins: Path) -> str:
-    """stats() in a child process that has dropped to `uid` (no capabilities)."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            answer = json.dumps(xdp.stats(pins))
-        except BaseException as e:
-            answer = f"{type(e).__name__}: {e}"
-        os.write(writing, answer.encode())
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        out = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return out
-
-
 def test_the_unprivileged_broker_may_read_the_counters_and_nothing_else(
     router_object: Path,
 ) -> None:
@@ -209,7 +189,8 @@ def test_the_unprivileged_broker_may_read_the_counters_and_nothing_else(
                         "--object", str(router_object), "--cluster-id", CLUSTER,
                         "--steer-workers", "2", "--steer-owner", "10001")  # fmt: skip
             send_udp(sender, receiver.address, GOSSIP, b"garbage")
-            counted = json.loads(read_counters_as(10001, pins))
+            counted = in_a_child_as(10001, lambda: xdp.stats(pins))
+            assert isinstance(counted, dict), counted  # (else: what the child raised)
             garbage_bytes = ETH_IPV4_UDP_BYTES + len(b"garbage")
             assert counted["membership"] == {"packets": 1, "bytes": garbage_bytes, "drops": 1}
             assert oct((pins / "config").stat().st_mode & 0o777) == "0o600"

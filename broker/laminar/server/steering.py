@@ -17,7 +17,7 @@ Tried in order (`MECHANISMS`):
   holding worker w's socket at key w (`bpf_sk_select_reuseport`).
 * "cbpf": a classic BPF program returning the socket's index in the group
   (SO_ATTACH_REUSEPORT_CBPF), which needs no privilege.
-If neither attaches, the group spreads connections by the kernel's hash and a wrong worker
+If none attaches, the group spreads connections by the kernel's hash and a wrong worker
 answers with a redirect (layer 2). The supervisor keeps the sockets open while workers
 restart, so the map and the group's order never change, and connections for a worker being
 restarted wait in its backlog.
@@ -172,7 +172,12 @@ def _fill(sockarray: int, sockets: list[socket.socket]) -> None:
 
 
 def _attach_program(sockets: list[socket.socket], program_fd: int) -> None:
-    sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, program_fd)
+    """Attach the program `program_fd` to the group of `sockets`, and close the descriptor
+    (the group holds the program)."""
+    try:
+        sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, program_fd)
+    finally:
+        os.close(program_fd)
 
 
 def attach_ebpf(sockets: list[socket.socket]) -> None:
@@ -182,17 +187,9 @@ def attach_ebpf(sockets: list[socket.socket]) -> None:
     sockarray = _sockarray(len(sockets))
     try:
         _fill(sockarray, sockets)
-        program_fd = _load(len(sockets), sockarray)
-        try:
-            _attach_program(sockets, program_fd)
-        finally:
-            os.close(program_fd)
+        _attach_program(sockets, _load(len(sockets), sockarray))
     finally:
         os.close(sockarray)
-
-
-def _path(path: Path) -> ctypes.Array[ctypes.c_char]:
-    return ctypes.create_string_buffer(os.fsencode(path))
 
 
 def pin(directory: Path, workers: int, owner: int | None = None) -> None:
@@ -205,8 +202,7 @@ def pin(directory: Path, workers: int, owner: int | None = None) -> None:
         program_fd = _load(workers, sockarray)
         try:
             for fd, name in ((program_fd, PINNED_PROGRAM), (sockarray, PINNED_MAP)):
-                path = _path(directory / name)
-                bpf.call(bpf.OBJ_PIN, struct.pack("<QII", ctypes.addressof(path), fd, 0))
+                bpf.obj_pin(directory / name, fd)
                 os.chmod(directory / name, 0o600)
                 if owner is not None:
                     os.chown(directory / name, owner, owner)
@@ -259,8 +255,7 @@ def attach_pinned(sockets: list[socket.socket], directory: Path) -> None:
     """Attach the program `pin` pinned in `directory` to the group of `sockets`, after
     putting them in its map. OSError if there is none, it was pinned for another number of
     workers, another broker's sockets are in it, or the kernel refuses."""
-    path = _path(directory / PINNED_MAP)
-    sockarray = bpf.call(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, 0))
+    sockarray = bpf.obj_get(directory / PINNED_MAP)
     try:
         entries = _sockarray_size(sockarray)
         if entries != len(sockets):
@@ -268,12 +263,7 @@ def attach_pinned(sockets: list[socket.socket], directory: Path) -> None:
         if _in_use(sockarray, entries):
             raise OSError(errno.EBUSY, "its map holds another group's sockets")
         _fill(sockarray, sockets)
-        path = _path(directory / PINNED_PROGRAM)
-        program_fd = bpf.call(bpf.OBJ_GET, struct.pack("<QII", ctypes.addressof(path), 0, 0))
-        try:
-            _attach_program(sockets, program_fd)
-        finally:
-            os.close(program_fd)
+        _attach_program(sockets, bpf.obj_get(directory / PINNED_PROGRAM))
     finally:
         os.close(sockarray)
 
