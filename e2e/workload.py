@@ -8,8 +8,12 @@ file $LAMINAR_CA_FILE names.
         exists, MAX_RECORDS were sent or MAX_S passed. Prints {"value", "partition", "index"}
         for every record acknowledged and {"error"} for every one that failed, then
         {"sent", "acknowledged", "errors"}.
-    read BROKERS TOPIC
-        Prints {"partition", "index", "value"} for every committed record of every partition.
+    read BROKERS TOPIC [THROUGH]
+        Prints {"partition", "index", "value"} for every committed record of every partition,
+        through the commit index the replica read first reports and through THROUGH's index
+        of the partition (JSON {partition: index}: what was acknowledged there). A replica's
+        commit index may lag the leader's (a follower serves reads up to its own, docs/api.md),
+        so the records past it are awaited with long polls, for up to READ_MAX_S.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ PACE_S = 0.01  # between sends: a few thousand records span a fault
 #: The cluster's CA for https:// brokers (the client pod mounts the Secret <cluster>-ca)
 CA_FILE = os.environ.get("LAMINAR_CA_FILE") or None
 READ_BATCH = 1000
+READ_MAX_S = 120.0  # for a partition's acknowledged records to be committed where it is read
+READ_WAIT_MS = 1000
 
 
 def emit(**fields: object) -> None:
@@ -61,18 +67,27 @@ def produce(
     emit(sent=len(sent), acknowledged=acknowledged, errors=errors)
 
 
-def read(brokers: str, topic: str) -> None:
+def read(brokers: str, topic: str, through: str = "{}") -> None:
+    acknowledged = {int(p): int(index) for p, index in json.loads(through).items()}
+    deadline = time.monotonic() + READ_MAX_S
     with Client(brokers.split(","), ca_file=CA_FILE) as client:
         for partition in range(client.partition_count(topic)):
             start = client.read(topic, partition, max_records=1)
-            at, end = start.log_start, start.commit_index
+            at = start.log_start
+            end = max(start.commit_index, acknowledged.get(partition, -1))
             while at <= end:
-                got = client.read(topic, partition, at, max_records=READ_BATCH)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{topic}/{partition}: index {at} not committed in {READ_MAX_S} s "
+                        f"(reading through {end})"
+                    )
+                got = client.read(topic, partition, at, max_records=READ_BATCH,
+                                  wait_ms=READ_WAIT_MS)  # fmt: skip
                 for record in got.records:
                     value = record.value.decode() if record.value is not None else None
                     emit(partition=partition, index=record.index, value=value)
-                if got.next_index <= at:
-                    raise RuntimeError(f"no progress reading {topic}/{partition} at {at}")
+                if got.next_index < at:
+                    raise RuntimeError(f"{topic}/{partition}: read at {at} went back")
                 at = got.next_index
 
 
