@@ -7,7 +7,8 @@
 * a client whose routing is stale (it sends a partition's requests to a worker that does not
   lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is;
 * the steer port: the kernel hands a connection to the worker its source port names;
-* metrics: each broker's /metrics has every one of its workers', labelled.
+* metrics: each broker's /metrics has every one of its workers', labelled;
+* SIGHUP reaches every worker.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.client import AsyncClient
+from laminar.credentials import dump, new_token, replace_file, token_hash
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.placement import owner
@@ -273,3 +276,32 @@ async def test_draining_a_broker_empties_every_one_of_its_workers(cluster: Local
             assert all(len(s.replicas) == 2 and s.leader for s in states), states
         finally:
             await client.undrain(leaving)
+
+
+async def test_sighup_reaches_every_worker_and_stops_none(cluster: LocalCluster) -> None:
+    """SIGHUP to a broker's supervisor (re-read the credentials and TLS files, docs/security.md)
+    is passed on to each worker: none stops or restarts, and a token added to the credentials
+    file is then accepted by every worker."""
+    path = cluster.credentials_path()
+    principals = yaml.safe_load(path.read_text())["principals"]
+    token = new_token()
+    added = {"name": "added", "role": "admin", "tokens": [token_hash(token)]}
+    replace_file(path, dump([*principals, added]))
+    before = {broker: cluster.worker_pids(broker) for broker in cluster.nodes}
+    for node in cluster.nodes.values():
+        assert node.pid is not None
+        os.kill(node.pid, signal.SIGHUP)
+    every_worker = [w for b in cluster.nodes for w in worker_ids(b, cluster.workers)]
+
+    async def accepted() -> object:
+        refused = []
+        async with aiohttp.ClientSession(headers=auth(cluster, token)) as session:
+            for worker in every_worker:
+                async with session.get(f"{worker_url(cluster, worker)}/v1/topics") as answer:
+                    if answer.status != 200:
+                        refused.append((worker, answer.status))
+        return refused or True
+
+    await wait_until("the added token accepted by every worker", accepted)
+    assert all(node.alive() for node in cluster.nodes.values())
+    assert {broker: cluster.worker_pids(broker) for broker in cluster.nodes} == before

@@ -6,7 +6,8 @@ RESTART_MIN_S to RESTART_MAX_S while it keeps failing within STARTUP_S of its st
 that failed MAX_QUICK_FAILURES times in a row that way stops the broker (exit 1: a port in
 use, a damaged disk; its output says why). SIGTERM and SIGINT are passed on to every worker,
 which stops gracefully (hands its leaderships over); the supervisor exits once all have, 0
-if all exited 0. The workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG). Their
+if all exited 0. SIGHUP is passed on as well: each worker re-reads the credentials and TLS
+files. The workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG). Their
 process ids are in `<data dir>/workers.json`, for tools and tests. With `--steer-port`, it
 holds the steer port's sockets (`laminar.server.steering`) and hands worker w the w-th, as
 the file descriptor LAMINAR_STEER_FD names.
@@ -140,8 +141,15 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
             if worker.process is not None and worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
 
+    def reload(signum: int, frame: FrameType | None) -> None:
+        """SIGHUP (re-read the credentials and TLS files: server/app.py): to every worker."""
+        for worker in workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGHUP)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
+    signal.signal(signal.SIGHUP, reload)
     pids_file = config.data_dir / PIDS_FILE
     status = 0
     while True:
