@@ -112,6 +112,11 @@ def test_weights_and_drains() -> None:
     assert state.draining == {"n2", "n3"}
     state.apply(3, SetDraining("n2", False))
     assert state.draining == {"n3"}
+    # a worker drains apart from its broker (docs/workers.md); weights are the broker's
+    validate(SetDraining("n2~1", True))
+    for command in (SetWeight("n2~1", 2), SetDraining("n2~", True), SetDraining("~1", True)):
+        with pytest.raises(MetadataError):
+            validate(command)
 
 
 def test_snapshot_round_trip_is_canonical() -> None:

@@ -59,12 +59,13 @@ from typing import Any
 
 import kopf
 
-from laminar import certs
+from laminar import certs, settings
 from laminar.client import AsyncClient, NodeTls
 from laminar.client.errors import BadRequest, Forbidden, LaminarError, NotFound, Unauthorized
 from laminar.credentials import new_token
 from laminar.kube import Credentials, KubeClient, KubeError, topic_status
 from laminar.tls import client_context
+from laminar.workers import worker_id
 
 from . import ca_rotation, events, logs, manifests, topics
 from .ca_rotation import CaState
@@ -160,6 +161,10 @@ async def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
     try:
         initial = await _initial_replicas(kube, namespace, name, body.spec)
         replicas, draining = await _scale_step(kube, cluster, body, patch, memo)
+        workers, lowering = await _workers_step(kube, cluster, body, memo, replicas)
+        draining = draining or lowering
+        if workers != manifests.spec_of(cluster)["workersPerPod"]:  # the old count, for now
+            cluster = {**cluster, "spec": {**cluster["spec"], "workersPerPod": workers}}
         objects = manifests.owned(
             cluster,
             initial_replicas=initial,
@@ -412,6 +417,85 @@ async def _undrain(
                     await client.undrain(node)
                 except NotFound:
                     continue  # never a member: nothing to undo
+    except LaminarError as e:
+        if returning:
+            message = f"{', '.join(returning)} may stay drained: {e}"
+            _event(memo, body, "Warning", "UndrainFailed", message)
+
+
+async def _workers_step(
+    kube: KubeClient, cluster: dict[str, Any], body: kopf.Body, memo: kopf.Memo, replicas: int
+) -> tuple[int, str]:
+    """The workers per pod the brokers are to run now, and what lowering the count still
+    waits for ("" for nothing); `replicas`: the brokers running.
+
+    Raising spec.workersPerPod takes it at once (placement moves partitions to the new
+    workers), and undrains the workers an earlier lowering drained. Lowering it first drains,
+    through the admin API, every worker that goes (worker w >= the new count of each broker:
+    `<broker>~<w>`), and applies the new count only once none of them hosts a partition
+    replica, so a partition of replication factor 1 moves to a staying worker, with its
+    records, before the only process that holds it is gone (docs/workers.md)."""
+    name, namespace = manifests.names(cluster)
+    wanted = int(manifests.spec_of(cluster)["workersPerPod"])
+    found = await kube.get("v1", "ConfigMap", namespace, manifests.config_map_name(name))
+    if found is None:
+        return wanted, ""  # a new cluster: nothing runs yet
+    text = str((found.get("data") or {}).get(settings.variable(settings.WORKERS), "1"))
+    current = int(text) if text.isdigit() and int(text) > 0 else wanted
+    brokers = [node_id(cluster, ordinal) for ordinal in range(replicas)]
+    if wanted >= current:
+        await _undrain_workers(memo, cluster, body, brokers, wanted, current)
+        return wanted, ""
+    leaving = [worker_id(b, w) for b in brokers for w in range(wanted, current)]
+    try:
+        async with await _admin(memo, cluster) as client:
+            members = {m.id: m for m in (await client.cluster()).members}
+            left = 0
+            for worker in leaving:
+                if worker not in members:
+                    continue  # its broker does not run it: nothing of it to move
+                if not members[worker].draining:
+                    await client.drain(worker)
+                left += len((await client.node_partitions(worker)).partitions)
+    except LaminarError as e:
+        message = f"lowering workersPerPod to {wanted} waits for the brokers: {e}"
+        _event(memo, body, "Warning", "WorkersDrainWaiting", message)
+        return current, message
+    if left:
+        message = (
+            f"lowering workersPerPod from {current} to {wanted}: draining "
+            f"{', '.join(leaving)}; {left} partition replicas left"
+        )
+        _event(memo, body, "Normal", "DrainingWorkers", message)
+        return current, message
+    message = f"{', '.join(leaving)} drained: the pods run {wanted} workers each"
+    _event(memo, body, "Normal", "WorkersDrained", message)
+    return wanted, ""
+
+
+async def _undrain_workers(
+    memo: kopf.Memo,
+    cluster: dict[str, Any],
+    body: kopf.Body,
+    brokers: list[str],
+    wanted: int,
+    current: int,
+) -> None:
+    """Workers an earlier lowering drained that the pods run again (a raise, or a lowering
+    given up): let placement use them again. Best effort, as `_undrain`."""
+    staying = {worker_id(b, w) for b in brokers for w in range(1, wanted)}
+    returning = [worker_id(b, w) for b in brokers for w in range(max(current, 1), wanted)]
+    if not staying:
+        return
+    try:
+        async with await _admin(memo, cluster) as client:
+            members = (await client.cluster()).members
+            drained = [m.id for m in members if m.draining and m.id in staying]
+            for worker in sorted(set(returning + drained)):
+                try:
+                    await client.undrain(worker)
+                except NotFound:
+                    continue  # never drained, nor a member: nothing to undo
     except LaminarError as e:
         if returning:
             message = f"{', '.join(returning)} may stay drained: {e}"

@@ -8,7 +8,8 @@
   lead it) still succeeds: the worker answers 307 to the leader, whichever worker that is;
 * the steer port: the kernel hands a connection to the worker its source port names;
 * metrics: each broker's /metrics has every one of its workers', labelled;
-* SIGHUP reaches every worker.
+* draining a worker moves its partitions to its broker's other worker; SIGHUP reaches every
+  worker.
 """
 
 from __future__ import annotations
@@ -276,6 +277,61 @@ async def test_draining_a_broker_empties_every_one_of_its_workers(cluster: Local
             assert all(len(s.replicas) == 2 and s.leader for s in states), states
         finally:
             await client.undrain(leaving)
+
+
+async def test_draining_a_worker_moves_even_its_only_replicas_to_the_brokers_others(
+    cluster: LocalCluster,
+) -> None:
+    """A drained worker (id `<broker>~<w>`) leaves its broker's owner hash: the partitions it
+    owns, replication factor 1 included, move to the broker's other worker with their records
+    (what the operator waits for before it lowers workersPerPod); undrained, the worker owns
+    its share again."""
+    topic = "one-copy"
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic(topic, partitions=PARTITIONS, replication_factor=1)
+
+        async def replicas() -> dict[int, tuple[str, ...]]:
+            states = (await client.describe_topic(topic)).partition_states
+            return {s.partition: s.replicas for s in states if s.leader in s.replicas}
+
+        async def owned() -> object:  # each on its broker's owning worker, and led there
+            now = await replicas()
+            wanted = {
+                p: (owner(f"{topic}/{p}", worker_ids(broker_of(r[0]), 2)),)
+                for p, r in now.items()
+                if len(r) == 1
+            }
+            return (len(now) == PARTITIONS and now == wanted) or now
+
+        await wait_until("every partition on its owning worker", owned)
+        placed = await replicas()
+        leaving = next(r[0] for r in placed.values() if worker_index(r[0]) == 1)
+        moved = {p for p, r in placed.items() if r == (leaving,)}
+        acked: dict[int, list[bytes]] = {}
+        for partition in range(PARTITIONS):
+            acked[partition] = [f"{topic}-{partition}-{n}".encode() for n in range(20)]
+            await client.append(topic, partition, [Record(value=v) for v in acked[partition]])
+        await client.drain(leaving)
+        try:
+
+            async def emptied() -> object:
+                hosted = (await client.node_partitions(leaving)).partitions
+                now = await replicas()
+                home = (broker_of(leaving),)
+                return (not hosted and all(now.get(p) == home for p in moved)) or (hosted, now)
+
+            await wait_until(f"{leaving} drained, its partitions led by its broker", emptied)
+            for partition, values in acked.items():
+                read = await client.read(topic, partition, 0, max_records=100)
+                assert [r.value for r in read.records] == values, partition
+        finally:
+            await client.undrain(leaving)
+
+        async def back() -> object:
+            now = await replicas()
+            return all(now.get(p) == (leaving,) for p in moved) or now
+
+        await wait_until(f"{leaving}'s partitions back on it", back)
 
 
 async def test_sighup_reaches_every_worker_and_stops_none(cluster: LocalCluster) -> None:

@@ -379,6 +379,84 @@ def test_scale_down_drains_before_shrinking_and_keeps_replication(
         four.stop()
 
 
+def test_lowering_workers_per_pod_drains_the_workers_that_go_first(
+    crds: KubeApi,
+    namespace: str,
+    operator: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """workersPerPod 2 -> 1 (docs/workers.md): the operator drains each broker's worker 1 and
+    applies one worker per pod (the brokers' LAMINAR_WORKERS) only once none hosts a replica,
+    so a topic of replication factor 1 keeps every partition led, with its records; 1 -> 2
+    undrains them, and they own their share again."""
+    brokers = make_cluster(tmp_path_factory.mktemp("workers"), 3, workers=2)
+    try:
+        cluster = local_cluster_object(namespace, brokers.urls)
+        cluster["spec"]["workersPerPod"] = 2
+        cluster["metadata"]["annotations"]["laminarmq.io/node-ids"] = ",".join(brokers.nodes)
+        crds.apply(cluster)
+        trust_operator(crds, namespace, brokers)
+
+        def workers_applied() -> int | None:
+            made = found(crds, "configmap/demo-config", namespace)
+            return int(made["data"]["LAMINAR_WORKERS"]) if made else None
+
+        wait_for("2 workers per pod", lambda: workers_applied() == 2)
+        topic = "single"
+
+        async def fill() -> None:
+            async with AsyncClient(brokers.urls, token=brokers.token) as client:
+                await client.create_topic(topic, partitions=6, replication_factor=1)
+                await client.wait_for_leaders(topic)
+                for p in range(6):
+                    await client.append(topic, p, [Record(value=f"{p}-{n}".encode())
+                                                   for n in range(10)])  # fmt: skip
+
+        asyncio.run(fill())
+        goes = [f"{node}~1" for node in brokers.nodes]
+
+        def on_workers_1() -> tuple[int, int]:
+            async def ask() -> tuple[int, int]:
+                async with AsyncClient(brokers.urls, token=brokers.token) as client:
+                    states = (await client.describe_topic(topic)).partition_states
+                    led = sum(1 for s in states if s.leader in s.replicas)
+                    return sum(1 for s in states for r in s.replicas if r in goes), led
+
+            return asyncio.run(ask())
+
+        wait_for("replicas on the brokers' worker 1", lambda: on_workers_1()[0] > 0)
+        crds.kubectl("patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
+                     "-p", json.dumps({"spec": {"workersPerPod": 1}}))  # fmt: skip
+        seen: list[tuple[int, tuple[int, int]]] = []
+
+        def lowered() -> bool:
+            seen.append((workers_applied() or 0, on_workers_1()))
+            return seen[-1][0] == 1
+
+        wait_for("one worker per pod applied", lowered, timeout_s=120)
+        assert seen[-1][1] == (0, 6), seen  # applied only once worker 1 hosted nothing, all led
+        assert any(w == 2 and on[0] > 0 for w, on in seen), seen  # it waited for the drain
+        wait_for("the DrainingWorkers event", lambda: events(crds, namespace, "demo",
+                                                              "DrainingWorkers"))  # fmt: skip
+
+        def read_back() -> list[list[bytes | None]]:
+            async def ask() -> list[list[bytes | None]]:
+                async with AsyncClient(brokers.urls, token=brokers.token) as client:
+                    return [[r.value for r in (await client.read(topic, p, 0)).records]
+                            for p in range(6)]  # fmt: skip
+
+            return asyncio.run(ask())
+
+        assert read_back() == [[f"{p}-{n}".encode() for n in range(10)] for p in range(6)]
+        # raised again: the drained workers are undrained, and placement uses them
+        crds.kubectl("patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
+                     "-p", json.dumps({"spec": {"workersPerPod": 2}}))  # fmt: skip
+        wait_for("2 workers per pod again", lambda: workers_applied() == 2)
+        wait_for("replicas back on the brokers' worker 1", lambda: on_workers_1()[0] > 0)
+    finally:
+        brokers.stop()
+
+
 def test_rebalancing_and_degraded_follow_what_the_brokers_report(
     crds: KubeApi, namespace: str, operator: Any
 ) -> None:

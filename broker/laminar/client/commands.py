@@ -358,7 +358,9 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
     node = subparsers.add_parser("node", help="drain, undrain, weigh a broker")
     nodes = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
-    drain = leaf(nodes, "drain", _node_drain, "move every replica off the broker")
+    drain = leaf(
+        nodes, "drain", _node_drain, "move every replica off the broker (or worker: <broker>~<w>)"
+    )
     drain.add_argument("id")
     undrain = leaf(nodes, "undrain", _node_undrain, "let the broker host replicas again")
     undrain.add_argument("id")

@@ -209,7 +209,7 @@ def validate(command: Command) -> None:
         _check_node(command.node)
         _check_int("weight", command.weight, 0, MAX_WEIGHT)
     else:
-        _check_node(command.node)
+        _check_node(command.node, WORKER_NODE_ID)  # (a worker drains apart from its broker)
         if not isinstance(command.draining, bool):
             raise MetadataError("invalid", "draining must be true or false")
 

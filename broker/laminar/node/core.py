@@ -616,12 +616,18 @@ class NodeCore:
 
     def candidates(self) -> list[Candidate]:
         """Every known broker, with its workers (`laminar.workers`), alive for placement if
-        SWIM says so or it died recently."""
+        SWIM says so or it died recently. A drained worker other than worker 0 (whose id is
+        the broker's: draining it drains the broker) is left out of its broker's workers, so
+        that the partitions it owns move to the others, as a drained broker's do."""
         now = self.now_ms
         members = self.members()
+        draining = self.state.draining
         workers: dict[str, list[str]] = {}
         for node in members:
-            workers.setdefault(broker_of(node), []).append(node)
+            broker = broker_of(node)
+            workers.setdefault(broker, [])
+            if node == broker or node not in draining:
+                workers[broker].append(node)
         mine = broker_of(self.id)
         out = []
         for broker, nodes in sorted(workers.items()):
