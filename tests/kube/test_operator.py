@@ -415,29 +415,38 @@ def test_lowering_workers_per_pod_drains_the_workers_that_go_first(
         asyncio.run(fill())
         goes = [f"{node}~1" for node in brokers.nodes]
 
-        def on_workers_1() -> tuple[int, int]:
-            async def ask() -> tuple[int, int]:
+        def on_workers_1() -> int:  # (asked of each, as the operator does)
+            async def ask() -> int:
                 async with AsyncClient(brokers.urls, token=brokers.token) as client:
-                    states = (await client.describe_topic(topic)).partition_states
-                    led = sum(1 for s in states if s.leader in s.replicas)
-                    return sum(1 for s in states for r in s.replicas if r in goes), led
+                    hosted = [(await client.node_partitions(w)).partitions for w in goes]
+                    return sum(1 for found in hosted for p in found if p.topic == topic)
 
             return asyncio.run(ask())
 
-        wait_for("replicas on the brokers' worker 1", lambda: on_workers_1()[0] > 0)
+        def led_on_workers_0() -> bool:
+            async def ask() -> bool:
+                async with AsyncClient(brokers.urls, token=brokers.token) as client:
+                    states = (await client.describe_topic(topic)).partition_states
+                    return all(s.leader in s.replicas and s.leader not in goes for s in states)
+
+            return asyncio.run(ask())
+
+        wait_for("replicas on the brokers' worker 1", lambda: on_workers_1() > 0)
         crds.kubectl("patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
                      "-p", json.dumps({"spec": {"workersPerPod": 1}}))  # fmt: skip
-        seen: list[tuple[int, tuple[int, int]]] = []
+        seen: list[tuple[int, int]] = []
 
         def lowered() -> bool:
-            seen.append((workers_applied() or 0, on_workers_1()))
-            return seen[-1][0] == 1
+            applied = workers_applied() or 0
+            seen.append((applied, on_workers_1()))  # (asked after: a drained worker stays empty)
+            return applied == 1
 
         wait_for("one worker per pod applied", lowered, timeout_s=120)
-        assert seen[-1][1] == (0, 6), seen  # applied only once worker 1 hosted nothing, all led
-        assert any(w == 2 and on[0] > 0 for w, on in seen), seen  # it waited for the drain
+        assert seen[-1] == (1, 0), seen  # applied only once worker 1 hosted nothing
+        assert any(w == 2 and on > 0 for w, on in seen), seen  # it waited for the drain
         wait_for("the DrainingWorkers event", lambda: events(crds, namespace, "demo",
                                                               "DrainingWorkers"))  # fmt: skip
+        wait_for("every partition led by a worker 0", led_on_workers_0)
 
         def read_back() -> list[list[bytes | None]]:
             async def ask() -> list[list[bytes | None]]:
@@ -452,7 +461,7 @@ def test_lowering_workers_per_pod_drains_the_workers_that_go_first(
         crds.kubectl("patch", "laminarcluster/demo", "-n", namespace, "--type=merge",
                      "-p", json.dumps({"spec": {"workersPerPod": 2}}))  # fmt: skip
         wait_for("2 workers per pod again", lambda: workers_applied() == 2)
-        wait_for("replicas back on the brokers' worker 1", lambda: on_workers_1()[0] > 0)
+        wait_for("replicas back on the brokers' worker 1", lambda: on_workers_1() > 0)
     finally:
         brokers.stop()
 
