@@ -404,15 +404,27 @@ async def _undrain(
     cluster: dict[str, Any], body: kopf.Body, current: int, wanted: int, memo: kopf.Memo
 ) -> None:
     """Brokers a scale-down drained, and that the cluster wants again (a scale-up bringing
-    their ordinals back, or a scale-down given up): let placement use them again. Best
-    effort: a failure is a Warning event, not a stop."""
+    their ordinals back, or a scale-down given up): let placement use them again."""
     returning = [node_id(cluster, ordinal) for ordinal in range(current, wanted)]
     staying = {node_id(cluster, ordinal) for ordinal in range(min(current, wanted))}
+    await _undrain_nodes(memo, cluster, body, returning, staying)
+
+
+async def _undrain_nodes(
+    memo: kopf.Memo,
+    cluster: dict[str, Any],
+    body: kopf.Body,
+    returning: list[str],
+    staying: set[str],
+) -> None:
+    """Undrain the nodes (brokers or workers) `returning`, and those of `staying` that are
+    drained members. Best effort: a failure is a Warning event (for `returning`), not a
+    stop."""
     try:
         async with await _admin(memo, cluster) as client:
             members = (await client.cluster()).members
             drained = [m.id for m in members if m.draining and m.id in staying]
-            for node in returning + drained:
+            for node in dict.fromkeys(returning + drained):
                 try:
                     await client.undrain(node)
                 except NotFound:
@@ -444,7 +456,12 @@ async def _workers_step(
     current = int(text) if text.isdigit() and int(text) > 0 else wanted
     brokers = [node_id(cluster, ordinal) for ordinal in range(replicas)]
     if wanted >= current:
-        await _undrain_workers(memo, cluster, body, brokers, wanted, current)
+        # workers an earlier lowering drained that the pods run again (a raise, or a
+        # lowering given up)
+        staying = {worker_id(b, w) for b in brokers for w in range(1, wanted)}
+        returning = [worker_id(b, w) for b in brokers for w in range(max(current, 1), wanted)]
+        if staying:
+            await _undrain_nodes(memo, cluster, body, returning, staying)
         return wanted, ""
     leaving = [worker_id(b, w) for b in brokers for w in range(wanted, current)]
     try:
@@ -471,35 +488,6 @@ async def _workers_step(
     message = f"{', '.join(leaving)} drained: the pods run {wanted} workers each"
     _event(memo, body, "Normal", "WorkersDrained", message)
     return wanted, ""
-
-
-async def _undrain_workers(
-    memo: kopf.Memo,
-    cluster: dict[str, Any],
-    body: kopf.Body,
-    brokers: list[str],
-    wanted: int,
-    current: int,
-) -> None:
-    """Workers an earlier lowering drained that the pods run again (a raise, or a lowering
-    given up): let placement use them again. Best effort, as `_undrain`."""
-    staying = {worker_id(b, w) for b in brokers for w in range(1, wanted)}
-    returning = [worker_id(b, w) for b in brokers for w in range(max(current, 1), wanted)]
-    if not staying:
-        return
-    try:
-        async with await _admin(memo, cluster) as client:
-            members = (await client.cluster()).members
-            drained = [m.id for m in members if m.draining and m.id in staying]
-            for worker in sorted(set(returning + drained)):
-                try:
-                    await client.undrain(worker)
-                except NotFound:
-                    continue  # never drained, nor a member: nothing to undo
-    except LaminarError as e:
-        if returning:
-            message = f"{', '.join(returning)} may stay drained: {e}"
-            _event(memo, body, "Warning", "UndrainFailed", message)
 
 
 @kopf.timer(GROUP, VERSION, "laminarclusters", interval=STATUS_INTERVAL_S, initial_delay=1.0)
