@@ -14,6 +14,10 @@ and imported by the broker's server, the async client and the `laminar` CLI.
   applied that far before it serves the request, or answers 503 (nothing done; another
   broker may be ahead). So a client that changed the metadata, on any broker, reads its
   change back from every broker.
+* **Read-your-writes for records** (`ACKED_INDEX_HEADER`): a follower learns that a record
+  is committed a message after the leader acknowledged it. A read that names the highest
+  index the client saw acknowledged is served only through it: by the replica once it has
+  committed that far, else by the leader.
 
 The JSON bodies of requests and answers are declared once as well, in `laminar.models` (code,
 not constants: each model checks its JSON), which the same three import.
@@ -45,6 +49,11 @@ METADATA_WAIT_S = 5.0
 #: A read's position, also in its binary answer: the index to read on from, the partition's
 #: commit index and log start.
 NEXT_INDEX_HEADER = "Laminar-Next-Index"
+#: Read-your-writes for records: a read may carry the highest index of the partition that the
+#: client saw acknowledged; a replica serves it only once committed that far (it waits up to
+#: `ACKED_WAIT_S`, then a follower answers 307 to the leader, a leader 503).
+ACKED_INDEX_HEADER = "Laminar-Acked-Index"
+ACKED_WAIT_S = 1.0
 COMMIT_INDEX_HEADER = "Laminar-Commit-Index"
 LOG_START_HEADER = "Laminar-Log-Start"
 

@@ -27,6 +27,7 @@ from .conftest import auth, make_cluster, wait_until
 pytestmark = pytest.mark.integration
 
 ACK = struct.Struct(">QIB")
+WAIT_MS = 5_000
 
 
 def unique(prefix: str) -> str:
@@ -46,11 +47,14 @@ async def topic_on(cluster: LocalCluster, rf: int = 3) -> tuple[str, str, str]:
 
 
 async def read_all(client: AsyncClient, topic: str, end: int) -> dict[int, bytes | None]:
-    """The partition's records before `end`: index -> value."""
+    """The partition's records before `end`: index -> value. Long polls: the replica read may
+    learn of the commit a moment after the leader acknowledged (a client that did not append
+    has no index to name for read-your-writes)."""
     values: dict[int, bytes | None] = {}
     index = (await client.describe_topic(topic)).partition_states[0].log_start
-    while index < end:
-        read = await client.read(topic, 0, index, max_records=10_000)
+    while index < end:  # bounded: each read ends past at least one index
+        read = await client.read(topic, 0, index, max_records=10_000, wait_ms=WAIT_MS)
+        assert read.next_index > index, f"nothing committed at {index} within {WAIT_MS} ms"
         values.update((r.index, r.value) for r in read.records if r.index < end)
         index = read.next_index
     return values

@@ -27,6 +27,11 @@ What it does for every call:
   The cache is corrected by every 307 (`Location`), and dropped on 503 and on connection
   failures, to be fetched again (at most every `ROUTE_REFRESH_S` per topic). Routing is only an
   optimisation: every broker answers every call, by redirect if need be.
+* **Read-your-writes.** It remembers, per partition, the highest index acknowledged to it
+  (appends and streams) and names it on every read of that partition (`ACKED_INDEX_HEADER`):
+  a follower that has not yet learned of the commit waits for it or sends the read to the
+  leader, so a read right after an append returns it. Likewise for the cluster metadata
+  (`METADATA_INDEX_HEADER`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from yarl import URL
 
 from laminar import contract
 from laminar.contract import (
+    ACKED_INDEX_HEADER,
     ACQUIRED_TYPE,
     BATCH_TYPE,
     COMMIT_INDEX_HEADER,
@@ -420,6 +426,8 @@ class AsyncClient:
         self._first = 0  # the bootstrap broker tried first (the last one that answered)
         self._meta_url: str | None = None
         self._leaders: dict[tuple[str, int], str] = {}
+        #: per partition, the highest index acknowledged to this client (read-your-writes)
+        self._acked: dict[tuple[str, int], int] = {}
         self._descriptions: dict[str, TopicDescription] = {}
         self._described_at: dict[str, float] = {}
         self._stale: set[str] = set()  # topics whose routing went wrong since described
@@ -660,7 +668,9 @@ class AsyncClient:
             idempotent=idempotent,
             timeout_s=timeout_s,
         )
-        return _answer_as(answer, AppendResult)
+        result = _answer_as(answer, AppendResult)
+        self._note_acked(topic, partition, result)
+        return result
 
     async def append_stream(
         self, topic: str, partition: int, *, max_in_flight: int = 1024
@@ -711,7 +721,10 @@ class AsyncClient:
                     last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
                     break
                 self._answered(base)
-                return AppendStream(ws, topic, int(partition), max_in_flight)
+                return AppendStream(
+                    ws, topic, int(partition), max_in_flight,
+                    on_ack=lambda result: self._note_acked(topic, partition, result),
+                )  # fmt: skip
         raise last
 
     async def read(
@@ -774,10 +787,12 @@ class AsyncClient:
         if wait_ms:
             query["wait_ms"] = wait_ms
         timeout = (self._timeout_s if timeout_s is None else timeout_s) + max(wait_ms, 0) / 1000
+        acked = self._acked.get((topic, int(partition)))
         answer = await self._call(
             *contract.READ_RECORDS.at(topic=topic, partition=int(partition)),
             query=query,
             accept=BATCH_TYPE,
+            extra_headers=None if acked is None else {ACKED_INDEX_HEADER: str(acked)},
             target=_Target("replica", topic, partition),
             timeout_s=timeout,
         )
@@ -967,6 +982,15 @@ class AsyncClient:
         self._stale.discard(name)
         for key in [k for k in self._leaders if k[0] == name]:
             del self._leaders[key]
+        for key in [k for k in self._acked if k[0] == name]:
+            del self._acked[key]
+
+    def _note_acked(self, topic: str, partition: int, result: AppendResult) -> None:
+        """`result` was acknowledged: reads of the partition are served through it."""
+        last = result.base_index + result.count - 1
+        key = (topic, int(partition))
+        if last > self._acked.get(key, -1):
+            self._acked[key] = last
 
     def _forget(self, target: _Target) -> None:
         """Something went wrong on the way to `target`: fetch its route again next time."""
@@ -1070,6 +1094,7 @@ class AsyncClient:
         body: bytes | None = None,
         content_type: str | None = None,
         accept: str = JSON_TYPE,
+        extra_headers: Mapping[str, str] | None = None,
         target: _Target = _ANY,
         idempotent: bool = True,
         timeout_s: float | None = None,
@@ -1080,7 +1105,7 @@ class AsyncClient:
         if json_body is not None:
             body = orjson.dumps(json_body)
             content_type = JSON_TYPE
-        headers = {"Accept": accept}
+        headers = {"Accept": accept, **(extra_headers or {})}
         if content_type is not None:
             headers["Content-Type"] = content_type
         if self._token is not None:

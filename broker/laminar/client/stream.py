@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -52,7 +52,13 @@ class AppendStream:
     """An open streaming append (made by `AsyncClient.append_stream`)."""
 
     def __init__(
-        self, ws: aiohttp.ClientWebSocketResponse, topic: str, partition: int, max_in_flight: int
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        topic: str,
+        partition: int,
+        max_in_flight: int,
+        *,
+        on_ack: Callable[[AppendResult], None] | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
@@ -60,6 +66,7 @@ class AppendStream:
         self.partition = partition
         self._ws = ws
         self._max_in_flight = max_in_flight
+        self._on_ack = on_ack
         self._waiting: deque[asyncio.Future[AppendResult]] = deque()
         self._room = asyncio.Event()
         self._room.set()
@@ -159,8 +166,11 @@ class AppendStream:
             if not self._waiting:
                 raise ValueError("the broker acknowledged a batch that was not sent")
             future = self._waiting.popleft()
+            result = AppendResult(base, count, bool(duplicate))
+            if self._on_ack is not None:
+                self._on_ack(result)
             if not future.done():
-                future.set_result(AppendResult(base, count, bool(duplicate)))
+                future.set_result(result)
         self._room.set()
 
     def _ended(self, body: Any) -> None:

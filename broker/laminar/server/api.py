@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 from aiohttp import ClientSession, ClientTimeout, web
 
 from ..contract import (
+    ACKED_INDEX_HEADER,
+    ACKED_WAIT_S,
     BATCH_TYPE,
     COMMIT_INDEX_HEADER,
     DEFAULT_READ_BYTES,
@@ -839,6 +841,7 @@ class Api:
                 f"index {from_index} is below the log start {replica.log_start}",
                 log_start=replica.log_start,
             )
+        await self._committed_through(request, replica)
         if wait_ms and from_index > replica.commit_index:
             await replica.wait_for(from_index, wait_ms / 1000)
         try:
@@ -859,6 +862,32 @@ class Api:
                 replica.group, "read", e.base_index, e.next_index, str(e)
             )
             raise malformed(replica, e) from e
+
+    async def _committed_through(self, request: web.Request, replica: Replica) -> None:
+        """Read-your-writes for records (laminar.contract): with `ACKED_INDEX_HEADER`, serve
+        the read only once `replica` has committed through that index. A follower a message
+        behind waits for it; one still behind after `ACKED_WAIT_S` sends the reader to the
+        leader (307), or, knowing none, answers 503. A leader whose log ends before the index
+        never had it (a topic of the same name, deleted since): the header is ignored."""
+        value = request.headers.get(ACKED_INDEX_HEADER)
+        if value is None:
+            return
+        if not (DIGITS.fullmatch(value) and len(value) <= 19 and int(value) <= MAX_INDEX):
+            raise ApiError(
+                400, "bad_request", f"{ACKED_INDEX_HEADER} must be an integer in [0, {MAX_INDEX}]"
+            )
+        index = int(value)
+        if index <= replica.commit_index or (replica.is_leader and index >= replica.log_end):
+            return
+        await replica.wait_for(index, min(ACKED_WAIT_S, self.timeout_s))
+        if index <= replica.commit_index:
+            return
+        if not replica.is_leader:
+            raise self._redirect(request, replica.raft.lead, replica.group)
+        raise unavailable(
+            f"the leader of {replica.group} has committed through index {replica.commit_index}, "
+            f"behind index {index} that the client saw acknowledged; retry shortly"
+        )
 
     def _position_headers(self, replica: Replica, next_index: int) -> dict[str, str]:
         return {
