@@ -241,3 +241,23 @@ async def test_every_acknowledged_batch_survives_a_leadership_move(
         # and the stream to the new leader works
         async with await client.append_stream(topic, 0) as again:
             assert not (await (await again.send([Record(value=b"after")]))).duplicate
+
+
+async def test_a_stream_opened_while_the_leader_is_gone_waits_for_the_next(tmp_path: Path) -> None:
+    """The leader is killed: the brokers still name it (the stream's upgrade goes there and
+    finds nothing), then elect another and answer 503 meanwhile. Opening the stream rides that
+    out, as any other call does, and the stream then works."""
+    cluster = make_cluster(tmp_path / "leaderless")
+    try:
+        topic, leader, _ = await topic_on(cluster)
+        leader_id = next(n for n, node in cluster.nodes.items() if node.api_url == leader)
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
+            await client.describe_topic(topic)  # routes cached: the leader first
+            cluster.kill(leader_id)
+            async with await client.append_stream(topic, 0) as stream:
+                result = await (await stream.send([Record(value=b"after")]))
+            read = await client.read(topic, 0, result.base_index)
+            assert [r.value for r in read.records] == [b"after"]
+            assert (await client.describe_topic(topic)).partition_states[0].leader != leader_id
+    finally:
+        cluster.stop()

@@ -685,47 +685,54 @@ class AsyncClient:
         if self._metadata_index >= 0:
             headers[METADATA_INDEX_HEADER] = str(self._metadata_index)
         last: LaminarError = Unavailable(0, "unreachable", "no broker to stream to")
-        for base in await self._candidates(target, 0, deadline):
-            url = base + path
-            for _ in range(MAX_REDIRECTS + 1):
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise Timeout(0, "timeout", f"no stream to {topic}/{partition} in time")
-                tls = self._ssl() if callable(self._ssl) else self._ssl
-                try:
-                    ws = await self._get_session().ws_connect(
-                        URL(url, encoded=True),
-                        headers=headers,
-                        ssl=True if tls is None else tls,
-                        timeout=aiohttp.ClientWSTimeout(ws_close=min(remaining, 10.0)),
-                        max_msg_size=0,
-                        heartbeat=30.0,
-                    )
-                except aiohttp.WSServerHandshakeError as e:
-                    # aiohttp follows a 307 itself, without the Authorization header on
-                    # another origin: go to the leader it named ourselves, with the token
-                    redirect = e.history[-1].headers if e.history else e.headers
-                    location = redirect.get("Location") if redirect is not None else None
-                    if (e.history or e.status in (307, 308)) and location:
-                        url = str(URL(url).join(URL(location)))
-                        self._redirected(target, url)
-                        continue
-                    body = {"error": {"code": "unknown", "message": e.message}}
-                    error = error_from_response(e.status, body)
-                    if not error.retryable:
-                        raise error from e
-                    last = error
-                    break
-                except _CONNECT_ERRORS as e:
-                    self._unreachable(base, target)
-                    last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
-                    break
-                self._answered(base)
-                return AppendStream(
-                    ws, topic, int(partition), max_in_flight,
-                    on_ack=lambda result: self._note_acked(topic, partition, result),
-                )  # fmt: skip
-        raise last
+        attempt = 0
+        while True:  # as `_call`: retryable refusals (e.g. 503 mid-election) until the deadline
+            for base in await self._candidates(target, attempt, deadline):
+                url = base + path
+                for _ in range(MAX_REDIRECTS + 1):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise Timeout(0, "timeout", f"no stream to {topic}/{partition} in time")
+                    tls = self._ssl() if callable(self._ssl) else self._ssl
+                    try:
+                        ws = await self._get_session().ws_connect(
+                            URL(url, encoded=True),
+                            headers=headers,
+                            ssl=True if tls is None else tls,
+                            timeout=aiohttp.ClientWSTimeout(ws_close=min(remaining, 10.0)),
+                            max_msg_size=0,
+                            heartbeat=30.0,
+                        )
+                    except aiohttp.WSServerHandshakeError as e:
+                        # aiohttp follows a 307 itself, without the Authorization header on
+                        # another origin: go to the leader it named ourselves, with the token
+                        redirect = e.history[-1].headers if e.history else e.headers
+                        location = redirect.get("Location") if redirect is not None else None
+                        if (e.history or e.status in (307, 308)) and location:
+                            url = str(URL(url).join(URL(location)))
+                            self._redirected(target, url)
+                            continue
+                        body = {"error": {"code": "unknown", "message": e.message}}
+                        error = error_from_response(e.status, body)
+                        if not error.retryable:
+                            raise error from e
+                        self._forget(target)
+                        last = error
+                        break
+                    except _CONNECT_ERRORS as e:
+                        self._unreachable(base, target)
+                        last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
+                        break
+                    self._answered(base)
+                    return AppendStream(
+                        ws, topic, int(partition), max_in_flight,
+                        on_ack=lambda result: self._note_acked(topic, partition, result),
+                    )  # fmt: skip
+            delay = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2**attempt) * random.uniform(0.5, 1)
+            if loop.time() + delay >= deadline:
+                raise last
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def read(
         self,
