@@ -80,6 +80,9 @@ MAX_WEIGHT = 1_000_000
 #: broker's per-record work on JSON is Python, and bounded per request.
 MAX_APPEND_RECORDS = 10_000
 #: A read: records and bytes (defaults and most), and its long poll (an acquire's too).
+#: A read's isolation, the default first: read_committed stops at the stable end (an open
+#: transaction's first index) and leaves out aborted transactions' records.
+ISOLATIONS = ("read_committed", "read_uncommitted")
 DEFAULT_READ_RECORDS = 1000
 MAX_READ_RECORDS = 100_000
 DEFAULT_READ_BYTES = 1 << 20

@@ -138,3 +138,15 @@ def test_records_from_skips_control_batches_and_earlier_records_and_caps() -> No
     records, end, capped = records_from(data, 1, 2)
     assert [r.index for r in records] == [1, 3] and (end, capped) == (4, True)
     assert records_from(b"", 7, 10) == ([], None, False)
+
+
+def test_the_transactional_attribute_and_the_reserved_ones() -> None:
+    batch = encode_batch([Record(value=b"t")], producer_id=5 << 16 | 2, transactional=True)
+    header = parse_header(batch)
+    assert header.is_transactional and not header.is_control and header.attributes == 0x2
+    assert not parse_header(encode_batch([Record(value=b"p")])).is_transactional
+    for reserved in (0x4, 0x8000):
+        bad = bytearray(batch)
+        struct.pack_into("<H", bad, 6, 0x2 | reserved)
+        with pytest.raises(BatchFramingError, match="unsupported batch attributes"):
+            parse_header(bytes(bad))

@@ -214,7 +214,9 @@ def test_records_speak_the_binary_batch_format(doc: dict[str, Any]) -> None:
     assert set(ok["content"]) == {"application/json", BATCH_TYPE}
     assert set(ok["headers"]) == {"Laminar-Next-Index", "Laminar-Commit-Index", "Laminar-Log-Start"}
     names = {(parameter["in"], parameter["name"]) for parameter in read["parameters"]}
-    query = {("query", name) for name in ("from", "max_records", "max_bytes", "wait_ms")}
+    query = {
+        ("query", name) for name in ("from", "max_records", "max_bytes", "wait_ms", "isolation")
+    }
     assert names == query | {("header", contract.ACKED_INDEX_HEADER)}
     assert "416" in read["responses"]
 

@@ -63,6 +63,7 @@ from laminar.contract import (
     DEFAULT_READ_BYTES,
     DEFAULT_READ_RECORDS,
     GROUP_NAME,
+    ISOLATIONS,
     JSON_TYPE,
     LOG_START_HEADER,
     MAX_ACQUIRE,
@@ -744,16 +745,20 @@ class AsyncClient:
         max_bytes: int = DEFAULT_READ_BYTES,
         wait_ms: int = 0,
         timeout_s: float | None = None,
+        isolation: str = ISOLATIONS[0],
     ) -> ReadResult:
         """Read committed records from index `from_index` (default: the log start).
 
         Served by an in-sync replica (see the module doc). With `wait_ms` the broker waits up to
-        that long for a record at or after `from_index` to be committed (long poll). Raises
-        `OutOfRange` (with `log_start`) when `from_index` is below the log start.
+        that long for a record at or after `from_index` to be readable (long poll). Raises
+        `OutOfRange` (with `log_start`) when `from_index` is below the log start. `isolation`
+        "read_committed" (the default) stops at the first record of a transaction still open
+        and leaves out those of aborted ones; "read_uncommitted" reads every committed batch
+        (docs/transactions.md).
         """
         raw = await self.read_batches(
             topic, partition, from_index, max_records=max_records, max_bytes=max_bytes,
-            wait_ms=wait_ms, timeout_s=timeout_s,
+            wait_ms=wait_ms, timeout_s=timeout_s, isolation=isolation,
         )  # fmt: skip
         if isinstance(raw, ReadResult):
             return raw
@@ -784,15 +789,20 @@ class AsyncClient:
         max_bytes: int = DEFAULT_READ_BYTES,
         wait_ms: int = 0,
         timeout_s: float | None = None,
+        isolation: str = ISOLATIONS[0],
     ) -> RawRead | ReadResult:
         """`read`, but the stored batches as they came (`RawRead`), for callers that decode
         them their own way (the Spark source builds Arrow columns). A broker that answered in
         JSON gives a decoded `ReadResult` instead."""
-        query: dict[str, int] = {"max_records": max_records, "max_bytes": max_bytes}
+        query: dict[str, int | str] = {"max_records": max_records, "max_bytes": max_bytes}
         if from_index is not None:
             query["from"] = from_index
         if wait_ms:
             query["wait_ms"] = wait_ms
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation={isolation!r} must be one of {list(ISOLATIONS)}")
+        if isolation != ISOLATIONS[0]:
+            query["isolation"] = isolation
         timeout = (self._timeout_s if timeout_s is None else timeout_s) + max(wait_ms, 0) / 1000
         acked = self._acked.get((topic, int(partition)))
         answer = await self._call(

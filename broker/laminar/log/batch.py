@@ -5,7 +5,8 @@ Layout (little-endian; `docs/formats.md` is the full specification):
     header, BATCH_HEADER_BYTES = 72
       0  4s  magic            b"LMQB"
       4  u16 version          1
-      6  u16 attributes       bit 0: control batch (Raft no-op / configuration); others 0
+      6  u16 attributes       bit 0: control batch (Raft no-op / configuration / queue command /
+                              transaction marker); bit 1: transactional (laminar.txn); others 0
       8  u64 base_index       index of the first record, assigned by the log
      16  u64 term             Raft term, assigned by the leader that appended it
      24  u32 payload_bytes    length of the records section that follows the header
@@ -58,7 +59,9 @@ RECORD_HEADER_BYTES = RECORD_HEADER.size
 HEADER_FIELD = struct.Struct("<HI")
 STAMP_FIELDS = struct.Struct("<QQ")  # base_index, term at BASE_INDEX_OFFSET
 CONTROL_ATTRIBUTE = 0x1  # a Raft control batch (no-op, configuration change): not user data
-KNOWN_ATTRIBUTES = CONTROL_ATTRIBUTE
+#: records of a transaction (laminar.txn): visible to read_committed readers once it commits
+TRANSACTIONAL_ATTRIBUTE = 0x2
+KNOWN_ATTRIBUTES = CONTROL_ATTRIBUTE | TRANSACTIONAL_ATTRIBUTE
 NULL_LENGTH = -1
 MAX_PAYLOAD_BYTES = 2**32 - 1
 MAX_HEADERS_PER_RECORD = 2**16 - 1
@@ -85,6 +88,10 @@ class BatchHeader(NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_ATTRIBUTE)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_ATTRIBUTE)
 
     @property
     def batch_bytes(self) -> int:
@@ -133,11 +140,13 @@ def encode_batch(
     producer_seq: int = 0,
     now_ms: int | None = None,
     control: bool = False,
+    transactional: bool = False,
 ) -> bytes:
     """Encode records as one batch with base_index 0 and term 0 (the log assigns both).
 
     This runs on producers; it is the only place that walks records on the write path.
-    `control` marks a Raft control batch (consumers of user data skip those).
+    `control` marks a Raft control batch (consumers of user data skip those);
+    `transactional` a batch of a transaction (`producer_id` names its producer and epoch).
     """
     if not records:
         raise BatchFramingError("a batch needs at least one record")
@@ -185,7 +194,7 @@ def encode_batch(
     prefix = BATCH_HEADER.pack(
         BATCH_MAGIC,
         BATCH_VERSION,
-        CONTROL_ATTRIBUTE if control else 0,
+        (CONTROL_ATTRIBUTE if control else 0) | (TRANSACTIONAL_ATTRIBUTE if transactional else 0),
         0,
         0,
         len(payload),

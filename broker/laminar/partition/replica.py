@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..log.batch import BatchHeader, parse_header
+from ..log.batch import BatchHeader, parse_header, split_batches
 from ..log.config import LogConfig
 from ..log.errors import CorruptBatchError, LogClosedError
 from ..log.segment import ReadResult
@@ -34,6 +34,8 @@ from ..raft.log_storage import COMMIT_SAVE_INDEXES, LogStorage
 from ..raft.messages import ConfState
 from ..raft.raft import ProposalDropped, Role
 from ..raft.repair import Damage, last_entry, open_raft
+from ..txn.partition import PartitionTxns
+from ..txn.producer import TxnProducer
 from .errors import (
     CommitLost,
     CommitUnknown,
@@ -338,25 +340,39 @@ class Replica:
 
     # ---- reads -----------------------------------------------------------------------------
 
-    def read(self, from_index: int, max_bytes: int) -> ReadResult:
+    def readable_end(self, *, committed: bool = False) -> int:
+        """The first index not readable yet: past the commit index; for a `committed`
+        (read_committed) reader, at the stable end too (an open transaction's first index:
+        laminar.txn.partition)."""
+        end = self.commit_index + 1
+        if committed and self.groups is not None:
+            end = min(end, self.groups.state.stable_end)
+        return end
+
+    def read(self, from_index: int, max_bytes: int, *, committed: bool = False) -> ReadResult:
         """Whole committed batches from the one holding `from_index` (empty at the end).
-        Raises ReplicaClosed once closed (an empty answer would say "nothing new yet")."""
+        `committed` (read_committed): only below the stable end, and without the batches of
+        aborted transactions. Raises ReplicaClosed once closed (an empty answer would say
+        "nothing new yet")."""
         if self.closed:
             raise ReplicaClosed(f"{self.group} is closed")
-        end = self.commit_index + 1
+        end = self.readable_end(committed=committed)
         if from_index >= end:
             return ReadResult(b"", from_index, from_index, 0)
         try:
-            return self.log.read_range(from_index, max_bytes, end)
+            result = self.log.read_range(from_index, max_bytes, end)
         except LogClosedError as e:
             raise ReplicaClosed(f"{self.group} is closed") from e
+        if committed and self.groups is not None:
+            return without_aborted(result, self.groups.state.txns)
+        return result
 
-    async def wait_for(self, index: int, timeout_s: float) -> None:
-        """Return once `index` is committed here, after `timeout_s`, or once the replica is
-        closed."""
+    async def wait_for(self, index: int, timeout_s: float, *, committed: bool = False) -> None:
+        """Return once `index` is readable here (`readable_end`), after `timeout_s`, or once
+        the replica is closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while index > self.commit_index and not self.closed:
+        while index >= self.readable_end(committed=committed) and not self.closed:
             remaining = deadline - loop.time()
             if remaining <= 0 or not await self._committed.wait(remaining):
                 return
@@ -385,3 +401,22 @@ class Replica:
 
 def _ignore_damage(replica: Replica, index: int) -> None:
     pass
+
+
+def without_aborted(result: ReadResult, txns: PartitionTxns) -> ReadResult:
+    """`result` less the batches of aborted transactions (and of fenced epochs) in it; the
+    same object when it holds none (the usual case: one lookup)."""
+    if not txns.aborted_between(result.first_index, result.next_index):
+        return result
+    kept: list[memoryview] = []
+    dropped = 0
+    for batch in split_batches(result.data):
+        header = parse_header(batch)
+        if header.is_transactional and txns.aborted(
+            TxnProducer.of(header.producer_id).number, header.base_index
+        ):
+            dropped += 1
+        else:
+            kept.append(batch)
+    data = b"".join(kept)
+    return ReadResult(data, result.first_index, result.next_index, result.batch_count - dropped)

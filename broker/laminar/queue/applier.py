@@ -52,8 +52,9 @@ class QueueApplier:
         self.checkpoint_indexes = checkpoint_indexes
         self.state = self._initial_state()
         self._checkpointed = self.state.end_index
-        #: entries written but not applied yet: index -> (count, the batch if control)
-        self._written: dict[int, tuple[int, bytes | None]] = {}
+        #: entries written but not applied yet: index -> (count, the batch if control, the
+        #: producer id if a transaction's records)
+        self._written: dict[int, tuple[int, bytes | None, int]] = {}
         self.catch_up(storage.hard_state.commit)
 
     def _initial_state(self) -> QueueState:
@@ -79,8 +80,10 @@ class QueueApplier:
         if self._written and max(self._written) >= first:
             self._written = {i: e for i, e in self._written.items() if i < first}
         for entry in entries:
-            control = parse_header(entry.data).is_control  # (a leader's kinds say NORMAL)
-            self._written[entry.index] = (entry.count, entry.data if control else None)
+            header = parse_header(entry.data)  # (a leader's kinds say NORMAL)
+            control = header.is_control
+            producer_id = header.producer_id if header.is_transactional else 0
+            self._written[entry.index] = (entry.count, entry.data if control else None, producer_id)
 
     def catch_up(self, last: int) -> list[Applied]:
         """Apply the committed entries up to `last` not applied yet, in order."""
@@ -99,7 +102,7 @@ class QueueApplier:
             if known is None:
                 self._read_through(last, applied)
                 break
-            done = apply_entry(queue, index, known[0], known[1])
+            done = apply_entry(queue, index, *known)
             if done is not None:
                 applied.append(Applied(index, *done))
         if written and min(written) <= queue.end_index - 1:
@@ -116,7 +119,8 @@ class QueueApplier:
             if header.base_index > last:
                 break
             batch = log.read(header.base_index).data if header.is_control else None
-            done = apply_entry(queue, header.base_index, header.record_count, batch)
+            producer_id = header.producer_id if header.is_transactional else 0
+            done = apply_entry(queue, header.base_index, header.record_count, batch, producer_id)
             if done is not None:
                 applied.append(Applied(header.base_index, *done))
 

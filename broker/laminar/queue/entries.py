@@ -5,6 +5,11 @@ no-op) holding one record with key `queue` and the encoded command as its value.
 replica feeds each committed entry, in log order, to `apply_entry`; entries at or below what
 its state already holds (after restoring a snapshot taken later than the log's start) are
 skipped, so applying is idempotent by index.
+
+The partition's transactions (`QueueState.txns`, laminar.txn.partition) are applied here too:
+a transactional record batch is records to the groups, handed out once its transaction has
+committed (below the stable end); a transaction marker (laminar.txn.markers) ends one, and
+the records of one that aborted, or of a fenced epoch, are dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import logging
 
 from ..log.batch import Record, decode_batch, encode_batch, parse_header
+from ..txn.markers import decode_marker
+from ..txn.producer import TxnProducer
 from .state import (
     QueueCommand,
     QueueError,
@@ -40,16 +47,33 @@ def decode_entry(batch: bytes | memoryview) -> QueueCommand | None:
 
 
 def apply_entry(
-    state: QueueState, index: int, count: int, batch: bytes | memoryview | None
+    state: QueueState,
+    index: int,
+    count: int,
+    batch: bytes | memoryview | None,
+    txn_producer_id: int = 0,
 ) -> tuple[QueueCommand, Result] | None:
     """Apply the committed entry [index, index + count). `batch` may be None for a record
-    batch (only control batches are decoded). Returns the queue command and its result."""
+    batch (only control batches are decoded); `txn_producer_id` is a transactional record
+    batch's producer id (0: not transactional). Returns the queue command and its result."""
     if index < state.end_index:
         return None
-    if batch is None or not parse_header(batch).is_control:
+    txns = state.txns
+    if batch is None or not (header := parse_header(batch)).is_control:
+        if txn_producer_id:
+            txns.on_batch(index, count, TxnProducer.of(txn_producer_id))
+        else:
+            txns.on_other(index, count)
         state.on_records(index, count)
+        _drop_aborted(state)
         return None
     state.on_other(index, count)
+    marker = decode_marker(batch, header.producer_id) if header.producer_id else None
+    if marker is not None:
+        txns.on_marker(index, TxnProducer.of(header.producer_id), commit=marker)
+        _drop_aborted(state)
+        return None
+    txns.on_other(index, count)
     try:
         command = decode_entry(batch)
         if command is None:
@@ -59,3 +83,8 @@ def apply_entry(
         # never proposed by a correct leader; every replica skips it alike
         log.error("queue command at %d is malformed: skipped", index)
         return None
+
+
+def _drop_aborted(state: QueueState) -> None:
+    for base, end in state.txns.take_aborted():
+        state.drop_records(base, end)

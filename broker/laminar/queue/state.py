@@ -41,6 +41,7 @@ import orjson
 
 from ..contract import CONSUMER_ID as CONSUMER_ID
 from ..contract import GROUP_NAME as GROUP_NAME
+from ..txn.partition import PartitionTxns
 
 SNAPSHOT_VERSION = 2
 #: Snapshots this code restores: 1 had no settlement memory (restored as empty).
@@ -353,6 +354,9 @@ class QueueState:
         self.start_index = start_index
         self.end_index = start_index  # one past the last applied log index
         self.groups: dict[str, Group] = {}
+        #: the partition's transactions: records of one still open are not handed out, and
+        #: those of one aborted are dropped (`drop_records`)
+        self.txns = PartitionTxns(start_index)
 
     # ---- the log ---------------------------------------------------------------------------
 
@@ -373,6 +377,28 @@ class QueueState:
         """A committed entry that is not records (control, queue command)."""
         self.end_index = max(self.end_index, base + count)
 
+    @property
+    def stable_end(self) -> int:
+        """Records from here on are not handed out yet: those of the oldest open transaction,
+        and all after them (so a group's cursor never passes one)."""
+        first = self.txns.first_open
+        return self.end_index if first is None else min(self.end_index, first)
+
+    def drop_records(self, base: int, end: int) -> None:
+        """The records [base, end) are not messages after all (their transaction aborted):
+        never handed out. They were never handed out before either (at or past the stable
+        end of `txns` while it was open), so no group holds or finished any of them."""
+        slot = bisect_right(self._bases, base) - 1
+        if slot < 0 or base >= self._ends[slot]:
+            return  # gone already (retention)
+        first, last = self._bases[slot], self._ends[slot]
+        pieces = [(b, e) for b, e in ((first, base), (min(end, last), last)) if b < e]
+        self._bases[slot : slot + 1] = [b for b, _ in pieces]
+        self._ends[slot : slot + 1] = [e for _, e in pieces]
+        self._slot = 0
+        for group in self.groups.values():
+            self._advance(group)
+
     def trim(self, start_index: int) -> None:
         """Retention removed everything below `start_index`: those messages are gone."""
         if start_index <= self.start_index:
@@ -383,6 +409,7 @@ class QueueState:
         del self._ends[:keep]
         if self._bases and self._bases[0] < start_index:
             self._bases[0] = start_index
+        self.txns.trim(start_index)
         for group in self.groups.values():
             if group.cursor < start_index:
                 group.cursor = start_index
@@ -404,10 +431,14 @@ class QueueState:
         return False
 
     def records_from(self, index: int) -> Iterator[int]:
-        """Record indexes at or after `index`, in order."""
+        """Record indexes at or after `index` that may be handed out, in order: below the
+        stable end (those of an open transaction, and all after them, wait)."""
         slot = max(0, bisect_right(self._bases, index) - 1)
+        stop = self.stable_end
         for base, end in zip(self._bases[slot:], self._ends[slot:], strict=True):
-            yield from range(max(base, index), end)
+            if base >= stop:
+                return
+            yield from range(max(base, index), min(end, stop))
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -507,8 +538,14 @@ class QueueState:
                 group.frontier = run.stop
             else:
                 granted, refused = result.granted, result.refused
+                stable = self.stable_end
                 for index in command.indexes:
-                    if room <= 0 or not self._free(group, index, now) or not self.is_record(index):
+                    if (
+                        room <= 0
+                        or index >= stable
+                        or not self._free(group, index, now)
+                        or not self.is_record(index)
+                    ):
                         refused.append(index)
                         continue
                     room -= 1
@@ -627,6 +664,7 @@ class QueueState:
             # the first new record: none is passed over
             and next(self.records_from(max(group.frontier, group.cursor)), None) == first
             and self._same_range(first, last)
+            and last < self.stable_end
             and indexes == tuple(range(first, last + 1))
         )
 
@@ -734,6 +772,7 @@ class QueueState:
             "max_deliveries": self.config.max_deliveries,
             "ranges": [[b, e] for b, e in zip(self._bases, self._ends, strict=True)],
             "groups": groups,
+            "transactions": self.txns.document(),
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
@@ -745,6 +784,10 @@ class QueueState:
         config = replace(config or QueueConfig(), max_deliveries=document["max_deliveries"])
         state = cls(config, start_index=document["start_index"])
         state.end_index = document["end_index"]
+        if "transactions" in document:  # (none before transactions: a fresh state)
+            state.txns = PartitionTxns.from_document(document["transactions"])
+        else:
+            state.txns = PartitionTxns(state.end_index)
         for base, end in document["ranges"]:
             state._bases.append(base)
             state._ends.append(end)

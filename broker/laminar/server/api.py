@@ -28,6 +28,7 @@ from ..contract import (
     DEFAULT_READ_BYTES,
     DEFAULT_READ_RECORDS,
     HANDOFF_TIMEOUT_S,
+    ISOLATIONS,
     JSON_TYPE,
     LOG_START_HEADER,
     MAX_INDEX,
@@ -117,6 +118,7 @@ from .http import (
     parsed,
     read_body,
     unavailable,
+    untransacted,
 )
 from .metrics import BrokerMetrics, merge_workers
 from .node import Broker
@@ -771,6 +773,8 @@ class Api:
                 raise ApiError(400, "corrupt_batch", str(e)) from e
             if header.is_control:
                 raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
+            if header.is_transactional:
+                raise untransacted()
             batch = body
         else:
             batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
@@ -834,6 +838,7 @@ class Api:
         max_records = _query_int(query, "max_records", DEFAULT_READ_RECORDS, 1, MAX_READ_RECORDS)
         max_bytes = _query_int(query, "max_bytes", DEFAULT_READ_BYTES, 1, MAX_READ_BYTES)
         wait_ms = _query_int(query, "wait_ms", 0, 0, MAX_WAIT_MS)
+        committed = _query_choice(query, "isolation", ISOLATIONS) == ISOLATIONS[0]
         if from_index < replica.log_start:
             raise ApiError(
                 416,
@@ -842,10 +847,10 @@ class Api:
                 log_start=replica.log_start,
             )
         await self._committed_through(request, replica)
-        if wait_ms and from_index > replica.commit_index:
-            await replica.wait_for(from_index, wait_ms / 1000)
+        if wait_ms and from_index >= replica.readable_end(committed=committed):
+            await replica.wait_for(from_index, wait_ms / 1000, committed=committed)
         try:
-            result = replica.read(from_index, max_bytes)
+            result = replica.read(from_index, max_bytes, committed=committed)
         except IndexOutOfRangeError as e:
             raise ApiError(416, "out_of_range", str(e), log_start=replica.log_start) from e
         except CorruptBatchError as e:
@@ -935,6 +940,16 @@ class Api:
 
 
 # ---- query parameters ----------------------------------------------------------------------
+
+
+def _query_choice(query: Any, name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first by default)."""
+    text = query.get(name)
+    if text is None or text == "":
+        return choices[0]
+    if text not in choices:
+        raise ApiError(400, "bad_request", f"{name}={text[:30]!r} must be one of {list(choices)}")
+    return str(text)
 
 
 def _query_int(query: Any, name: str, default: int, low: int, high: int) -> int:

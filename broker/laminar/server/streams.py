@@ -48,7 +48,7 @@ from ..partition.errors import (
     ReplicaClosed,
     SequenceConflict,
 )
-from .http import ApiError, outcome_unknown, unavailable
+from .http import ApiError, outcome_unknown, unavailable, untransacted
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -183,6 +183,8 @@ class _Stream:
                 return ApiError(400, "corrupt_batch", str(e))
             if header.is_control:
                 return ApiError(400, "corrupt_batch", "control batches are for Raft only")
+            if header.is_transactional:
+                return untransacted()
             if (refused := await self._wait_for_room(len(batch))) is not None:
                 return refused
             started = time.perf_counter()

@@ -1,0 +1,1 @@
+"""Transactions (docs/transactions.md): atomic writes across partitions."""
