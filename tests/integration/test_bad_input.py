@@ -294,12 +294,17 @@ async def test_bad_reads(cluster3: LocalCluster) -> None:
             "from=%EF%BC%91",  # full-width 1: int() takes it
             "from=%D9%A1",  # Arabic-Indic 1
             "max_records=%DB%B5",  # Extended Arabic-Indic 5
+            "isolation=serializable",
+            "isolation=READ_COMMITTED",
         ]:
             status, body = await call(session, "GET", f"{url}?{query}")
             expect(status, body, 400, "bad_request")
         # far beyond the end is not an error: nothing is there (yet)
         status, body = await call(session, "GET", f"{url}?from=9223372036854775807")
         assert status == 200 and body["records"] == [], body
+        for isolation in ("read_committed", "read_uncommitted", ""):
+            status, body = await call(session, "GET", f"{url}?isolation={isolation}")
+            assert status == 200, (isolation, body)
         await no_internal_errors(session, cluster3)
 
 
