@@ -1,4 +1,5 @@
-"""The cluster metadata state machine: topics, their configuration, node weights and drains.
+"""The cluster metadata state machine: topics, their configuration, node weights and drains,
+and the transaction coordinator's records (laminar.txn.coordinator).
 
 It is the state of the `__cluster` Raft group: every command is one committed entry, applied
 in log order on every node. `apply` is deterministic and all-or-nothing: a command that is
@@ -21,6 +22,16 @@ from ..contract import NODE_ID as NODE_ID
 from ..contract import TOPIC_NAME as TOPIC_NAME
 from ..contract import WORKER_NODE_ID
 from ..log.config import LogConfig
+from ..txn import coordinator as txn
+from ..txn.coordinator import (
+    AddTxnPartitions,
+    CompleteTxn,
+    Coordinator,
+    EndTxn,
+    InitTxn,
+    TxnCommand,
+    TxnError,
+)
 
 #: topic configuration keys: the log's knobs, validated by building a LogConfig
 LOG_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig))
@@ -103,13 +114,18 @@ class SetDraining:
     draining: bool
 
 
-Command = CreateTopic | AlterTopic | DeleteTopic | SetWeight | SetDraining
+Command = CreateTopic | AlterTopic | DeleteTopic | SetWeight | SetDraining | TxnCommand
+TXN_COMMANDS = (InitTxn, AddTxnPartitions, EndTxn, CompleteTxn)
 _KINDS: dict[str, type[Any]] = {
     "create_topic": CreateTopic,
     "alter_topic": AlterTopic,
     "delete_topic": DeleteTopic,
     "set_weight": SetWeight,
     "set_draining": SetDraining,
+    "init_txn": InitTxn,
+    "add_txn_partitions": AddTxnPartitions,
+    "end_txn": EndTxn,
+    "complete_txn": CompleteTxn,
 }
 _NAMES = {kind: name for name, kind in _KINDS.items()}
 
@@ -191,7 +207,12 @@ def _check_assignment(assignment: object, partitions: int, replication_factor: i
 
 def validate(command: Command) -> None:
     """Checks that need no state (the API runs them before proposing). MetadataError."""
-    if isinstance(command, CreateTopic):
+    if isinstance(command, TXN_COMMANDS):
+        try:
+            txn.validate(command)
+        except TxnError as e:
+            raise MetadataError(e.code, str(e)) from e
+    elif isinstance(command, CreateTopic):
         _check_topic_name(command.name)
         _check_int("partitions", command.partitions, 1, MAX_PARTITIONS)
         _check_int("replication_factor", command.replication_factor, 1, MAX_REPLICATION_FACTOR)
@@ -241,6 +262,8 @@ def decode_command(data: bytes) -> Command:
         kind = _KINDS[document.pop("op")]
         if "assignment" in document:
             document["assignment"] = _tuples(document["assignment"])
+        if "partitions" in document and isinstance(document["partitions"], list):
+            document["partitions"] = _tuples(document["partitions"])
         command: Command = kind(**document)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MetadataError("invalid", f"malformed metadata command: {e}") from e
@@ -255,6 +278,7 @@ class ClusterState:
         self.topics: dict[str, Topic] = {}
         self.weights: dict[str, int] = {}  # nodes without an entry weigh 1
         self.draining: set[str] = set()
+        self.txns = Coordinator()
         self.applied_index = -1
 
     def weight(self, node: str) -> int:
@@ -273,7 +297,13 @@ class ClusterState:
         return None
 
     def _apply(self, index: int, command: Command) -> None:
-        if isinstance(command, CreateTopic):
+        if isinstance(command, TXN_COMMANDS):
+            partitions_of = {name: topic.partitions for name, topic in self.topics.items()}
+            try:
+                self.txns.apply(index, command, partitions_of)
+            except TxnError as e:
+                raise MetadataError(e.code, str(e)) from e
+        elif isinstance(command, CreateTopic):
             if command.name in self.topics:
                 raise MetadataError("exists", f"topic {command.name} exists")
             self.topics[command.name] = Topic(
@@ -338,6 +368,7 @@ class ClusterState:
             ],
             "weights": dict(sorted(self.weights.items())),
             "draining": sorted(self.draining),
+            "transactions": self.txns.document(),
         }
         return json.dumps(document, sort_keys=True).encode()
 
@@ -361,4 +392,6 @@ class ClusterState:
             )
         state.weights = dict(document["weights"])
         state.draining = set(document["draining"])
+        if "transactions" in document:  # (none kept before transactions)
+            state.txns = Coordinator.from_document(document["transactions"])
         return state
