@@ -50,6 +50,13 @@ from laminar.models import (
     TopicDescription,
     TopicInfo,
     TopicList,
+    TxnDescription,
+    TxnEnded,
+    TxnEndRequest,
+    TxnInitRequest,
+    TxnMarkerRequest,
+    TxnPartitionsRequest,
+    TxnProducerInfo,
     WeightRequest,
 )
 
@@ -120,6 +127,16 @@ SAMPLES: dict[type[Any], list[tuple[Any, str | None]]] = {
     ],
     NodeAdminState: [(NodeAdminState("n1", True, 0), None)],
     WeightRequest: [(WeightRequest(0), None), (WeightRequest(MAX_WEIGHT), None)],
+    TxnInitRequest: [(TxnInitRequest(), None), (TxnInitRequest(900_000), None)],
+    TxnProducerInfo: [(TxnProducerInfo("billing-7", 1 << 16, 60_000), None)],
+    TxnPartitionsRequest: [(TxnPartitionsRequest(1 << 16, (("orders", 0), ("a.b", 9))), None)],
+    TxnEndRequest: [(TxnEndRequest(2**64 - 1, True), None), (TxnEndRequest(1, False), None)],
+    TxnDescription: [
+        (TxnDescription("t", 1 << 16, "ongoing", (("orders", 3),), 1_000), None),
+        (TxnDescription("t:2", 5, "empty", (), 60_000), None),
+    ],
+    TxnEnded: [(TxnEnded("t", True, True, 2), None), (TxnEnded("t", False, False, 9), None)],
+    TxnMarkerRequest: [(TxnMarkerRequest(1 << 16 | 1, False), None)],
     Handoff: [(Handoff("n1", 0), None)],
     AcquireRequest: [
         (AcquireRequest(), None),
@@ -268,6 +285,25 @@ def test_the_examples_of_the_api_doc_read_back_as_they_are() -> None:
 @pytest.mark.parametrize(
     ("model", "body", "message"),
     [
+        (TxnInitRequest, {"timeout_ms": 0}, "timeout_ms must be in [1, 900000]"),
+        (TxnInitRequest, {"timeout": 5}, "unknown fields ['timeout']"),
+        (
+            TxnPartitionsRequest,
+            {"producer_id": 1, "partitions": []},
+            "partitions must not be empty",
+        ),
+        (
+            TxnPartitionsRequest,
+            {"producer_id": 1, "partitions": [{"topic": "-x", "partition": 0}]},
+            "'-x'/0 is not a topic partition",
+        ),
+        (
+            TxnEndRequest,
+            {"producer_id": 0, "commit": True},
+            "producer_id must be in [1, 18446744073709551615]",
+        ),
+        (TxnEndRequest, {"producer_id": 1, "commit": 1}, "commit must be true or false, not 1"),
+        (TxnMarkerRequest, {"producer_id": 1}, "commit is missing"),
         (AppendRequest, [], 'the body must be {"records": [...]}'),
         (AppendRequest, {"records": []}, "records must not be empty"),
         (

@@ -80,6 +80,8 @@ MAX_WEIGHT = 1_000_000
 #: broker's per-record work on JSON is Python, and bounded per request.
 MAX_APPEND_RECORDS = 10_000
 #: A read: records and bytes (defaults and most), and its long poll (an acquire's too).
+#: The longest a transaction may stay open before the coordinator aborts it (its timeout_ms).
+MAX_TXN_TIMEOUT_MS = 15 * 60 * 1000
 #: A read's isolation, the default first: read_committed stops at the stable end (an open
 #: transaction's first index) and leaves out aborted transactions' records.
 ISOLATIONS = ("read_committed", "read_uncommitted")
@@ -106,7 +108,7 @@ MAX_REASON_CHARS = 200
 
 PATH_PARAM = re.compile(r"\{(\w+)\}")
 #: Path parameters the spec names otherwise (`/v1/nodes/{id}`, `.../partitions/{p}`).
-SPEC_PARAMS = {"node": "id", "partition": "p"}
+SPEC_PARAMS = {"node": "id", "partition": "p", "txn_id": "id"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,7 @@ _NODE = "/v1/nodes/{node}"
 _TOPIC = "/v1/topics/{topic}"
 _RECORDS = _TOPIC + "/partitions/{partition}/records"
 _GROUP = _TOPIC + "/partitions/{partition}/groups/{group}"
+_TXN = "/v1/transactions/{txn_id}"
 
 HEALTHZ = Route("GET", "/healthz", "healthz", "healthz", None)
 READYZ = Route("GET", "/readyz", "readyz", "readyz", None)
@@ -177,6 +180,16 @@ ACCEPT = Route("POST", _GROUP + "/accept", "acceptMessages", "groups.settle", Ac
 RELEASE = Route("POST", _GROUP + "/release", "releaseMessages", "groups.settle", Action.CONSUME)
 REJECT = Route("POST", _GROUP + "/reject", "rejectMessages", "groups.settle", Action.CONSUME)
 RENEW = Route("POST", _GROUP + "/renew", "renewLeases", "groups.settle", Action.CONSUME)
+INIT_TXN = Route("POST", _TXN, "initTransactions", "txns.init", Action.TRANSACT)
+DESCRIBE_TXN = Route("GET", _TXN, "describeTransactions", "txns.describe", Action.TRANSACT)
+ADD_TXN_PARTITIONS = Route(
+    "POST", _TXN + "/partitions", "addTransactionPartitions", "txns.add_partitions", Action.TRANSACT
+)
+END_TXN = Route("POST", _TXN + "/end", "endTransaction", "txns.end", Action.TRANSACT)
+WRITE_TXN_MARKER = Route(
+    "POST", _RECORDS.removesuffix("/records") + "/markers", "writeTransactionMarker",
+    "txns.marker", Action.INTERNAL,
+)  # fmt: skip
 
 #: Every route the broker serves, in the order it registers them.
 ROUTES: tuple[Route, ...] = (
@@ -205,6 +218,11 @@ ROUTES: tuple[Route, ...] = (
     RELEASE,
     REJECT,
     RENEW,
+    INIT_TXN,
+    DESCRIBE_TXN,
+    ADD_TXN_PARTITIONS,
+    END_TXN,
+    WRITE_TXN_MARKER,
 )
 #: The queue commands that settle held messages, by the last segment of their path.
 SETTLE_ROUTES = {"accept": ACCEPT, "release": RELEASE, "reject": REJECT, "renew": RENEW}

@@ -80,8 +80,13 @@ class Action(StrEnum):
     PRODUCE = "produce"
     #: read a topic's records, use its consumer groups
     CONSUME = "consume"
+    #: run a transactional id's transactions (its partitions need PRODUCE each): a producer
+    #: whose scope holds the id
+    TRANSACT = "transact"
     #: create, alter, delete topics; drain, weigh, hand off nodes; list a node's replicas
     ADMIN = "admin"
+    #: the brokers' own calls (transaction markers): their principal alone, not an admin
+    INTERNAL = "internal"
 
 
 @dataclass(frozen=True)
@@ -111,12 +116,15 @@ class Principal:
         return False
 
     def may(self, action: Action, topic: str | None = None) -> bool:
-        """May this principal do `action` (on `topic`, for the topic actions)?"""
+        """May this principal do `action` (on `topic`, for the topic actions; on the
+        transactional id, for TRANSACT: ids are scoped as topic names are)?"""
+        if action is Action.INTERNAL:
+            return self.name == INTERNAL_PRINCIPAL
         if self.admin or action in (Action.CLUSTER, Action.LIST):
             return True
         if action is Action.ADMIN or topic is None or not self.in_scope(topic):
             return False
-        if action is Action.PRODUCE:
+        if action in (Action.PRODUCE, Action.TRANSACT):
             return Role.PRODUCER in self.roles
         if action is Action.CONSUME:
             return Role.CONSUMER in self.roles

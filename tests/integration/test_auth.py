@@ -41,6 +41,11 @@ from .conftest import make_cluster, wait_until
 pytestmark = pytest.mark.integration
 
 ANY, ADMIN, PRODUCE, CONSUME, DESCRIBE = "any", "admin", "produce", "consume", "describe"
+TRANSACT, INTERNAL = "transact", "internal"
+TXN = "/v1/transactions/{txn_id}"
+ENDED = {"producer_id": 1, "commit": False}
+ADDED = {"producer_id": 1, "partitions": [{"topic": "t", "partition": 0}]}
+MARKERS = "/v1/topics/{topic}/partitions/{partition}/markers"
 GROUP = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 RECORDS = "/v1/topics/{topic}/partitions/{partition}/records"
 SETTLE = {"consumer": "c", "indexes": [0]}
@@ -70,6 +75,12 @@ CASES: list[tuple[str, str, str, str, Any]] = [
     ("POST", GROUP + "/release", CONSUME, "/v1/topics/t/partitions/0/groups/g/release", SETTLE),
     ("POST", GROUP + "/reject", CONSUME, "/v1/topics/t/partitions/0/groups/g/reject", SETTLE),
     ("POST", GROUP + "/renew", CONSUME, "/v1/topics/t/partitions/0/groups/g/renew", SETTLE),
+    # transactional ids are scoped as topics are: "t-txn" is in the writer's "t*"
+    ("POST", TXN, TRANSACT, "/v1/transactions/t-txn", {}),
+    ("GET", TXN, TRANSACT, "/v1/transactions/t-txn", None),
+    ("POST", TXN + "/partitions", TRANSACT, "/v1/transactions/t-txn/partitions", ADDED),
+    ("POST", TXN + "/end", TRANSACT, "/v1/transactions/t-txn/end", ENDED),
+    ("POST", MARKERS, INTERNAL, "/v1/topics/t/partitions/0/markers", ENDED),
 ]
 OPEN = ["/healthz", "/readyz", "/metrics"]
 #: Who may, and who may not, do each kind of request (the principals of `Secured`).
@@ -79,6 +90,8 @@ ALLOWED = {
     PRODUCE: ["writer", "admin"],
     CONSUME: ["reader", "admin"],
     DESCRIBE: ["writer", "reader", "admin"],
+    TRANSACT: ["writer", "admin"],
+    INTERNAL: [],  # the brokers' own principal alone
 }
 REFUSED = {
     ANY: [],
@@ -86,6 +99,8 @@ REFUSED = {
     PRODUCE: ["reader", "other-writer"],
     CONSUME: ["writer", "other-reader"],
     DESCRIBE: ["other-writer", "other-reader"],
+    TRANSACT: ["reader", "other-writer"],
+    INTERNAL: ["admin", "writer"],
 }
 
 

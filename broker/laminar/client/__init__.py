@@ -58,6 +58,7 @@ from .models import (
 from .partitioner import StickyPartitioner, key_hash, partition_for
 from .producer import Producer, ProducerTransport
 from .sync import Client, SyncProducer
+from .transactions import Transaction, TransactionalProducer
 
 __all__ = [
     "Acquired",
@@ -101,6 +102,8 @@ __all__ = [
     "Timeout",
     "TopicDescription",
     "TopicInfo",
+    "Transaction",
+    "TransactionalProducer",
     "Unauthorized",
     "Unavailable",
     "check_consumer",

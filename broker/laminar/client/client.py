@@ -97,6 +97,13 @@ from laminar.models import (
     RenewRequest,
     SettleRequest,
     TopicList,
+    TxnDescription,
+    TxnEnded,
+    TxnEndRequest,
+    TxnInitRequest,
+    TxnMarkerRequest,
+    TxnPartitionsRequest,
+    TxnProducerInfo,
     WeightRequest,
 )
 from laminar.placement import Candidate, partition_key, rank
@@ -130,6 +137,7 @@ from .models import (
     TopicInfo,
 )
 from .stream import AppendStream
+from .transactions import Transaction, TransactionalProducer
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 5
@@ -827,6 +835,75 @@ class AsyncClient:
             raise LaminarError(
                 answer.status, "corrupt_response", f"undecodable read answer from {answer.url}: {e}"
             ) from e
+
+    # ------------------------------------------------------------------ transactions
+
+    def transaction(self, txn_id: str, *, timeout_ms: int | None = None) -> Transaction:
+        """One transaction of the transactional producer `txn_id` (docs/transactions.md):
+
+            async with client.transaction("billing-7") as tx:
+                await tx.append("orders", 0, [Record(b"...")])
+                await tx.append("audit", 0, [Record(b"...")])
+            # committed here (aborted if the block raised)
+
+        Entering it starts the id's producer (a new epoch, fencing any other instance).
+        `transactional_producer` runs many transactions with one start."""
+        return Transaction(self, txn_id, timeout_ms=timeout_ms)
+
+    async def transactional_producer(
+        self, txn_id: str, *, timeout_ms: int | None = None
+    ) -> TransactionalProducer:
+        """Start the transactional producer `txn_id` (fencing every other instance of it);
+        its `transaction()`s then follow one another."""
+        info = await self.init_transactions(txn_id, timeout_ms=timeout_ms)
+        return TransactionalProducer(self, txn_id, info.producer_id)
+
+    async def init_transactions(
+        self, txn_id: str, *, timeout_ms: int | None = None
+    ) -> TxnProducerInfo:
+        """`POST /v1/transactions/{id}`: a new epoch for the id (a 503 while the transaction
+        an old instance left open is aborted is retried)."""
+        answer = await self._call(
+            *contract.INIT_TXN.at(txn_id=txn_id),
+            json_body=TxnInitRequest(timeout_ms).to_json(),
+            target=_META,
+        )
+        return _answer_as(answer, TxnProducerInfo)
+
+    async def describe_transaction(self, txn_id: str) -> TxnDescription:
+        """`GET /v1/transactions/{id}`."""
+        answer = await self._call(*contract.DESCRIBE_TXN.at(txn_id=txn_id))
+        return _answer_as(answer, TxnDescription)
+
+    async def add_transaction_partitions(
+        self, txn_id: str, producer_id: int, partitions: Sequence[tuple[str, int]]
+    ) -> TxnDescription:
+        """`POST /v1/transactions/{id}/partitions`."""
+        body = TxnPartitionsRequest(producer_id, tuple((t, int(p)) for t, p in partitions))
+        answer = await self._call(
+            *contract.ADD_TXN_PARTITIONS.at(txn_id=txn_id), json_body=body.to_json(), target=_META
+        )
+        return _answer_as(answer, TxnDescription)
+
+    async def end_transaction(self, txn_id: str, producer_id: int, *, commit: bool) -> TxnEnded:
+        """`POST /v1/transactions/{id}/end`: commit or abort (sent again after an ambiguous
+        failure, the same end is answered alike)."""
+        body = TxnEndRequest(producer_id, commit)
+        answer = await self._call(
+            *contract.END_TXN.at(txn_id=txn_id), json_body=body.to_json(), target=_META
+        )
+        return _answer_as(answer, TxnEnded)
+
+    async def write_marker(
+        self, topic: str, partition: int, producer_id: int, *, commit: bool
+    ) -> AppendResult:
+        """(Brokers only) `POST .../partitions/{p}/markers`: a transaction marker."""
+        answer = await self._call(
+            *contract.WRITE_TXN_MARKER.at(topic=topic, partition=int(partition)),
+            json_body=TxnMarkerRequest(producer_id, commit).to_json(),
+            target=_Target("leader", topic, int(partition)),
+        )
+        return _answer_as(answer, AppendResult)
 
     # ------------------------------------------------------------------ shared queues
 

@@ -13,7 +13,7 @@ for an acquire's `max`) or the JSON nests (`NodeTls.fingerprint`).
 
 `laminar.contract` keeps the routes, limits, media types and name rules the models use; the
 models live apart from it because they are code (checks and conversions), one module per part
-of the API: records, topics, cluster, queues, errors.
+of the API: records, topics, cluster, queues, transactions, errors.
 """
 
 from .checks import JsonModel, ModelError, TooLargeError
@@ -56,9 +56,25 @@ from .topics import (
     TopicInfo,
     TopicList,
 )
+from .transactions import (
+    TxnDescription,
+    TxnEnded,
+    TxnEndRequest,
+    TxnInitRequest,
+    TxnMarkerRequest,
+    TxnPartitionsRequest,
+    TxnProducerInfo,
+)
 
 #: Every model, for the tests that hold them to the spec.
 MODELS = (
+    TxnInitRequest,
+    TxnProducerInfo,
+    TxnPartitionsRequest,
+    TxnEndRequest,
+    TxnDescription,
+    TxnEnded,
+    TxnMarkerRequest,
     AppendRequest,
     AppendResult,
     ReadResult,
@@ -121,6 +137,13 @@ __all__ = [
     "TopicDescription",
     "TopicInfo",
     "TopicList",
+    "TxnDescription",
+    "TxnEndRequest",
+    "TxnEnded",
+    "TxnInitRequest",
+    "TxnMarkerRequest",
+    "TxnPartitionsRequest",
+    "TxnProducerInfo",
     "WeightRequest",
     "record_from_json",
     "record_to_json",

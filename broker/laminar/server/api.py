@@ -118,11 +118,11 @@ from .http import (
     parsed,
     read_body,
     unavailable,
-    untransacted,
 )
 from .metrics import BrokerMetrics, merge_workers
 from .node import Broker
 from .streams import serve_stream
+from .txns_api import TxnsApi, check_transactional
 
 log = logging.getLogger(__name__)
 #: JSON request bodies are decoded (parsed, checked, encoded as a batch) in worker threads,
@@ -154,6 +154,8 @@ STATUS_CODES = {
     "invalid": (400, "bad_request"),
     "exists": (409, "conflict"),
     "not_found": (404, "not_found"),
+    "fenced": (409, "conflict"),  # an older epoch of a transactional id (laminar.txn)
+    "busy": (503, "unavailable"),  # the id's transaction is ending: retry
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -194,6 +196,8 @@ class Api:
         self._decoding = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="laminar-decode")
         self._session: ClientSession | None = None
         self._collector: asyncio.Task[None] | None = None
+        self._driving: asyncio.Task[None] | None = None
+        self.txns = TxnsApi(self)
 
     # ---- application -----------------------------------------------------------------------
 
@@ -205,7 +209,7 @@ class Api:
         app[BROKER_KEY] = self.broker
         r = app.router
         # every route of the contract, to its handler: a method of this Api or of GroupsApi
-        owners: dict[str, object] = {"": self, "groups": GroupsApi(self)}
+        owners: dict[str, object] = {"": self, "groups": GroupsApi(self), "txns": self.txns}
         for route in ROUTES:
             owner, _, name = route.handler.rpartition(".")
             handler: Handler = getattr(owners[owner], name)
@@ -221,9 +225,10 @@ class Api:
     async def _startup(self, _: web.Application) -> None:
         self._collector = asyncio.create_task(self._collect_removed())
         self._watching = asyncio.create_task(self.auth.watch())
+        self._driving = asyncio.create_task(self.txns.driver.run())
 
     async def _cleanup(self, _: web.Application) -> None:
-        for task in (self._collector, self._watching):
+        for task in (self._collector, self._watching, self._driving):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -453,9 +458,14 @@ class Api:
         status, code = STATUS_CODES.get(e.code, (400, "bad_request"))
         return ApiError(status, code, str(e))
 
-    async def _metadata(self, request: web.Request, command: Any) -> None:
+    async def propose_metadata(self, request: web.Request, command: Any) -> int:
+        """Commit `command` through the metadata group (here, its leader; else 307): its
+        index once applied; its refusals and timeouts as HTTP errors."""
+        return await self._metadata(request, command)
+
+    async def _metadata(self, request: web.Request, command: Any) -> int:
         try:
-            await self.broker.waits.propose_metadata(command, self.timeout_s)
+            return await self.broker.waits.propose_metadata(command, self.timeout_s)
         except NotLeader as e:
             raise self._redirect(request, e.leader, "the cluster metadata") from e
         except MetadataError as e:
@@ -774,7 +784,7 @@ class Api:
             if header.is_control:
                 raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
             if header.is_transactional:
-                raise untransacted()
+                check_transactional(self, topic, partition, header)
             batch = body
         else:
             batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)

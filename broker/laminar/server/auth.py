@@ -191,10 +191,14 @@ class Authenticator:
         action = rule_of(request.method, match.route.resource.canonical)  # type: ignore[union-attr]
         if action is None:  # check_routes makes this unreachable
             raise ApiError(403, "forbidden", f"no rule authorizes {request.method} {request.path}")
-        topic = match.get("topic")
+        topic = match.get("txn_id") if action is Action.TRANSACT else match.get("topic")
         if not principal.may(action, topic):
-            if action is Action.ADMIN or topic is None:
+            if action is Action.INTERNAL:
+                why = f"{request.method} {request.path[:100]}: only the brokers may"
+            elif action is Action.ADMIN or topic is None:
                 why = f"{request.method} {request.path[:100]}: it needs the admin role"
+            elif action is Action.TRANSACT:
+                why = f"use the transactional id {topic[:60]!r} (a producer in scope may)"
             else:
                 why = f"{VERBS[action]} topic {topic[:60]!r}"
             raise ApiError(403, "forbidden", f"{principal.describe()} may not {why}")

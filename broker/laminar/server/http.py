@@ -77,18 +77,6 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
 
 
-def untransacted() -> ApiError:
-    """400 for a batch marked transactional (attribute 0x2): the broker does not serve
-    transactions yet (docs/transactions.md), and such a batch would stay invisible to
-    read_committed readers, holding back all that follows it."""
-    return ApiError(
-        400,
-        "corrupt_batch",
-        "transactional batches (attribute 0x2) are not accepted: this broker does not serve "
-        "transactions yet",
-    )
-
-
 def damaged(replica: Replica, error: CorruptBatchError) -> ApiError:
     """A read met a batch damaged on disk (never served). Another replica has it: 503 while
     this one is repaired. This is the partition's only voter: 422 with where to read on."""

@@ -48,7 +48,8 @@ from ..partition.errors import (
     ReplicaClosed,
     SequenceConflict,
 )
-from .http import ApiError, outcome_unknown, unavailable, untransacted
+from .http import ApiError, outcome_unknown, unavailable
+from .txns_api import check_transactional
 
 if TYPE_CHECKING:
     from ..partition.replica import Replica
@@ -184,7 +185,12 @@ class _Stream:
             if header.is_control:
                 return ApiError(400, "corrupt_batch", "control batches are for Raft only")
             if header.is_transactional:
-                return untransacted()
+                try:
+                    check_transactional(
+                        self.api, self.replica.topic, self.replica.partition, header
+                    )
+                except ApiError as e:
+                    return e
             if (refused := await self._wait_for_room(len(batch))) is not None:
                 return refused
             started = time.perf_counter()

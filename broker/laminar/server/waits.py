@@ -40,10 +40,10 @@ class CoreWaits:
             self._applied = self.core.meta_applied_index
             self.meta_advanced.notify()
 
-    async def propose_metadata(self, command: Command, timeout_s: float) -> None:
-        """Commit an admin command through the metadata group (leader only); raises
-        MetadataError (invalid / exists / not_found), NotLeader, ReplicaClosed or
-        TimeoutError."""
+    async def propose_metadata(self, command: Command, timeout_s: float) -> int:
+        """Commit an admin command through the metadata group (leader only): its index once
+        applied here; raises MetadataError (invalid / exists / not_found / fenced / busy),
+        NotLeader, ReplicaClosed or TimeoutError."""
         index, term = self.core.propose_metadata(command)
         future: asyncio.Future[MetadataError | None] = asyncio.get_running_loop().create_future()
         self._proposals[index] = (term, future)
@@ -55,6 +55,7 @@ class CoreWaits:
             self.core.forget_proposal(index)
         if result is not None:
             raise result
+        return index
 
     async def metadata_applied(self, index: int, timeout_s: float) -> bool:
         """Wait until this node has applied the metadata group up to `index` (False: not

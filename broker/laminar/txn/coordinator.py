@@ -20,11 +20,11 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..contract import MAX_TXN_TIMEOUT_MS
 from .producer import MAX_EPOCH, MAX_PRODUCER_NUMBER, TxnProducer
 
 #: A transactional id: what the application names its producer by.
 TRANSACTIONAL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
-MAX_TIMEOUT_MS = 15 * 60 * 1000
 DEFAULT_TIMEOUT_MS = 60_000
 #: Partitions one transaction may write to, and transactional ids the cluster keeps.
 MAX_TXN_PARTITIONS = 10_000
@@ -129,7 +129,7 @@ def validate(command: TxnCommand) -> None:
             "invalid", f"transactional id {command.txn_id!r} must match {TRANSACTIONAL_ID.pattern}"
         )
     if isinstance(command, InitTxn):
-        _check_int("timeout_ms", command.timeout_ms, 1, MAX_TIMEOUT_MS)
+        _check_int("timeout_ms", command.timeout_ms, 1, MAX_TXN_TIMEOUT_MS)
         return
     _check_int("number", command.number, 1, MAX_PRODUCER_NUMBER)
     _check_int("epoch", command.epoch, 0, MAX_EPOCH - 1)

@@ -1,0 +1,167 @@
+"""Transactions against three real broker processes (docs/transactions.md): records of one
+transaction across topics become visible to read_committed readers and consumer groups
+together at its commit, never if it aborts; a restarted transactional id fences its old
+instance; a transaction left open is aborted at its timeout; bad requests change nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from laminar.client import AsyncClient, Conflict, Record
+from laminar.client.errors import BadRequest, NotFound
+from laminar.local_cluster import LocalCluster
+from laminar.log.batch import encode_batch
+from laminar.txn.producer import TxnProducer
+
+from .conftest import auth, wait_until
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 30.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def topics(client: AsyncClient, *names: str, partitions: int = 2) -> None:
+    for name in names:
+        await client.create_topic(name, partitions=partitions, replication_factor=3)
+        await client.wait_for_leaders(name)
+
+
+async def values(
+    client: AsyncClient, topic: str, partition: int, *, isolation: str = "read_committed"
+) -> list[bytes | None]:
+    read = await client.read(topic, partition, 0, isolation=isolation)
+    return [r.value for r in read.records]
+
+
+async def test_a_commit_shows_every_partitions_records_together(cluster3: LocalCluster) -> None:
+    orders, audit = unique("orders"), unique("audit")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, orders, audit)
+        async with client.transaction(unique("billing")) as tx:
+            await tx.append(orders, 0, [Record(b"o1"), Record(b"o2")])
+            await tx.append(audit, 1, [Record(b"a1")])
+            await tx.append(orders, 0, [Record(b"o3")])
+            # open: read_uncommitted sees them, read_committed and the groups do not
+            assert await values(client, orders, 0, isolation="read_uncommitted") == [
+                b"o1", b"o2", b"o3"
+            ]  # fmt: skip
+            assert await values(client, orders, 0) == []
+            assert await values(client, audit, 1) == []
+            acquired = await client.acquire(orders, 0, "workers", max_messages=10)
+            assert acquired.messages == []
+        assert tx.ended is not None and tx.ended.committed and tx.ended.complete
+        assert await values(client, orders, 0) == [b"o1", b"o2", b"o3"]
+        assert await values(client, audit, 1) == [b"a1"]
+        acquired = await client.acquire(orders, 0, "workers", max_messages=10)
+        assert [m.value for m in acquired.messages] == [b"o1", b"o2", b"o3"]
+
+
+async def test_an_abort_hides_its_records_from_readers_and_groups_for_good(
+    cluster3: LocalCluster,
+) -> None:
+    topic = unique("aborted")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=1)
+        producer = await client.transactional_producer(unique("t"))
+        with pytest.raises(RuntimeError, match="boom"):
+            async with producer.transaction() as tx:
+                await tx.append(topic, 0, [Record(b"never")])
+                raise RuntimeError("boom")
+        assert tx.ended is not None and not tx.ended.committed
+        await client.append(topic, 0, [Record(b"plain")])
+        async with producer.transaction() as tx:  # the next one, with the next epoch
+            await tx.append(topic, 0, [Record(b"kept")])
+        assert await values(client, topic, 0) == [b"plain", b"kept"]
+        assert await values(client, topic, 0, isolation="read_uncommitted") == [
+            b"never", b"plain", b"kept"
+        ]  # fmt: skip
+        acquired = await client.acquire(topic, 0, "g", max_messages=10)
+        assert [m.value for m in acquired.messages] == [b"plain", b"kept"]
+
+
+async def test_a_restarted_transactional_id_fences_its_old_instance(
+    cluster3: LocalCluster,
+) -> None:
+    topic, txn_id = unique("fence"), unique("t")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=1)
+        zombie = await client.transactional_producer(txn_id)
+        old = zombie.transaction()
+        await old.__aenter__()
+        await old.append(topic, 0, [Record(b"zombie")])
+        successor = await client.transactional_producer(txn_id)  # aborts the open one
+        assert TxnProducer.of(successor.producer_id).epoch > TxnProducer.of(old.producer_id).epoch
+        with pytest.raises(Conflict):
+            await old.append(topic, 0, [Record(b"late")])
+        with pytest.raises(Conflict):
+            await old.commit()
+        async with successor.transaction() as tx:
+            await tx.append(topic, 0, [Record(b"successor")])
+        assert await values(client, topic, 0) == [b"successor"]
+
+
+async def test_a_transaction_left_open_is_aborted_at_its_timeout(cluster3: LocalCluster) -> None:
+    topic, txn_id = unique("timeout"), unique("t")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=1)
+        tx = client.transaction(txn_id, timeout_ms=500)
+        await tx.__aenter__()
+        await tx.append(topic, 0, [Record(b"forgotten")])
+        await client.append(topic, 0, [Record(b"after")])
+        assert await values(client, topic, 0) == []  # held back behind the open one
+        # the coordinator aborts it: a long poll returns once the stable end moves
+        read = await client.read(topic, 0, 0, wait_ms=int(WAIT_S * 1000))
+        deadline = time.monotonic() + WAIT_S
+        while not read.records and time.monotonic() < deadline:  # bounded by WAIT_S
+            read = await client.read(topic, 0, 0, wait_ms=1000)
+        assert [r.value for r in read.records] == [b"after"]
+
+        # (the markers come first; the id is complete, EMPTY, a moment later)
+        async def complete() -> object:
+            return (await client.describe_transaction(txn_id)).phase == "empty"
+
+        await wait_until(f"{txn_id} complete", complete, WAIT_S)
+        with pytest.raises(Conflict):
+            await tx.commit()
+
+
+async def test_bad_transaction_requests_are_refused_and_change_nothing(
+    cluster3: LocalCluster,
+) -> None:
+    topic, txn_id = unique("bad"), unique("t")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=1)
+        producer = await client.transactional_producer(txn_id)
+        with pytest.raises(BadRequest):
+            await client.init_transactions("no spaces")
+        with pytest.raises(BadRequest):
+            await client.init_transactions(txn_id, timeout_ms=0)
+        with pytest.raises(NotFound):
+            await client.add_transaction_partitions(txn_id, producer.producer_id, [(topic, 5)])
+        with pytest.raises(NotFound):
+            await client.describe_transaction(unique("never-started"))
+        # a transactional batch for a partition its transaction does not have
+        batch = encode_batch([Record(b"x")], producer_id=producer.producer_id, transactional=True)
+        with pytest.raises(Conflict):
+            await client.append(topic, 0, batch)
+        # only the brokers write markers
+        base = cluster3.urls[0]
+        url = f"{base}/v1/topics/{topic}/partitions/0/markers"
+        async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
+            body = {"producer_id": producer.producer_id, "commit": True}
+            async with session.post(url, json=body, allow_redirects=False) as response:
+                assert response.status == 403, await response.text()
+            async with session.post(
+                f"{base}/v1/transactions/{txn_id}/end", json={"producer_id": 0, "commit": True}
+            ) as response:
+                assert response.status == 400, await response.text()
+        assert (await client.describe_transaction(txn_id)).phase == "empty"
+        assert await values(client, topic, 0, isolation="read_uncommitted") == []
