@@ -332,6 +332,17 @@ def test_node_commands(cluster3: Any) -> None:
     assert "404 not_found" in failed(laminar(cluster3, "node", "drain", "n99"))
 
 
+def test_txn_commands(cluster3: Any) -> None:
+    assert "404 not_found" in failed(laminar(cluster3, "txn", "describe", "cli-txn"))
+    fenced = ok(laminar(cluster3, "txn", "fence", "cli-txn"))
+    assert fenced.startswith("cli-txn: empty, producer ") and "partitions: none" in fenced
+    again = json.loads(ok(laminar(cluster3, "txn", "fence", "cli-txn", "--json")))
+    assert again["phase"] == "empty" and again["producer_id"] & 0xFFFF == 1  # the next epoch
+    described = json.loads(ok(laminar(cluster3, "txn", "describe", "cli-txn", "--json")))
+    assert described == again
+    assert "400 bad_request" in failed(laminar(cluster3, "txn", "fence", "no spaces"))
+
+
 def test_where_the_token_comes_from(secured_cluster: Any, tmp_path: Path) -> None:
     """--token-file, then $LAMINAR_TOKEN, then $LAMINAR_TOKEN_FILE, then a context of the
     client configuration file ($LAMINAR_CONFIG; --context or $LAMINAR_CONTEXT or its

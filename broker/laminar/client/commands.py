@@ -1,8 +1,8 @@
 """Client-side `laminar` commands: topic administration, produce, consume, shared queues,
 cluster status and node administration, all through `AsyncClient` (docs/api.md).
 
-`add_commands(subparsers)` adds `topic`, `produce`, `consume`, `queue`, `cluster` and `node` to the
-`laminar` parser; `run(args)` runs one of them and returns its exit status (None when
+`add_commands(subparsers)` adds `topic`, `produce`, `consume`, `queue`, `cluster`, `node` and
+`txn` to the `laminar` parser; `run(args)` runs one of them and returns its exit status (None when
 `args.command` is not one of these). Every command takes `--brokers URL,...` (default
 `$LAMINAR_BROKERS`, else the context's, else http://127.0.0.11:7070), `--token-file` (default
 `$LAMINAR_TOKEN`, `$LAMINAR_TOKEN_FILE`, else the context's), `--context NAME` (of the client
@@ -40,8 +40,9 @@ from laminar.contract import (
     MAX_WEIGHT,
 )
 from laminar.log.batch import StoredRecord
-from laminar.models import AcquiredMessage, Handoff, TopicList, record_to_json
+from laminar.models import AcquiredMessage, Handoff, TopicList, TxnDescription, record_to_json
 from laminar.tls import TlsError, client_context
+from laminar.txn.producer import TxnProducer
 
 from ..workers import broker_of
 from .client import AsyncClient, check_consumer, check_group
@@ -79,7 +80,7 @@ EXIT_INTERRUPTED = 130
 QUEUE_MAX_IN_FLIGHT = 100  # messages `queue consume` holds ahead of printing them
 QUEUE_PEEK_LIMIT = 1000  # what `queue consume --release` holds at most (all until it ends)
 
-COMMANDS = frozenset({"topic", "produce", "consume", "queue", "cluster", "node"})
+COMMANDS = frozenset({"topic", "produce", "consume", "queue", "cluster", "node", "txn"})
 _HANDLER = "laminar_client_handler"
 _PARSER = "laminar_client_parser"
 
@@ -351,6 +352,20 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     )
 
     _add_queue_commands(subparsers, leaf)
+
+    txn = subparsers.add_parser("txn", help="transactional ids: describe, fence")
+    txns = txn.add_subparsers(dest="txn_command", required=True, metavar="ACTION")
+    describe_txn = leaf(
+        txns, "describe", _txn_describe, "a transactional id's producer, phase and partitions"
+    )
+    describe_txn.add_argument("id")
+    fence = leaf(
+        txns,
+        "fence",
+        _txn_fence,
+        "start the id anew: every running instance is fenced, the transaction it left open aborted",
+    )
+    fence.add_argument("id")
 
     cluster = subparsers.add_parser("cluster", help="cluster status")
     clusters = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
@@ -1309,6 +1324,29 @@ async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
             ],
         )
     )
+    return 0
+
+
+def _print_txn(state: TxnDescription, as_json: bool) -> None:
+    if as_json:
+        _print_json(state.to_json())
+        return
+    producer = TxnProducer.of(state.producer_id)
+    parts = ", ".join(f"{t}/{p}" for t, p in state.partitions) or "none"
+    print(
+        f"{state.transactional_id}: {state.phase}, producer {producer.number} epoch "
+        f"{producer.epoch}, timeout {state.timeout_ms} ms, partitions: {parts}"
+    )
+
+
+async def _txn_describe(client: AsyncClient, args: argparse.Namespace) -> int:
+    _print_txn(await client.describe_transaction(args.id), args.json)
+    return 0
+
+
+async def _txn_fence(client: AsyncClient, args: argparse.Namespace) -> int:
+    await client.init_transactions(args.id)
+    _print_txn(await client.describe_transaction(args.id), args.json)
     return 0
 
 
