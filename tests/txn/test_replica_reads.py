@@ -59,3 +59,28 @@ async def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_one
     assert values(replica, committed=True) == [b"plain-1", b"one", b"plain-2"]
     assert replica.readable_end(committed=True) == replica.commit_index + 1
     replica.close()
+
+
+async def test_a_marker_sent_again_late_is_written_not_judged_as_a_producers_batch(
+    tmp_path: Path,
+) -> None:
+    """A marker names (number, epoch + 1), which the producer's next transaction writes with,
+    sequence 0 onwards. A marker sent again after a failover may come after those batches,
+    past the deduplication window: it is a control batch, written, and changes nothing."""
+    replica = replicas.open_replica(tmp_path / "p", ("n1",))
+    replica.raft.campaign()
+    drive(replica)
+    first, following = TxnProducer(1, 0), TxnProducer(1, 1)
+    await append(replica, txn_batch(first, b"a"))
+    await append(replica, encode_marker(following, commit=True))
+    for sequence in range(6):  # the next transaction: more batches than the window holds
+        data = encode_batch(
+            [Record(b"b")], producer_id=following.producer_id, producer_seq=sequence,
+            transactional=True,
+        )  # fmt: skip
+        await append(replica, data)
+    await append(replica, encode_marker(following, commit=True))  # the first marker, again
+    assert values(replica, committed=True) == [b"a"]  # the next transaction is still open
+    await append(replica, encode_marker(TxnProducer(1, 2), commit=True))
+    assert values(replica, committed=True) == [b"a"] + [b"b"] * 6
+    replica.close()

@@ -236,7 +236,7 @@ class Replica:
             # producer table must know the log before it judges a retry
             self._take_leadership()
         loop = asyncio.get_running_loop()
-        if header.producer_id:
+        if header.producer_id and not header.is_control:  # (a marker names a producer too)
             duplicate = self.producers.check(header.producer_id, header.producer_seq)
             if duplicate is not None:
                 return self._wait_committed(duplicate, loop), True
