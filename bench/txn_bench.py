@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -66,8 +67,8 @@ def per_million(before: dict[str, float], after: dict[str, float], count: int) -
     return {n: round((after[n] - before.get(n, 0.0)) / count * 1e6, 1) for n in after if count}
 
 
-async def plain(client: AsyncClient, task: int, seconds: float, batch: list[Record]) -> int:
-    producer_id, sequence, sent = 1_000 + task, 0, 0
+async def plain(client: AsyncClient, _task: int, seconds: float, batch: list[Record]) -> int:
+    producer_id, sequence, sent = random.getrandbits(62) + 1, 0, 0  # (new each phase)
     deadline = time.monotonic() + seconds
     for _ in range(MAX_UNITS):
         if time.monotonic() >= deadline:
