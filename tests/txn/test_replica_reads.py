@@ -21,8 +21,11 @@ async def append(replica: Replica, data: bytes) -> int:
     return await asyncio.wait_for(future, 1)
 
 
-def txn_batch(producer: TxnProducer, value: bytes) -> bytes:
-    return encode_batch([Record(value)], producer_id=producer.producer_id, transactional=True)
+def txn_batch(producer: TxnProducer, value: bytes, sequence: int = 0) -> bytes:
+    return encode_batch(
+        [Record(value)], producer_id=producer.producer_id, producer_seq=sequence,
+        transactional=True,
+    )  # fmt: skip
 
 
 def values(replica: Replica, *, committed: bool) -> list[bytes | None]:
@@ -83,4 +86,19 @@ async def test_a_marker_sent_again_late_is_written_not_judged_as_a_producers_bat
     assert values(replica, committed=True) == [b"a"]  # the next transaction is still open
     await append(replica, encode_marker(TxnProducer(1, 2), commit=True))
     assert values(replica, committed=True) == [b"a"] + [b"b"] * 6
+    replica.close()
+
+
+async def test_a_read_committed_read_moves_past_what_it_leaves_out(tmp_path: Path) -> None:
+    """A fenced batch at the log's end (no marker after it): the read serves nothing and says
+    to read on past it (the API's next index), so a reader neither stops nor spins there."""
+    replica = replicas.open_replica(tmp_path / "p", ("n1",))
+    replica.raft.campaign()
+    drive(replica)
+    await append(replica, txn_batch(TxnProducer(1, 0), b"a"))
+    await append(replica, encode_marker(TxnProducer(1, 1), commit=True))
+    fenced = await append(replica, txn_batch(TxnProducer(1, 0), b"late", sequence=1))
+    result = replica.read(fenced, 1 << 20, committed=True)
+    assert (result.data, result.next_index) == (b"", fenced + 1)
+    assert replica.readable_end(committed=True) == fenced + 1
     replica.close()

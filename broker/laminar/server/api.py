@@ -867,9 +867,13 @@ class Api:
             raise damaged(replica, e) from e
         self.metrics.read_latency.observe(time.perf_counter() - started)
         try:
+            # (result.next_index: past the batches of aborted transactions a read_committed
+            # read left out, so that a reader never stops before them)
             if accepts(request, BATCH_TYPE):
-                return self._binary_read(replica, result.data, from_index, max_records)
-            return self._json_read(replica, result.data, from_index, max_records)
+                return self._binary_read(
+                    replica, result.data, from_index, max_records, result.next_index
+                )
+            return self._json_read(replica, result.data, from_index, max_records, result.next_index)
         except MalformedRecordsError as e:
             # stored before appends checked records: the answer stops before such a batch,
             # and a read that starts at one is told where to go on (never a 500)
@@ -912,11 +916,14 @@ class Api:
         }
 
     def _binary_read(
-        self, replica: Replica, data: bytes, from_index: int, max_records: int
+        self, replica: Replica, data: bytes, from_index: int, max_records: int, data_end: int
     ) -> web.Response:
+        """`data`: whole batches, the read's window ending at `data_end` (some batches of it
+        may have been left out: aborted transactions')."""
         end = 0
         count = 0
         next_index = from_index
+        cut = False
         for batch in split_batches(data):
             header = parse_header(batch)
             if not header.is_control:
@@ -926,13 +933,17 @@ class Api:
                     verify_records(header, batch[BATCH_HEADER_BYTES:])
                 except MalformedRecordsError:
                     if count:
+                        cut = True
                         break  # the batches before it; reading on from it meets it first
                     raise
             end += len(batch)
             next_index = header.next_index
             count += header.next_index - max(from_index, header.base_index)
             if count >= max_records:
+                cut = True
                 break
+        if not cut:
+            next_index = max(next_index, data_end)
         body = data[:end] if end < len(data) else data
         return web.Response(
             body=body,
@@ -941,10 +952,12 @@ class Api:
         )
 
     def _json_read(
-        self, replica: Replica, data: bytes, from_index: int, max_records: int
+        self, replica: Replica, data: bytes, from_index: int, max_records: int, data_end: int
     ) -> web.Response:
-        stored, end, _ = records_from(data, from_index, max_records)
+        stored, end, cut = records_from(data, from_index, max_records)
         next_index = from_index if end is None else max(end, from_index)
+        if not cut:
+            next_index = max(next_index, data_end)
         body = ReadResult(stored, next_index, replica.commit_index, replica.log_start).to_json()
         return json_response(body, headers=self._position_headers(replica, next_index))
 
