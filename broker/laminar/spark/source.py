@@ -11,6 +11,7 @@ made inside `read`.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -25,7 +26,7 @@ from .. import allocator
 from ..client import Client
 from ..client.errors import NotFound, OutOfRange
 from ..client.models import RawRead, ReadResult
-from ..contract import MAX_READ_RECORDS
+from ..contract import MAX_READ_RECORDS, MAX_TXN_TIMEOUT_MS
 from .arrow import ColumnBuilder
 from .options import (
     Bounds,
@@ -122,6 +123,10 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
 
         position = part.low
         pending = fetch(position)
+        # records committed but held back by a transaction still open before them (reads
+        # are read_committed: docs/transactions.md) are waited for, up to the longest a
+        # transaction may stay open
+        held_until = time.monotonic() + MAX_TXN_TIMEOUT_MS / 1000 + READ_WAIT_MS / 1000
         while position < part.high:
             try:
                 raw = pending.result()
@@ -143,6 +148,9 @@ def read_range(options: Options, part: Range) -> Iterator[pa.RecordBatch]:
             after = builder.add(raw.body, position, part.high)
             if after <= position:
                 if guess is None or guess <= position:
+                    if raw.commit_index >= position and time.monotonic() < held_until:
+                        pending = fetch(position)  # a transaction holds it: wait on
+                        continue
                     lagging = raw.commit_index < position
                     raise RuntimeError(
                         f"{part.topic}/{part.partition}: no progress reading at {position} "
