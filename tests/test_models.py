@@ -147,7 +147,10 @@ SAMPLES: dict[type[Any], list[tuple[Any, str | None]]] = {
         (AcquiredMessage(BINARY, 1, 5), None),
     ],
     AcquireResult: [(AcquireResult("c-1", (MESSAGE,)), None), (AcquireResult("c-2", ()), None)],
-    SettleRequest: [(SettleRequest("c-1", (17, 18)), None)],
+    SettleRequest: [
+        (SettleRequest("c-1", (17, 18)), None),
+        (SettleRequest("c-1", (17,), 5 << 16), None),
+    ],
     RejectRequest: [
         (RejectRequest("c-1", (17,)), None),
         (RejectRequest("c-1", (17,), "bad input"), None),

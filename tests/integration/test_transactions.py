@@ -165,3 +165,48 @@ async def test_bad_transaction_requests_are_refused_and_change_nothing(
                 assert response.status == 400, await response.text()
         assert (await client.describe_transaction(txn_id)).phase == "empty"
         assert await values(client, topic, 0, isolation="read_uncommitted") == []
+
+
+async def test_consume_transform_produce_happens_exactly_once(cluster3: LocalCluster) -> None:
+    """A shared queue's messages accepted in the transaction that appends their results:
+    an abort gives them back and writes nothing; a commit does both."""
+    source, sink, txn_id = unique("in"), unique("out"), unique("worker")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, source, sink, partitions=1)
+        for n in range(4):
+            await client.append(source, 0, [Record(f"m{n}".encode())])
+        producer = await client.transactional_producer(txn_id)
+
+        async def work(*, fail: bool) -> list[bytes | None]:
+            taken = await client.acquire(source, 0, "g", consumer="w", max_messages=2)
+            async with producer.transaction() as tx:
+                for message in taken.messages:
+                    await tx.append(sink, 0, [Record((message.value or b"").upper())])
+                done = await tx.accept(source, 0, "g", "w", [m.index for m in taken.messages])
+                assert len(done.done) == 2
+                if fail:
+                    raise RuntimeError("the transform failed")
+            return [m.value for m in taken.messages]
+
+        with pytest.raises(RuntimeError, match="transform failed"):
+            await work(fail=True)
+        assert await values(client, sink, 0) == []
+        again = await client.acquire(source, 0, "g", consumer="w2", max_messages=10)
+        assert [(m.value, m.deliveries) for m in again.messages][:2] == [(b"m0", 2), (b"m1", 2)]
+        await client.release(source, 0, "g", "w2", [m.index for m in again.messages])
+        assert await work(fail=False) == [b"m0", b"m1"]
+        assert await values(client, sink, 0) == [b"M0", b"M1"]
+        rest = await client.acquire(source, 0, "g", consumer="w3", max_messages=10)
+        assert [m.value for m in rest.messages] == [b"m2", b"m3"]
+        assert (await client.describe_group(source, 0, "g")).accepted == 2
+        # an accept into a transaction that lacks the partition, or a transactional release
+        async with producer.transaction() as tx:
+            await tx.append(sink, 0, [Record(b"x")])
+            index = rest.messages[0].index
+            with pytest.raises(Conflict):
+                await client.accept(source, 0, "g", "w3", [index], txn_producer_id=tx.producer_id)
+            with pytest.raises(BadRequest):
+                await client._settle(  # (the client itself never sends this)
+                    "release", source, 0, "g", "w3", [index], txn_producer_id=tx.producer_id
+                )
+            await tx.abort()

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from laminar.log import Record, encode_batch
-from laminar.queue import Acquire
+from laminar.queue import Accept, Acquire, QueueState, Reject, Release
 from laminar.queue.applier import QueueApplier
+from laminar.queue.state import Expire
 from laminar.txn.markers import encode_marker
 from laminar.txn.producer import TxnProducer
 
@@ -81,3 +82,65 @@ def test_an_open_transaction_survives_a_snapshot_and_ends_after_it(tmp_path: Pat
     applier.catch_up(storage.last_index())
     assert applier.state.available(G, 10, NOW_MS) == []
     assert applier.state.txns.stable_end == applier.state.end_index
+
+
+# ---- accepting in a transaction (consume -> produce exactly once) ---------------------------
+
+
+def held_state(count: int) -> tuple[QueueState, list[int]]:
+    """A partition of `count` records, all acquired by consumer c of group G."""
+    state = QueueState()
+    state.on_records(0, count)
+    indexes = state.available(G, count, NOW_MS)
+    granted = state.apply(Acquire(G, "c", tuple(indexes), 1_000, NOW_MS)).granted
+    assert [g.index for g in granted] == list(range(count))
+    return state, indexes
+
+
+def test_messages_accepted_in_a_transaction_wait_for_its_commit_past_their_leases() -> None:
+    state, _ = held_state(4)
+    producer = TxnProducer(5, 0)
+    result = state.apply(Accept(G, "c", (0, 1), txn_producer_id=producer.producer_id))
+    assert result.done == [0, 1]
+    # leases run out, other settlements come: the transaction's two stay held
+    state.apply(Expire(G, NOW_MS + 10**9))
+    assert set(state.groups[G].acquired) == {0, 1}
+    for command in (Release(G, "c", (0,)), Accept(G, "c", (1,)), Reject(G, "c", (0,))):
+        assert state.apply(command).refused == list(command.indexes)
+    again = state.apply(Accept(G, "c", (0, 1), txn_producer_id=producer.producer_id))
+    assert again.done == [0, 1]  # the same accept, sent again
+    state.on_other(4, 1)
+    state.on_txn_marker(5, TxnProducer(5, 1), commit=True)
+    assert state.describe(G)["accepted"] == 2 and not state.groups[G].txn_pending
+    assert state.available(G, 10, NOW_MS + 10**9) == [2, 3]  # expired back; 0 and 1 done
+
+
+def test_an_abort_gives_the_messages_back_and_a_fenced_epoch_accepts_nothing() -> None:
+    state, _ = held_state(3)
+    old, new = TxnProducer(5, 2), TxnProducer(5, 3)
+    state.apply(Accept(G, "c", (0, 1), txn_producer_id=old.producer_id))
+    state.on_other(3, 1)
+    state.on_txn_marker(3, new, commit=False)  # the fence: epoch 3 ends epoch 2's
+    group = state.groups[G]
+    assert not group.txn_pending and 0 not in group.acquired and group.deliveries[0] == 1
+    assert state.describe(G)["accepted"] == 0
+    # the zombie's accept, and a commit marker of its epoch, change nothing
+    assert state.apply(Accept(G, "c", (2,), txn_producer_id=old.producer_id)).refused == [2]
+    state.on_other(4, 1)
+    state.on_txn_marker(4, TxnProducer(5, 3), commit=True)  # nothing of epoch 2 is left
+    assert state.describe(G)["accepted"] == 0
+    # given back: acquired again, a second delivery
+    granted = state.apply(Acquire(G, "d", (0, 1), 1_000, NOW_MS)).granted
+    assert [(g.index, g.deliveries) for g in granted] == [(0, 2), (1, 2)]
+
+
+def test_what_a_transaction_accepted_survives_a_snapshot() -> None:
+    state, _ = held_state(2)
+    producer = TxnProducer(9, 0)
+    state.apply(Accept(G, "c", (1,), txn_producer_id=producer.producer_id))
+    restored = QueueState.restore(state.snapshot())
+    assert restored.snapshot() == state.snapshot()
+    assert restored.groups[G].txn_pending == {1: (9, 0)}
+    restored.on_other(2, 1)
+    restored.on_txn_marker(2, TxnProducer(9, 1), commit=True)
+    assert restored.describe(G)["accepted"] == 1

@@ -958,13 +958,23 @@ class AsyncClient:
             raise _corrupt(answer, e) from e
 
     async def accept(
-        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        consumer: str,
+        indexes: Sequence[int],
+        *,
+        txn_producer_id: int | None = None,
     ) -> Settled:
         """Accept messages `consumer` holds: the group forgets them (never delivered again).
         A repeat of its accept is `done` again (retrying is safe, so it is retried after a 504
         too); indexes it does not hold under a current lease (its lease ended) are `refused`
-        (docs/api.md)."""
-        return await self._settle("accept", topic, partition, group, consumer, indexes)
+        (docs/api.md). With `txn_producer_id`, as part of that producer's transaction
+        (`Transaction.accept` sends it): settled by its commit or abort."""
+        return await self._settle(
+            "accept", topic, partition, group, consumer, indexes, txn_producer_id=txn_producer_id
+        )
 
     async def release(
         self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
@@ -1029,6 +1039,7 @@ class AsyncClient:
         *,
         reason: str | None = None,
         lease_ms: int = 0,
+        txn_producer_id: int | None = None,
     ) -> Settled:
         check_group(group)
         check_consumer(consumer)
@@ -1039,7 +1050,7 @@ class AsyncClient:
         elif action == "renew":
             body = RenewRequest(consumer, checked, lease_ms)
         else:
-            body = SettleRequest(consumer, checked)
+            body = SettleRequest(consumer, checked, txn_producer_id)
         route = contract.SETTLE_ROUTES[action]
         answer = await self._call(
             *route.at(topic=topic, partition=int(partition), group=group),

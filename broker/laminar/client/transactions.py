@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from laminar.log.batch import Record, encode_batch
 from laminar.models import AppendResult, TxnEnded
 
+from .models import Settled
+
 if TYPE_CHECKING:
     from .client import AsyncClient
 
@@ -101,6 +103,19 @@ class Transaction:
             result = await self.client.append(topic, partition, data)
             self._sequences[key] = sequence + len(records)
         return result
+
+    async def accept(
+        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
+    ) -> Settled:
+        """Accept messages `consumer` holds in `group` as part of the transaction (consume ->
+        produce exactly once): they stay held until it ends, then are finished if it
+        commits, given back if it aborts."""
+        if self.ended is not None:
+            raise RuntimeError(f"the transaction of {self.txn_id} has ended")
+        await self.add_partitions([(topic, int(partition))])
+        return await self.client.accept(
+            topic, partition, group, consumer, indexes, txn_producer_id=self.producer_id
+        )
 
     async def commit(self) -> TxnEnded:
         return await self.end(commit=True)

@@ -167,19 +167,26 @@ class AcquireResult:
 
 @dataclass(frozen=True, slots=True)
 class SettleRequest:
-    """Accept or release held messages (`indexes`) of `consumer`."""
+    """Accept or release held messages (`indexes`) of `consumer`; an accept may be part of
+    the transaction of `txn_producer_id` (docs/transactions.md)."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/SettleRequest"
 
     consumer: str
     indexes: tuple[int, ...]
+    txn_producer_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"consumer": self.consumer, "indexes": list(self.indexes)}
+        out: dict[str, Any] = {"consumer": self.consumer, "indexes": list(self.indexes)}
+        if self.txn_producer_id is not None:
+            out["txn_producer_id"] = self.txn_producer_id
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
-        return cls(*_settled(_body(obj, SETTLE_FIELDS)))
+        body = _body(obj, SETTLE_FIELDS | {"txn_producer_id"})
+        txn = _bounded(body, "txn_producer_id", 1, 2**64 - 1)
+        return cls(*_settled(body), txn)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ def apply_entry(
     state.on_other(index, count)
     marker = decode_marker(batch, header.producer_id) if header.producer_id else None
     if marker is not None:
-        txns.on_marker(index, TxnProducer.of(header.producer_id), commit=marker)
+        state.on_txn_marker(index, TxnProducer.of(header.producer_id), commit=marker)
         _drop_aborted(state)
         return None
     txns.on_other(index, count)

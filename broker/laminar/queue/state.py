@@ -41,7 +41,8 @@ import orjson
 
 from ..contract import CONSUMER_ID as CONSUMER_ID
 from ..contract import GROUP_NAME as GROUP_NAME
-from ..txn.partition import PartitionTxns
+from ..txn.partition import Outcome, PartitionTxns
+from ..txn.producer import TxnProducer
 
 SNAPSHOT_VERSION = 2
 #: Snapshots this code restores: 1 had no settlement memory (restored as empty).
@@ -100,10 +101,15 @@ class Acquire:
 
 @dataclass(frozen=True, slots=True)
 class Accept:
+    """`txn_producer_id` (not 0): accepted as part of that transactional producer's
+    transaction (docs/transactions.md): the messages stay held, past their leases, until its
+    marker here finishes them (COMMIT) or gives them back (ABORT)."""
+
     group: str
     consumer: str
     indexes: tuple[int, ...]
     now_ms: int | None = None
+    txn_producer_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +237,10 @@ def validate(command: QueueCommand) -> None:
         command.now_ms is None or (type(command.now_ms) is int and command.now_ms >= 0)
     ):
         raise QueueError("invalid", "now_ms must be a non-negative integer")
+    if isinstance(command, Accept) and not (
+        type(command.txn_producer_id) is int and 0 <= command.txn_producer_id < 2**64
+    ):
+        raise QueueError("invalid", "txn_producer_id must be an unsigned 64-bit integer")
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -244,6 +254,9 @@ class Holding:
     deadline_ms: int
     deliveries: int
 
+
+#: The lease deadline of a message accepted in a transaction not ended yet: never.
+PINNED_MS = 2**63 - 1
 
 #: Who settled a message, and how: (consumer, `accept` | `release` | `reject`); one is shared
 #: by every index a command settled.
@@ -273,6 +286,9 @@ class Group:
     #: every record index from here on has never been handed out
     frontier: int = -1
     dead_pending: dict[int, DeadLetter] = field(default_factory=dict)
+    #: held messages accepted in a transaction, until its marker: index -> (producer number,
+    #: epoch); their holdings never expire meanwhile (PINNED_MS)
+    txn_pending: dict[int, tuple[int, int]] = field(default_factory=dict)
     next_dead_sequence: int = 0
     accepted_total: int = 0
     dead_lettered_total: int = 0
@@ -418,6 +434,7 @@ class QueueState:
                 group.frontier = max(group.frontier, start_index)
                 for index in [i for i in group.acquired if i < start_index]:
                     group.unhold(index)
+                    group.txn_pending.pop(index, None)
             self._advance(group)
 
     def is_record(self, index: int) -> bool:
@@ -521,6 +538,17 @@ class QueueState:
                         self._dead_letter(group, index, "max_deliveries", count, result)
             return result
         group = self.group(command.group)
+        if isinstance(command, Accept) and command.txn_producer_id:
+            self._txn_accept(group, command, result)
+            return result
+        if group.txn_pending and isinstance(command, Accept | Release | Reject | Renew):
+            # what a transaction accepted waits for its marker: no other settlement
+            pending = group.txn_pending
+            result.refused.extend(i for i in command.indexes if i in pending)
+            kept = tuple(i for i in command.indexes if i not in pending)
+            if not kept:
+                return result
+            command = replace(command, indexes=kept)
         if isinstance(command, Acquire):
             self._expire(group, command.now_ms, result)
             lease = min(command.lease_ms, self.config.max_lease_ms)
@@ -706,6 +734,47 @@ class QueueState:
             (h.deadline_ms for h in group.acquired.values()), default=float("inf")
         )
 
+    def _txn_accept(self, group: Group, command: Accept, result: Result) -> None:
+        """Pin what `command.consumer` holds of `command.indexes` for the transaction of
+        `command.txn_producer_id`; a fenced epoch's accept is refused whole."""
+        number, epoch = TxnProducer.of(command.txn_producer_id)
+        if epoch < self.txns.epoch_of(number):
+            result.refused.extend(command.indexes)
+            return
+        if command.now_ms is not None:
+            self._expire(group, command.now_ms, result)
+        mine = (number, epoch)
+        for index in command.indexes:
+            holding = group.acquired.get(index)
+            if holding is None or holding.consumer != command.consumer:
+                result.refused.append(index)
+            elif index in group.txn_pending:  # pinned already: by this transaction, a repeat
+                (result.done if group.txn_pending[index] == mine else result.refused).append(index)
+            else:
+                group.acquired[index] = replace(holding, deadline_ms=PINNED_MS)
+                group.txn_pending[index] = mine
+                result.done.append(index)
+
+    def on_txn_marker(self, index: int, producer: TxnProducer, *, commit: bool) -> None:
+        """A transaction marker at `index` (laminar.txn.markers): the partition's transactions
+        take it, and what the ended transaction accepted here is finished (COMMIT) or given
+        back (ABORT; and so are the accepts of any older epoch of the producer)."""
+        outcome = self.txns.on_marker(index, producer, commit=commit)
+        if outcome is None or outcome is Outcome.STALE:
+            return
+        number, epoch = producer
+        for name, group in self.groups.items():
+            ended: dict[tuple[bool, str], list[int]] = {}
+            for held, (n, e) in list(group.txn_pending.items()):
+                if n != number or e >= epoch:
+                    continue
+                del group.txn_pending[held]
+                consumer = group.acquired[held].consumer
+                ended.setdefault((commit and e == epoch - 1, consumer), []).append(held)
+            for (accepted, consumer), indexes in sorted(ended.items()):
+                kind = Accept if accepted else Release
+                self.apply(kind(name, consumer, tuple(sorted(indexes))))
+
     def _returned(
         self, group: Group, index: int, deliveries: int, reason: str, result: Result
     ) -> None:
@@ -765,6 +834,10 @@ class QueueState:
                 "accepted_total": g.accepted_total,
                 "dead_lettered_total": g.dead_lettered_total,
             }
+            if g.txn_pending:
+                groups[name]["txn_pending"] = sorted(
+                    [i, n, e] for i, (n, e) in g.txn_pending.items()
+                )
         document = {
             "version": SNAPSHOT_VERSION,
             "start_index": self.start_index,
@@ -803,6 +876,7 @@ class QueueState:
                 frontier=g["frontier"],
                 accepted_total=g["accepted_total"],
                 dead_lettered_total=g["dead_lettered_total"],
+                txn_pending={i: (n, e) for i, n, e in g.get("txn_pending", [])},
             )
             for index, consumer, deadline, deliveries in g["acquired"]:
                 group.hold(index, Holding(consumer, deadline, deliveries))

@@ -52,6 +52,7 @@ from .http import (
     parsed,
     unavailable,
 )
+from .txns_api import check_transactional
 
 if TYPE_CHECKING:
     from .api import Api
@@ -157,8 +158,15 @@ class GroupsApi:
         elif isinstance(wanted, RenewRequest):
             command = Renew(group, consumer, indexes, wanted.lease_ms, now)
         elif action == "accept":
-            command = Accept(group, consumer, indexes, now)
+            assert isinstance(wanted, SettleRequest)
+            txn = wanted.txn_producer_id or 0
+            if txn:  # only into an open transaction that has this partition
+                check_transactional(self.api, replica.topic, replica.partition, txn)
+            command = Accept(group, consumer, indexes, now, txn)
         else:
+            assert isinstance(wanted, SettleRequest)
+            if wanted.txn_producer_id is not None:
+                raise ApiError(400, "bad_request", "only an accept may be transactional")
             command = Release(group, consumer, indexes, now)
         result = await self._commit(request, replica, command)
         deadline_ms = None

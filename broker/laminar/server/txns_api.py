@@ -199,11 +199,18 @@ class TxnsApi:
         return json_response(AppendResult(base, 1, False).to_json())
 
 
-def check_transactional(api: Api, topic: str, partition: int, header: BatchHeader) -> None:
-    """A partition leader takes a transactional batch only into an ONGOING transaction of
-    its epoch that has this partition (its metadata at least as fresh as the client's
-    `Laminar-Metadata-Index`); else 409."""
-    producer = TxnProducer.of(header.producer_id)
+def check_transactional(
+    api: Api, topic: str, partition: int, batch_or_producer_id: BatchHeader | int
+) -> None:
+    """A partition leader takes a transactional batch (or a consumer group's accept in a
+    transaction) only into an ONGOING transaction of its epoch that has this partition (its
+    metadata at least as fresh as the client's `Laminar-Metadata-Index`); else 409."""
+    producer_id = (
+        batch_or_producer_id
+        if isinstance(batch_or_producer_id, int)
+        else batch_or_producer_id.producer_id
+    )
+    producer = TxnProducer.of(producer_id)
     txns = api.broker.core.state.txns
     if txns.may_write(producer, topic, partition) is None:
         raise ApiError(

@@ -170,6 +170,10 @@ class PartitionTxns:
             return None
         return min(txn.first_index for txn in self._open.values())
 
+    def epoch_of(self, number: int) -> int:
+        """The highest epoch of producer `number` seen here (-1: none, or forgotten)."""
+        return self._epochs.get(number, -1)
+
     @property
     def open_count(self) -> int:
         return len(self._open)
