@@ -11,7 +11,7 @@ import uuid
 import aiohttp
 import pytest
 
-from laminar.client import AsyncClient, Conflict, Record
+from laminar.client import AsyncClient, Conflict, GroupConsumer, Record
 from laminar.client.errors import BadRequest, NotFound
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import encode_batch
@@ -210,3 +210,21 @@ async def test_consume_transform_produce_happens_exactly_once(cluster3: LocalClu
                     "release", source, 0, "g", "w3", [index], txn_producer_id=tx.producer_id
                 )
             await tx.abort()
+
+
+async def test_a_group_consumers_deliveries_are_accepted_in_a_transaction(
+    cluster3: LocalCluster,
+) -> None:
+    source, sink = unique("in"), unique("out")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, source, sink, partitions=1)
+        await client.append(source, 0, [Record(b"a"), Record(b"b")])
+        producer = await client.transactional_producer(unique("worker"))
+        async with GroupConsumer(client, source, "g", limit=2, wait_ms=100) as consumer:
+            async for delivery in consumer:
+                async with producer.transaction() as tx:
+                    await tx.append(sink, 0, [Record((delivery.value or b"") * 2)])
+                    assert await delivery.accept_in(tx)
+                assert delivery.state == "accepted"
+        assert await values(client, sink, 0) == [b"aa", b"bb"]
+        assert (await client.describe_group(source, 0, "g")).accepted == 2

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from laminar.contract import (
     DEFAULT_LEASE_MS,
@@ -71,6 +71,9 @@ from laminar.contract import (
 from .client import check_consumer, check_group
 from .errors import LaminarError
 from .models import Acquired, QueueMessage, Settled, TopicDescription
+
+if TYPE_CHECKING:
+    from .transactions import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +233,12 @@ class Delivery:
     async def reject(self, reason: str | None = None) -> bool:
         """Dead-letter it to `<topic>.dlq` with `reason` (1..200 chars). False if refused."""
         return await self._owner._settle(self, "reject", reason)
+
+    async def accept_in(self, transaction: Transaction) -> bool:
+        """Accept it as part of `transaction` (consume -> produce exactly once): finished if
+        the transaction commits, given back if it aborts (laminar.client.transactions).
+        False if refused (lease lost)."""
+        return await self._owner._accept_in(self, transaction)
 
 
 @dataclass(eq=False, slots=True)
@@ -732,6 +741,23 @@ class GroupConsumer:
         if len(batch.items) >= self._settle_batch:
             self._flush(key, batch)
         return await result
+
+    async def _accept_in(self, delivery: Delivery, transaction: Transaction) -> bool:
+        if self._closed:
+            raise RuntimeError("the GroupConsumer is closed")
+        if delivery._state != "held":
+            raise RuntimeError(f"{delivery!r} is already {delivery._state}")
+        delivery._state = "settling"
+        try:
+            settled = await transaction.accept(
+                self._topic, delivery.partition, self._group, delivery.consumer, [delivery.index]
+            )
+        except BaseException:
+            delivery._state = "held"
+            raise
+        ok = delivery.index in settled.done
+        self._forget(delivery, "accepted" if ok else "lost")  # (the transaction decides)
+        return ok
 
     async def _flush_all(self) -> None:
         for key, batch in list(self._batches.items()):
