@@ -52,7 +52,7 @@ from ..txn.coordinator import (
     TxnRecord,
 )
 from ..txn.markers import encode_marker
-from ..txn.producer import TxnProducer
+from ..txn.producer import MAX_EPOCH, TxnProducer
 from .auth import PRINCIPAL_KEY
 from .http import ApiError, json_response, outcome_unknown, parsed, unavailable
 
@@ -150,22 +150,22 @@ class TxnsApi:
         await self.api.propose_metadata(request, EndTxn(txn_id, *producer, wanted.commit))
         self.driver.kick()
         complete = await self._ended(txn_id, producer, self.api.timeout_s)
-        record = self._record(txn_id)
-        following = (
-            record.producer if complete else TxnProducer(producer.number, producer.epoch + 1)
-        )
+        # the next transaction's: the next epoch, or past the last one a new number (known
+        # once complete)
+        following = producer._replace(epoch=producer.epoch + 1)
+        if following.epoch == MAX_EPOCH:
+            following = self._record(txn_id).producer
         ended = TxnEnded(txn_id, wanted.commit, complete, following.producer_id)
         return json_response(ended.to_json())
 
     async def _ended(self, txn_id: str, producer: TxnProducer, timeout_s: float) -> bool:
-        """Wait until the transaction of `producer` has ended (its markers written and the
-        id EMPTY at a later epoch); False if not within `timeout_s`."""
+        """Wait until the transaction of `producer` has ended: its markers written, the id
+        moved past its epoch; False if not within `timeout_s`."""
         waits = self.api.broker.waits
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            record = self._record(txn_id)
-            if record.phase is Phase.EMPTY and record.producer != producer:
+            if self._record(txn_id).producer != producer:
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0 or not await waits.meta_advanced.wait(remaining):
