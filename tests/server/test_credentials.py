@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from laminar.credentials import (
+    INTERNAL_PRINCIPAL,
     Action,
     CredentialsError,
     Principal,
@@ -100,8 +101,13 @@ def test_what_each_role_may_do() -> None:
     writer = Principal("w", frozenset({Role.PRODUCER}), ("orders", "events.*"))
     reader = Principal("r", frozenset({Role.CONSUMER}), ("*",))
     both = Principal("b", frozenset({Role.PRODUCER, Role.CONSUMER}), ("orders",))
-    for action in Action:
-        assert admin.may(action, "anything"), action
+    for action in Action:  # all but the brokers' own calls, which only they may make
+        assert admin.may(action, "anything") == (action is not Action.INTERNAL), action
+    brokers = Principal(INTERNAL_PRINCIPAL, frozenset({Role.ADMIN}))
+    assert brokers.may(Action.INTERNAL) and not writer.may(Action.INTERNAL, "orders")
+    # transactional ids are scoped as topic names are, for producers
+    assert writer.may(Action.TRANSACT, "orders") and not writer.may(Action.TRANSACT, "billing")
+    assert not reader.may(Action.TRANSACT, "x")
     assert writer.may(Action.PRODUCE, "orders") and writer.may(Action.PRODUCE, "events.x")
     assert not writer.may(Action.PRODUCE, "events") and not writer.may(Action.PRODUCE, "order")
     assert not writer.may(Action.CONSUME, "orders") and writer.may(Action.DESCRIBE, "orders")
@@ -113,7 +119,9 @@ def test_what_each_role_may_do() -> None:
     # every rule is one of these actions; the topic ones are on the route's {topic}
     for (method, route), action in RULES.items():
         topical = action in (Action.PRODUCE, Action.CONSUME, Action.DESCRIBE)
-        assert topical == ("{topic}" in route) or action is Action.ADMIN, (method, route)
+        unscoped = action in (Action.ADMIN, Action.INTERNAL)
+        assert topical == ("{topic}" in route) or unscoped, (method, route)
+        assert (action is Action.TRANSACT) == ("{txn_id}" in route), (method, route)
 
 
 def test_the_authenticator_knows_the_brokers_own_principal_and_nothing_by_default(
