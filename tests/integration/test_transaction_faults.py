@@ -203,6 +203,16 @@ async def test_a_transaction_prepared_when_the_coordinator_dies_is_finished_by_t
             await admin.wait_for_leaders("wide")
             lonely = (await admin.wait_for_leaders("narrow")).partition_states[0].leader
             assert lonely is not None
+
+            # the stopped broker must not lead the metadata: the end's proposal would wait
+            # for it (a client that knows it as the leader asks it, and hears nothing)
+            async def led_elsewhere() -> object:
+                leader = (await admin.cluster()).metadata_leader
+                if leader == lonely:
+                    await admin.handoff(lonely)
+                return (leader is not None and leader != lonely) or leader
+
+            await wait_until("the metadata led by another broker", led_elsewhere)
         # bootstrapped from the others: a stopped broker answers nothing, not even "no"
         others = [node.api_url for name, node in cluster.nodes.items() if name != lonely]
         async with AsyncClient(others, token=cluster.token, timeout_s=30.0) as client:
