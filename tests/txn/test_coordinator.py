@@ -18,6 +18,7 @@ from laminar.txn.coordinator import (
     CompleteTxn,
     Coordinator,
     EndTxn,
+    ForgetIdleTxns,
     InitTxn,
     Phase,
     TxnError,
@@ -156,6 +157,16 @@ def test_bad_commands_change_nothing() -> None:
         EndTxn("t", 0, 0, commit=True),
         EndTxn("t", *producer, commit="yes"),  # type: ignore[arg-type]
         EndTxn("other", *producer, commit=True),
+        EndTxn("t", *producer, True, tag=""),
+        EndTxn("t", *producer, True, tag="x" * 201),
+        EndTxn("t", *producer, True, tag="line\nbreak"),
+        EndTxn("t", *producer, True, also=(("u", 0, 0),)),
+        EndTxn("t", *producer, True, also=(("bad id", 1, 0),)),
+        EndTxn("t", *producer, True, also=(("u",),)),  # type: ignore[arg-type]
+        EndTxn("t", *producer, True, also=tuple((f"u{i}", 1, 0) for i in range(1_001))),
+        InitTxn("t", 1000, expiry_ms=59_999),
+        ForgetIdleTxns((), now_ms=1),
+        ForgetIdleTxns(("bad id",), now_ms=1),
     ):
         assert log.error(command) in ("invalid", "not_found"), command
     assert log.coordinator.document() == before
@@ -179,16 +190,101 @@ def test_the_cluster_metadata_carries_the_commands_and_the_records() -> None:
     commands = [
         InitTxn("t", 5_000),
         AddTxnPartitions("t", 1, 0, (("orders", 1),), now_ms=7),
-        EndTxn("t", 1, 0, commit=True),
+        InitTxn("u", 5_000, now_ms=9, expiry_ms=60_000),
+        AddTxnPartitions("u", 2, 0, (("orders", 0),), now_ms=9),
+        EndTxn("t", 1, 0, commit=True, also=(("u", 2, 0),), tag="batch 3", now_ms=10),
+        ForgetIdleTxns(("t", "u"), now_ms=11),
     ]
     for index, command in enumerate(commands, start=2):
         decoded = decode_command(encode_command(command))
         assert decoded == command
         assert state.apply(index, decoded) is None
-    error = state.apply(5, AddTxnPartitions("t", 1, 0, (("orders", 0),), now_ms=8))
+    error = state.apply(8, AddTxnPartitions("t", 1, 0, (("orders", 0),), now_ms=8))
     assert error is not None and error.code == "busy"
     restored = ClusterState.restore(state.snapshot())
     assert restored.snapshot() == state.snapshot()
-    assert [r.txn_id for r in restored.txns.ending()] == ["t"]
+    assert [r.txn_id for r in restored.txns.ending()] == ["t", "u"]
     with pytest.raises(MetadataError, match="transactional id"):
         decode_command(encode_command(InitTxn("no spaces", 5_000)))
+
+
+def test_one_end_ends_several_ids_transactions_all_or_none() -> None:
+    """The Spark sink's commit: each task's id, ended by one entry. A member that cannot end
+    (fenced, busy, unknown) leaves every one as it was."""
+    log = Log()
+    producers = {txn_id: log.init(txn_id) for txn_id in ("a", "b", "c")}
+    for txn_id, producer in producers.items():
+        log.add(producer, ("orders", ord(txn_id) % 6), txn_id=txn_id)
+    stale = TxnProducer(producers["c"].number, producers["c"].epoch + 1)
+    before = log.coordinator.document()
+    for also in (
+        (("b", *producers["b"]), ("c", *stale)),  # fenced
+        (("b", *producers["b"]), ("nope", 9, 0)),  # unknown
+    ):
+        assert log.error(EndTxn("a", *producers["a"], True, also)) in ("fenced", "not_found")
+        assert log.coordinator.document() == before
+    with pytest.raises(TxnError, match="named twice"):
+        log.apply(EndTxn("a", *producers["a"], True, (("a", *producers["a"]),)))
+    together = EndTxn(
+        "a", *producers["a"], True, (("b", *producers["b"]), ("c", *producers["c"])), "17"
+    )
+    log.apply(together)
+    records = log.coordinator.records
+    assert [records[t].phase for t in "abc"] == [Phase.PREPARE_COMMIT] * 3
+    assert {(records[t].last_commit, records[t].last_tag) for t in "abc"} == {(True, "17")}
+    log.apply(together)  # sent again while completing: the same answer, nothing changes
+    for txn_id, producer in producers.items():
+        log.complete(producer, txn_id=txn_id)
+    log.apply(together)  # and after
+    assert {(records[t].phase, records[t].last_tag) for t in "abc"} == {(Phase.EMPTY, "17")}
+    assert log.error(EndTxn(*together.ends()[0], False, together.also)) == "fenced"
+
+
+def test_an_init_that_aborts_forgets_the_last_tag() -> None:
+    """A tag says the id's LAST transaction ended so; a later abort (here: a restart's
+    init) replaces it, so work run again is not taken for committed."""
+    log = Log()
+    producer = log.init()
+    log.add(producer, ("orders", 1))
+    log.apply(EndTxn("t", *producer, True, tag="5"))
+    log.complete(producer)
+    producer = log.init()
+    log.add(producer, ("orders", 1))
+    log.apply(InitTxn("t", 30_000))
+    record = log.coordinator.records["t"]
+    assert (record.phase, record.last_commit, record.last_tag) == (
+        Phase.PREPARE_ABORT,
+        False,
+        None,
+    )
+
+
+def test_ids_unused_past_their_expiry_are_forgotten_and_their_numbers_never_reused() -> None:
+    log = Log()
+    log.apply(InitTxn("old", 30_000, now_ms=1_000, expiry_ms=60_000))
+    old = log.coordinator.records["old"].producer
+    log.apply(InitTxn("busy", 30_000, now_ms=1_000, expiry_ms=60_000))
+    busy = log.coordinator.records["busy"].producer
+    log.apply(AddTxnPartitions("busy", *busy, (("orders", 0),), now_ms=2_000))
+    assert log.coordinator.idle(61_000) == ()
+    assert log.coordinator.idle(61_001) == ("old",)  # "busy" is ONGOING: never idle
+    log.apply(ForgetIdleTxns(("old", "busy", "never"), now_ms=70_000))
+    assert set(log.coordinator.records) == {"busy"}
+    assert log.coordinator.may_write(old, "orders", 0) is None
+    assert log.init("old").number > busy.number  # a new number: the old one's writes stay out
+    # the clock a ForgetIdleTxns carries decides, not the one its proposer looked at
+    log.apply(ForgetIdleTxns(("old",), now_ms=1_000))
+    assert "old" in log.coordinator.records
+
+
+def test_a_document_of_the_records_before_tags_and_expiry_still_restores() -> None:
+    document = {
+        "next_number": 3,
+        "records": [["t", 2, 5, "ongoing", [["orders", 1]], 7, 30_000, 4, True]],
+    }
+    record = Coordinator.from_document(document).records["t"]
+    assert (record.producer, record.phase, record.last_tag) == (
+        TxnProducer(2, 5),
+        Phase.ONGOING,
+        None,
+    )

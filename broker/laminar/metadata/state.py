@@ -28,6 +28,7 @@ from ..txn.coordinator import (
     CompleteTxn,
     Coordinator,
     EndTxn,
+    ForgetIdleTxns,
     InitTxn,
     TxnCommand,
     TxnError,
@@ -115,7 +116,7 @@ class SetDraining:
 
 
 Command = CreateTopic | AlterTopic | DeleteTopic | SetWeight | SetDraining | TxnCommand
-TXN_COMMANDS = (InitTxn, AddTxnPartitions, EndTxn, CompleteTxn)
+TXN_COMMANDS = (InitTxn, AddTxnPartitions, EndTxn, CompleteTxn, ForgetIdleTxns)
 _KINDS: dict[str, type[Any]] = {
     "create_topic": CreateTopic,
     "alter_topic": AlterTopic,
@@ -126,6 +127,7 @@ _KINDS: dict[str, type[Any]] = {
     "add_txn_partitions": AddTxnPartitions,
     "end_txn": EndTxn,
     "complete_txn": CompleteTxn,
+    "forget_idle_txns": ForgetIdleTxns,
 }
 _NAMES = {kind: name for name, kind in _KINDS.items()}
 
@@ -262,8 +264,9 @@ def decode_command(data: bytes) -> Command:
         kind = _KINDS[document.pop("op")]
         if "assignment" in document:
             document["assignment"] = _tuples(document["assignment"])
-        if "partitions" in document and isinstance(document["partitions"], list):
-            document["partitions"] = _tuples(document["partitions"])
+        for key in ("partitions", "also", "txn_ids"):
+            if isinstance(document.get(key), list):
+                document[key] = _tuples(document[key])
         command: Command = kind(**document)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MetadataError("invalid", f"malformed metadata command: {e}") from e
