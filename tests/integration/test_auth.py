@@ -217,6 +217,29 @@ async def test_every_route_is_authorized(secured: Secured) -> None:
         assert status == 404, document
 
 
+async def test_ending_other_ids_transactions_needs_transact_on_each(secured: Secured) -> None:
+    """An end's `also` names other transactional ids: the principal must hold each, not
+    only the one in the route."""
+    base = secured.cluster.urls[0]
+    async with AsyncClient(secured.cluster.urls, token=secured.tokens["admin"]) as client:
+        mine = await client.init_transactions("t-mine")
+        theirs = await client.init_transactions("other-theirs")
+    body = {
+        "producer_id": mine.producer_id,
+        "commit": True,
+        "also": [{"transactional_id": "other-theirs", "producer_id": theirs.producer_id}],
+    }
+    async with aiohttp.ClientSession() as session:
+        url = base + "/v1/transactions/t-mine/end"
+        status, document, _ = await answer(session, "POST", url, secured.headers("writer"), body)
+        assert status == 403, document
+        assert "other-theirs" in document["error"]["message"]
+    async with AsyncClient(secured.cluster.urls, token=secured.tokens["admin"]) as client:
+        also = [("other-theirs", theirs.producer_id)]
+        ended = await client.end_transaction("t-mine", mine.producer_id, commit=True, also=also)
+        assert ended.committed
+
+
 async def test_a_scoped_principal_lists_and_describes_its_topics_only(secured: Secured) -> None:
     cluster = secured.cluster
 

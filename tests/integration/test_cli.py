@@ -335,7 +335,8 @@ def test_node_commands(cluster3: Any) -> None:
 def test_txn_commands(cluster3: Any) -> None:
     assert "404 not_found" in failed(laminar(cluster3, "txn", "describe", "cli-txn"))
     fenced = ok(laminar(cluster3, "txn", "fence", "cli-txn"))
-    assert fenced.startswith("cli-txn: empty, producer ") and "partitions: none" in fenced
+    assert fenced.startswith("cli-txn: empty, producer ") and "partitions: none;" in fenced
+    assert "last transaction: none yet; forgotten after 604800000 ms unused" in fenced
     again = json.loads(ok(laminar(cluster3, "txn", "fence", "cli-txn", "--json")))
     assert again["phase"] == "empty" and again["producer_id"] & 0xFFFF == 1  # the next epoch
     described = json.loads(ok(laminar(cluster3, "txn", "describe", "cli-txn", "--json")))

@@ -152,6 +152,16 @@ async def test_bad_transaction_requests_are_refused_and_change_nothing(
         batch = encode_batch([Record(b"x")], producer_id=producer.producer_id, transactional=True)
         with pytest.raises(Conflict):
             await client.append(topic, 0, batch)
+        json_append = {"records": [{"value": "x"}], "producer_id": producer.producer_id,
+                       "sequence": 0, "transactional": True}  # fmt: skip
+        async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
+            leader = (await client.describe_topic(topic)).partition_states[0].leader_url
+            url = f"{leader}/v1/topics/{topic}/partitions/0/records"
+            async with session.post(url, json=json_append, allow_redirects=False) as response:
+                assert response.status == 409, await response.text()
+            del json_append["producer_id"]
+            async with session.post(url, json=json_append, allow_redirects=False) as response:
+                assert response.status == 400, await response.text()
         # only the brokers write markers
         base = cluster3.urls[0]
         url = f"{base}/v1/topics/{topic}/partitions/0/markers"
@@ -165,6 +175,79 @@ async def test_bad_transaction_requests_are_refused_and_change_nothing(
                 assert response.status == 400, await response.text()
         assert (await client.describe_transaction(txn_id)).phase == "empty"
         assert await values(client, topic, 0, isolation="read_uncommitted") == []
+
+
+async def test_one_end_commits_several_ids_transactions_together(cluster3: LocalCluster) -> None:
+    """The Spark sink's commit: each task writes as an id of its own; one end, with the
+    others in `also` and a tag, commits them all, and each id tells how it ended."""
+    topic = unique("tasks")
+    ids = [unique("task") for _ in range(3)]
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=3)
+        producers = [await client.transactional_producer(txn_id) for txn_id in ids]
+        transactions = [producer.transaction() for producer in producers]
+        for partition, tx in enumerate(transactions):
+            await tx.append(topic, partition, [Record(b"row-%d" % partition)])
+        assert [await values(client, topic, p) for p in range(3)] == [[], [], []]
+        ended = await client.end_transaction(
+            ids[0],
+            producers[0].producer_id,
+            commit=True,
+            also=[(t, p.producer_id) for t, p in zip(ids[1:], producers[1:], strict=True)],
+            tag="batch 4",
+        )
+        assert ended.committed and ended.complete
+        assert [await values(client, topic, p) for p in range(3)] == [
+            [b"row-0"], [b"row-1"], [b"row-2"]
+        ]  # fmt: skip
+        for txn_id in ids:
+            described = await client.describe_transaction(txn_id)
+            assert (described.phase, described.last_committed, described.last_tag) == (
+                "empty", True, "batch 4"
+            )  # fmt: skip
+        # all or none: one fenced member (restarted) and the end changes nothing
+        producers = [await client.transactional_producer(txn_id) for txn_id in ids]
+        for partition, producer in enumerate(producers):
+            await producer.transaction().append(topic, partition, [Record(b"again")])
+        stale = producers[2].producer_id
+        await client.init_transactions(ids[2])  # aborts its open transaction, fencing `stale`
+        with pytest.raises(Conflict):
+            await client.end_transaction(
+                ids[0],
+                producers[0].producer_id,
+                commit=True,
+                also=[(ids[1], producers[1].producer_id), (ids[2], stale)],
+            )
+        for txn_id in ids[:2]:
+            assert (await client.describe_transaction(txn_id)).phase == "ongoing"
+        assert [await values(client, topic, p) for p in range(3)] == [
+            [b"row-0"], [b"row-1"], [b"row-2"]
+        ]  # fmt: skip
+
+
+async def test_a_json_append_can_be_part_of_a_transaction(cluster3: LocalCluster) -> None:
+    topic = unique("json")
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        await topics(client, topic, partitions=1)
+        producer = await client.transactional_producer(unique("json-producer"))
+        await client.add_transaction_partitions(producer.txn_id, producer.producer_id, [(topic, 0)])
+        leader = (await client.describe_topic(topic)).partition_states[0].leader_url
+        body = {
+            "records": [{"value": "in the transaction"}],
+            "producer_id": producer.producer_id,
+            "sequence": 0,
+            "transactional": True,
+        }
+        async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
+            url = f"{leader}/v1/topics/{topic}/partitions/0/records"
+            async with session.post(url, json=body, allow_redirects=False) as response:
+                assert response.status == 200, await response.text()
+        assert await values(client, topic, 0) == []
+        assert await values(client, topic, 0, isolation="read_uncommitted") == [
+            b"in the transaction"
+        ]
+        await client.end_transaction(producer.txn_id, producer.producer_id, commit=True)
+        assert await values(client, topic, 0) == [b"in the transaction"]
 
 
 async def test_consume_transform_produce_happens_exactly_once(cluster3: LocalCluster) -> None:

@@ -859,13 +859,14 @@ class AsyncClient:
         return TransactionalProducer(self, txn_id, info.producer_id)
 
     async def init_transactions(
-        self, txn_id: str, *, timeout_ms: int | None = None
+        self, txn_id: str, *, timeout_ms: int | None = None, expiry_ms: int | None = None
     ) -> TxnProducerInfo:
         """`POST /v1/transactions/{id}`: a new epoch for the id (a 503 while the transaction
-        an old instance left open is aborted is retried)."""
+        an old instance left open is aborted is retried). `expiry_ms`: how long the id is
+        kept once unused (the broker's default: 7 days)."""
         answer = await self._call(
             *contract.INIT_TXN.at(txn_id=txn_id),
-            json_body=TxnInitRequest(timeout_ms).to_json(),
+            json_body=TxnInitRequest(timeout_ms, expiry_ms).to_json(),
             target=_META,
         )
         return _answer_as(answer, TxnProducerInfo)
@@ -885,10 +886,19 @@ class AsyncClient:
         )
         return _answer_as(answer, TxnDescription)
 
-    async def end_transaction(self, txn_id: str, producer_id: int, *, commit: bool) -> TxnEnded:
-        """`POST /v1/transactions/{id}/end`: commit or abort (sent again after an ambiguous
-        failure, the same end is answered alike)."""
-        body = TxnEndRequest(producer_id, commit)
+    async def end_transaction(
+        self,
+        txn_id: str,
+        producer_id: int,
+        *,
+        commit: bool,
+        also: Sequence[tuple[str, int]] = (),
+        tag: str | None = None,
+    ) -> TxnEnded:
+        """`POST /v1/transactions/{id}/end`: commit or abort, and with it, all or none, the
+        transactions of `also`'s (transactional id, producer id); `tag` is kept with how
+        they ended. Sent again after an ambiguous failure, the same end is answered alike."""
+        body = TxnEndRequest(producer_id, commit, tuple(also), tag)
         answer = await self._call(
             *contract.END_TXN.at(txn_id=txn_id), json_body=body.to_json(), target=_META
         )

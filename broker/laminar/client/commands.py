@@ -1333,9 +1333,13 @@ def _print_txn(state: TxnDescription, as_json: bool) -> None:
         return
     producer = TxnProducer.of(state.producer_id)
     parts = ", ".join(f"{t}/{p}" for t, p in state.partitions) or "none"
+    last = {None: "none yet", True: "committed", False: "aborted"}[state.last_committed]
+    if state.last_tag is not None:
+        last += f" (tag {state.last_tag!r})"
     print(
         f"{state.transactional_id}: {state.phase}, producer {producer.number} epoch "
-        f"{producer.epoch}, timeout {state.timeout_ms} ms, partitions: {parts}"
+        f"{producer.epoch}, timeout {state.timeout_ms} ms, partitions: {parts}; last "
+        f"transaction: {last}; forgotten after {state.expiry_ms} ms unused"
     )
 
 

@@ -189,13 +189,16 @@ def _producer_int(document: Any, name: str, low: int) -> int | None:
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     """A JSON append: its records, and the idempotent producer's id and sequence (both or
-    neither). A binary append carries the same in its batch header instead."""
+    neither), and whether it is part of that producer's transaction (`transactional`: the
+    id is a transactional producer's, docs/transactions.md). A binary append carries the same
+    in its batch header instead."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/AppendRequest"
 
     records: tuple[Record, ...]
     producer_id: int | None = None
     sequence: int | None = None
+    transactional: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"records": [append_record_to_json(r) for r in self.records]}
@@ -203,6 +206,8 @@ class AppendRequest:
             out["producer_id"] = self.producer_id
         if self.sequence is not None:
             out["sequence"] = self.sequence
+        if self.transactional:
+            out["transactional"] = True
         return out
 
     @classmethod
@@ -222,8 +227,11 @@ class AppendRequest:
         sequence = _producer_int(obj, "sequence", 0)
         if (producer_id is None) != (sequence is None):
             raise ModelError("give producer_id and sequence together")
+        transactional = boolean(obj, "transactional") if "transactional" in obj else False
+        if "transactional" in obj and producer_id is None:
+            raise ModelError("a transactional append needs its producer_id and sequence")
         records = tuple(append_record_from_json(n, item) for n, item in enumerate(items))
-        return cls(records, producer_id, sequence)
+        return cls(records, producer_id, sequence, transactional)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from ..contract import MAX_PARTITIONS, MAX_TXN_TIMEOUT_MS, TOPIC_NAME
+from ..txn.coordinator import (
+    MAX_ENDED_TOGETHER,
+    MAX_EXPIRY_MS,
+    MAX_TAG_CHARS,
+    MIN_EXPIRY_MS,
+    TRANSACTIONAL_ID,
+)
 from .checks import (
     JsonObject,
     ModelError,
@@ -16,6 +23,7 @@ from .checks import (
     json_object,
     objects,
     only_fields,
+    optional_string,
     string,
 )
 
@@ -47,26 +55,32 @@ def _partitions(obj: JsonObject) -> tuple[TxnPartition, ...]:
 
 @dataclass(frozen=True, slots=True)
 class TxnInitRequest:
-    """Start a transactional producer: how long its transactions may stay open (None: the
-    broker's default)."""
+    """Start a transactional producer: how long its transactions may stay open, and how long
+    the id is kept once unused (None: the broker's defaults)."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/TxnInitRequest"
 
     timeout_ms: int | None = None
+    expiry_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
+        out = {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
+        if self.expiry_ms is not None:
+            out["expiry_ms"] = self.expiry_ms
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
         obj = json_object(obj)
-        only_fields(obj, frozenset({"timeout_ms"}))
-        if "timeout_ms" not in obj:
-            return cls()
-        timeout_ms = integer(obj, "timeout_ms")
-        if not 1 <= timeout_ms <= MAX_TXN_TIMEOUT_MS:
+        only_fields(obj, frozenset({"timeout_ms", "expiry_ms"}))
+        # (present, a field must be an integer: null is refused, as the spec says)
+        timeout_ms = integer(obj, "timeout_ms") if "timeout_ms" in obj else None
+        if timeout_ms is not None and not 1 <= timeout_ms <= MAX_TXN_TIMEOUT_MS:
             raise ModelError(f"timeout_ms must be in [1, {MAX_TXN_TIMEOUT_MS}]")
-        return cls(timeout_ms)
+        expiry_ms = integer(obj, "expiry_ms") if "expiry_ms" in obj else None
+        if expiry_ms is not None and not MIN_EXPIRY_MS <= expiry_ms <= MAX_EXPIRY_MS:
+            raise ModelError(f"expiry_ms must be in [{MIN_EXPIRY_MS}, {MAX_EXPIRY_MS}]")
+        return cls(timeout_ms, expiry_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,27 +134,55 @@ class TxnPartitionsRequest:
 
 @dataclass(frozen=True, slots=True)
 class TxnEndRequest:
-    """End the producer's transaction: commit it, or abort it."""
+    """End the producer's transaction: commit it, or abort it; and with it, all or none, the
+    transactions of `also`'s (transactional id, producer id). `tag` is kept with how they
+    ended (`TxnDescription.last_tag`)."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/TxnEndRequest"
 
     producer_id: int
     commit: bool
+    also: tuple[tuple[str, int], ...] = ()
+    tag: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"producer_id": self.producer_id, "commit": self.commit}
+        out: dict[str, Any] = {"producer_id": self.producer_id, "commit": self.commit}
+        if self.also:
+            out["also"] = [
+                {"transactional_id": txn_id, "producer_id": producer_id}
+                for txn_id, producer_id in self.also
+            ]
+        if self.tag is not None:
+            out["tag"] = self.tag
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
         obj = json_object(obj)
-        only_fields(obj, frozenset({"producer_id", "commit"}))
-        return cls(_producer_id(obj), boolean(obj, "commit"))
+        only_fields(obj, frozenset({"producer_id", "commit", "also", "tag"}))
+        also = []
+        for item in objects(obj, "also") if "also" in obj else ():
+            only_fields(item, frozenset({"transactional_id", "producer_id"}))
+            txn_id = string(item, "transactional_id")
+            if not TRANSACTIONAL_ID.fullmatch(txn_id):
+                raise ModelError(
+                    f"transactional id {txn_id[:50]!r} must match {TRANSACTIONAL_ID.pattern}"
+                )
+            also.append((txn_id, _producer_id(item)))
+        if len(also) > MAX_ENDED_TOGETHER:
+            raise ModelError(f"also: at most {MAX_ENDED_TOGETHER} other transactions")
+        tag = string(obj, "tag") if "tag" in obj else None
+        if tag is not None and not (1 <= len(tag) <= MAX_TAG_CHARS and tag.isprintable()):
+            raise ModelError(f"tag: 1 to {MAX_TAG_CHARS} printable characters")
+        return cls(_producer_id(obj), boolean(obj, "commit"), tuple(also), tag)
 
 
 @dataclass(frozen=True, slots=True)
 class TxnDescription:
     """A transactional id's state: its producer (the epoch writes carry, or, while it ends,
-    the ending transaction's), phase, and the partitions of its transaction."""
+    the ending transaction's), phase, the partitions of its transaction, and how the last
+    transaction ended (once decided: `last_committed`, None before any, and its end's
+    `last_tag`)."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/TxnDescription"
 
@@ -149,6 +191,9 @@ class TxnDescription:
     phase: str
     partitions: tuple[TxnPartition, ...]
     timeout_ms: int
+    expiry_ms: int
+    last_committed: bool | None = None
+    last_tag: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,17 +202,26 @@ class TxnDescription:
             "phase": self.phase,
             "partitions": _partitions_to_json(self.partitions),
             "timeout_ms": self.timeout_ms,
+            "expiry_ms": self.expiry_ms,
+            "last_committed": self.last_committed,
+            "last_tag": self.last_tag,
         }
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
         obj = json_object(obj)
+        last = obj.get("last_committed")
+        if last is not None and not isinstance(last, bool):
+            raise ModelError("last_committed must be true, false or null")
         return cls(
             string(obj, "transactional_id"),
             _producer_id(obj),
             string(obj, "phase"),
             _partitions(obj),
             integer(obj, "timeout_ms"),
+            integer(obj, "expiry_ms"),
+            last,
+            optional_string(obj, "last_tag"),
         )
 
 

@@ -783,14 +783,14 @@ class Api:
                 raise ApiError(400, "corrupt_batch", str(e)) from e
             if header.is_control:
                 raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
-            if header.is_transactional:
-                check_transactional(self, topic, partition, header)
             batch = body
         else:
             batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
             if len(batch) > limit:
                 raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
             header = parse_header(batch)
+        if header.is_transactional:
+            check_transactional(self, topic, partition, header.producer_id)
         try:
             future, duplicate = replica.propose(batch, header)
         except NotLeader as e:
@@ -833,6 +833,7 @@ class Api:
                 append.records,
                 producer_id=append.producer_id or 0,
                 producer_seq=append.sequence or 0,
+                transactional=append.transactional,
             )
         except BatchError as e:  # timestamps too far apart for one batch (2^31-1 ms)
             raise ApiError(400, "bad_request", f"the records do not fit one batch: {e}") from e

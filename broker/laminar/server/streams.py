@@ -187,7 +187,7 @@ class _Stream:
             if header.is_transactional:
                 try:
                     check_transactional(
-                        self.api, self.replica.topic, self.replica.partition, header
+                        self.api, self.replica.topic, self.replica.partition, header.producer_id
                     )
                 except ApiError as e:
                     return e

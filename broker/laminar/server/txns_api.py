@@ -10,7 +10,9 @@ own: the partition leader writes a COMMIT or ABORT marker.
 of every transaction being ended (PREPARE), then records it complete, and aborts every
 transaction left open past its timeout. After a failover the new leader's driver finds the
 PREPARE transactions in the metadata and finishes them (transactions before messages, as the
-CLFS seed recovers them); a marker written twice changes nothing.
+CLFS seed recovers them); a marker written twice changes nothing. What to do is decided by
+`laminar.txn.driver` (sans-I/O: the node simulator runs the same decisions); `TxnDriver`
+carries it out, over HTTP and asyncio tasks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from aiohttp import web
 
 from ..client import LaminarError, NotFound
 from ..credentials import Action
-from ..log.batch import BatchHeader, parse_header
+from ..log.batch import parse_header
 from ..metadata import MetadataError
 from ..models import (
     AppendResult,
@@ -41,16 +43,16 @@ from ..partition.errors import CommitLost, CommitUnknown, NotLeader, Overloaded
 from ..partition.groups import now_ms
 from ..raft.raft import Role
 from ..txn.coordinator import (
+    DEFAULT_EXPIRY_MS,
     DEFAULT_TIMEOUT_MS,
     ENDING,
     TRANSACTIONAL_ID,
     AddTxnPartitions,
-    CompleteTxn,
     EndTxn,
     InitTxn,
-    Phase,
     TxnRecord,
 )
+from ..txn.driver import Abort, ActionKey, Forget, WriteMarkers, decide
 from ..txn.markers import encode_marker
 from ..txn.producer import MAX_EPOCH, TxnProducer
 from .auth import PRINCIPAL_KEY
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: How often the driver looks at the metadata without being woken (timeouts, failovers).
 DRIVE_INTERVAL_S = 0.2
+#: How often the driver looks for ids to forget (a scan of every id).
+IDLE_CHECK_INTERVAL_S = 10.0
 #: Markers of one transaction written at once.
 MARKER_CONCURRENCY = 32
 
@@ -101,6 +105,9 @@ class TxnsApi:
             record.phase.value,
             record.partitions,
             record.timeout_ms,
+            record.expiry_ms,
+            record.last_commit,
+            record.last_tag,
         )
 
     # ---- handlers --------------------------------------------------------------------------
@@ -110,10 +117,13 @@ class TxnsApi:
         wanted = TxnInitRequest()
         if request.body_exists:
             wanted = parsed(TxnInitRequest, await self.api.json_body(request))
-        index = await self.api.propose_metadata(
-            request,
-            InitTxn(txn_id, DEFAULT_TIMEOUT_MS if wanted.timeout_ms is None else wanted.timeout_ms),
+        command = InitTxn(
+            txn_id,
+            DEFAULT_TIMEOUT_MS if wanted.timeout_ms is None else wanted.timeout_ms,
+            now_ms(),
+            DEFAULT_EXPIRY_MS if wanted.expiry_ms is None else wanted.expiry_ms,
         )
+        index = await self.api.propose_metadata(request, command)
         record = self._record(txn_id)
         if record.init_index != index:
             if record.phase in ENDING:
@@ -146,10 +156,19 @@ class TxnsApi:
     async def end(self, request: web.Request) -> web.Response:
         txn_id = self._txn_id(request)
         wanted = parsed(TxnEndRequest, await self.api.json_body(request))
+        principal = request[PRINCIPAL_KEY]
+        for other, _ in wanted.also:  # (the route's own id is checked by the route's rule)
+            if not principal.may(Action.TRANSACT, other):
+                raise ApiError(
+                    403, "forbidden", f"{principal.describe()} may not end {other!r}'s transaction"
+                )
         producer = TxnProducer.of(wanted.producer_id)
-        await self.api.propose_metadata(request, EndTxn(txn_id, *producer, wanted.commit))
+        also = tuple((other, *TxnProducer.of(pid)) for other, pid in wanted.also)
+        command = EndTxn(txn_id, *producer, wanted.commit, also, wanted.tag, now_ms())
+        await self.api.propose_metadata(request, command)
         self.driver.kick()
-        complete = await self._ended(txn_id, producer, self.api.timeout_s)
+        ends = [(t, TxnProducer(n, e)) for t, n, e in command.ends()]
+        complete = await self._ended(ends, self.api.timeout_s)
         # the next transaction's: the next epoch, or past the last one a new number (known
         # once complete)
         following = producer._replace(epoch=producer.epoch + 1)
@@ -158,14 +177,18 @@ class TxnsApi:
         ended = TxnEnded(txn_id, wanted.commit, complete, following.producer_id)
         return json_response(ended.to_json())
 
-    async def _ended(self, txn_id: str, producer: TxnProducer, timeout_s: float) -> bool:
-        """Wait until the transaction of `producer` has ended: its markers written, the id
-        moved past its epoch; False if not within `timeout_s`."""
+    async def _ended(self, ends: list[tuple[str, TxnProducer]], timeout_s: float) -> bool:
+        """Wait until the transactions of `ends` have ended: their markers written, each id
+        moved past its epoch (or forgotten); False if not within `timeout_s`."""
         waits = self.api.broker.waits
+        records = self.api.broker.core.state.txns.records
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            if self._record(txn_id).producer != producer:
+            if all(
+                (record := records.get(txn_id)) is None or record.producer != producer
+                for txn_id, producer in ends
+            ):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0 or not await waits.meta_advanced.wait(remaining):
@@ -199,17 +222,11 @@ class TxnsApi:
         return json_response(AppendResult(base, 1, False).to_json())
 
 
-def check_transactional(
-    api: Api, topic: str, partition: int, batch_or_producer_id: BatchHeader | int
-) -> None:
+def check_transactional(api: Api, topic: str, partition: int, producer_id: int) -> None:
     """A partition leader takes a transactional batch (or a consumer group's accept in a
-    transaction) only into an ONGOING transaction of its epoch that has this partition (its
-    metadata at least as fresh as the client's `Laminar-Metadata-Index`); else 409."""
-    producer_id = (
-        batch_or_producer_id
-        if isinstance(batch_or_producer_id, int)
-        else batch_or_producer_id.producer_id
-    )
+    transaction) of `producer_id` only into an ONGOING transaction of its epoch that has this
+    partition (its metadata at least as fresh as the client's `Laminar-Metadata-Index`);
+    else 409."""
     producer = TxnProducer.of(producer_id)
     txns = api.broker.core.state.txns
     if txns.may_write(producer, topic, partition) is None:
@@ -229,7 +246,8 @@ class TxnDriver:
     def __init__(self, api: Api) -> None:
         self.api = api
         self._kick = asyncio.Event()
-        self._running: dict[tuple[str, str, int, int], asyncio.Task[None]] = {}
+        self._running: dict[ActionKey, asyncio.Task[None]] = {}
+        self._idle_checked_s = float("-inf")
 
     def kick(self) -> None:
         self._kick.set()
@@ -253,13 +271,19 @@ class TxnDriver:
         meta = core.meta
         if meta is None or meta.closed or meta.raft.role is not Role.LEADER:
             return
-        txns = core.state.txns
-        for record in txns.expired(now_ms()):
-            self._spawn(("abort", record.txn_id, *record.producer), self._abort(record))
-        for record in txns.ending():
-            self._spawn(("markers", record.txn_id, *record.producer), self._markers(record))
+        loop_s = asyncio.get_running_loop().time()
+        idle = loop_s - self._idle_checked_s >= IDLE_CHECK_INTERVAL_S
+        if idle:
+            self._idle_checked_s = loop_s
+        for action in decide(core.state.txns, now_ms(), self._running, idle=idle):
+            if isinstance(action, Abort):
+                self._spawn(action.key, self._abort(action))
+            elif isinstance(action, Forget):
+                self._spawn(action.key, self._forget(action))
+            else:
+                self._spawn(action.key, self._markers(action))
 
-    def _spawn(self, key: tuple[str, str, int, int], work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, key: ActionKey, work: Coroutine[Any, Any, None]) -> None:
         if key in self._running:
             work.close()
             return
@@ -267,10 +291,10 @@ class TxnDriver:
         self._running[key] = task
         task.add_done_callback(lambda _: self._running.pop(key, None))
 
-    async def _abort(self, record: TxnRecord) -> None:
-        command = EndTxn(record.txn_id, *record.producer, commit=False)
+    async def _abort(self, action: Abort) -> None:
+        record = action.record
         try:
-            await self.api.broker.waits.propose_metadata(command, self.api.timeout_s)
+            await self.api.broker.waits.propose_metadata(action.command(), self.api.timeout_s)
             log.info(
                 "%s: aborted, open past its timeout of %d ms", record.txn_id, record.timeout_ms
             )
@@ -279,10 +303,17 @@ class TxnDriver:
             return
         self.kick()
 
-    async def _markers(self, record: TxnRecord) -> None:
+    async def _forget(self, action: Forget) -> None:
+        try:
+            await self.api.broker.waits.propose_metadata(action.command(), self.api.timeout_s)
+            log.info("forgot %d transactional ids unused past their expiry", len(action.txn_ids))
+        except (MetadataError, NotLeader, TimeoutError, LaminarError) as e:
+            log.warning("forgetting idle transactional ids: %s", e)
+
+    async def _markers(self, action: WriteMarkers) -> None:
         client = self.api.broker.internal_client()
-        commit = record.phase is Phase.PREPARE_COMMIT
-        producer_id = record.marker_producer.producer_id
+        commit = action.commit
+        producer_id = action.producer.producer_id
         room = asyncio.Semaphore(MARKER_CONCURRENCY)
 
         async def one(topic: str, partition: int) -> None:
@@ -291,9 +322,8 @@ class TxnDriver:
                     await client.write_marker(topic, partition, producer_id, commit=commit)
 
         try:
-            await asyncio.gather(*(one(t, p) for t, p in record.partitions))
-            command = CompleteTxn(record.txn_id, *record.producer)
-            await self.api.broker.waits.propose_metadata(command, self.api.timeout_s)
+            await asyncio.gather(*(one(t, p) for t, p in action.partitions))
+            await self.api.broker.waits.propose_metadata(action.complete(), self.api.timeout_s)
         except (MetadataError, NotLeader, TimeoutError, LaminarError, OSError) as e:
-            log.warning("%s: ending its transaction waits: %s", record.txn_id, e)
+            log.warning("%s: ending its transaction waits: %s", action.record.txn_id, e)
             await asyncio.sleep(DRIVE_INTERVAL_S)  # (then the next step tries again)
