@@ -1,12 +1,15 @@
 """The `laminar` data source in a real Spark (local[2]) against a real local Laminar cluster:
 batch reads, Structured Streaming with availableNow across a restart, maxRecordsPerTrigger,
-the sink under a retried micro-batch, and retention past the start."""
+the sink under a retried micro-batch and under a kill -9 mid-batch, and retention past the
+start."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -291,6 +294,61 @@ def test_a_retried_micro_batch_does_not_duplicate_what_the_sink_wrote(
     assert sorted(bytes(r["value"]) for r in again.collect()) == sorted(
         bytes(r["value"]) for r in source(spark, brokers, "orders-in").load().collect()
     )
+
+
+def read_everything(cluster: LocalCluster, topic: str, partitions: int,
+                    isolation: str) -> list[bytes]:  # fmt: skip
+    """Every value in `topic` as a reader of `isolation` sees it."""
+    values: list[bytes] = []
+    with Client(cluster.urls, token=cluster.token) as client:
+        for partition in range(partitions):
+            index = 0
+            while True:
+                read = client.read(topic, partition, index, isolation=isolation)
+                values += [r.value or b"" for r in read.records]
+                if read.next_index <= index:
+                    break
+                index = read.next_index
+    return values
+
+
+def test_a_query_killed_mid_batch_and_restarted_writes_each_record_exactly_once(
+    brokers: LocalCluster, tmp_path: Path
+) -> None:
+    """kill -9 of a streaming query (its own process) while its batch is half written: no
+    reader sees part of the batch, and the restarted query leaves each input record once in
+    the output. The batch's task of input partition 1 is held (tests/spark/gated_query.py)
+    while the task of partition 0 has written its share in its transaction."""
+    create(brokers, "kill-in", 2)
+    create(brokers, "kill-out", 3)
+    made = produce(brokers, "kill-in", 2, 300)
+    checkpoint, gate = tmp_path / "checkpoint", tmp_path / "gate"
+    command = [
+        sys.executable, str(Path(__file__).with_name("gated_query.py")), ",".join(brokers.urls),
+        str(brokers.token_file), "kill-in", "kill-out", str(checkpoint), str(gate),
+    ]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "broker"), env.get("PYTHONPATH")]))
+    log = (tmp_path / "first.log").open("wb")
+    first = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(read_everything(brokers, "kill-out", 3, "read_uncommitted")) < 300:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "partition 0's share was never written"
+            time.sleep(0.2)
+        # written, in the task's transaction, not committed: the batch waits for partition 1
+        assert read_everything(brokers, "kill-out", 3, "read_committed") == []
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    gate.touch()
+    again = subprocess.run(command, env=env, capture_output=True, timeout=600)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    written = read_everything(brokers, "kill-out", 3, "read_committed")
+    assert sorted(written) == sorted(value for _, _, value in made)
+    # the killed attempt's share is in the log, aborted: read_uncommitted still sees it
+    assert len(read_everything(brokers, "kill-out", 3, "read_uncommitted")) == 900
 
 
 def replica_gauges(cluster: LocalCluster, name: str, topic: str, partition: int) -> list[int]:

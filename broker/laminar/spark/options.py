@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..contract import MAX_TXN_TIMEOUT_MS
+
 EARLIEST, LATEST = -2, -1
 #: topic -> partition (as a string) -> next index
 Offsets = dict[str, dict[str, int]]
@@ -20,8 +22,11 @@ Offsets = dict[str, dict[str, int]]
 KNOWN = {
     "brokers", "topic", "topics", "startingoffsets", "endingoffsets", "maxrecordspertrigger",
     "minpartitions", "failondataloss", "includeheaders", "token", "path", "checkpointlocation",
-    "cafile", "tokenfile", "context",
+    "cafile", "tokenfile", "context", "transactiontimeoutms",
 }  # fmt: skip
+#: The sink's: how long a task's transaction may stay open, from its first write to the
+#: driver's commit of the whole (micro-)batch.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 300_000
 
 
 class OptionError(ValueError):
@@ -67,6 +72,7 @@ class Options:
     #: `with_credentials`: the executors get the token itself)
     token_file: str | None = None
     context: str | None = None
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
 
     def with_credentials(self) -> Options:
         """These options with the token resolved, on the driver: `token`, else `tokenFile`'s,
@@ -105,6 +111,9 @@ class Options:
             spec(value, name)  # validated now, resolved later against the cluster
         if ending == "earliest":
             raise OptionError("endingOffsets may not be earliest")
+        timeout_ms = _positive(options, "transactiontimeoutms") or DEFAULT_TRANSACTION_TIMEOUT_MS
+        if timeout_ms > MAX_TXN_TIMEOUT_MS:
+            raise OptionError(f"option transactionTimeoutMs may be {MAX_TXN_TIMEOUT_MS} at most")
         return cls(
             brokers=brokers,
             topics=topics,
@@ -118,6 +127,7 @@ class Options:
             token_file=options.get("tokenfile") or None,
             context=options.get("context") or None,
             ca_file=options.get("cafile") or None,
+            transaction_timeout_ms=timeout_ms,
         )
 
 

@@ -5,16 +5,22 @@ Columns: `value` (required, binary or string), `key`, `headers` (array of struct
 partition goes where its key hashes (`laminar.client.partitioner`), or, without a key, by its
 position in the task: both the same when a task runs again.
 
-Every task writes as an idempotent producer whose id is derived from (query id, batch id,
-task partition), or for a batch write from (the write's id, task partition), with sequences
-counted per topic partition from 0. A retried task or micro-batch sends the same batches with
-the same ids and sequences; the brokers answer those they already have as duplicates (or, for
-one older than the last five, 409), and the sink skips them: no record is written twice, as
-long as the retried input is the same rows in the same order (deterministic upstream).
+A (micro-)batch commits atomically across partitions (docs/transactions.md). Each task writes
+as a transactional id of its own, derived from the query id (or, for `df.write`, the write's
+id) and the task's partition, so a task run again fences and aborts its earlier attempt's
+transaction. The driver's commit then ends every task's transaction with one request
+(`also`), committed all or none, tagged with the batch id. A query restarted after the
+commit was decided but before Spark recorded it runs the batch again: each task finds its id's
+last transaction committed with that batch's tag, and writes nothing. Killed before, the
+restart's tasks abort what the killed ones left open. `read_committed` readers (the default)
+never see part of a batch. As with any exactly-once sink, the input of a batch run again must
+be the same rows (a deterministic upstream).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,14 +28,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyspark.sql.datasource as datasource
-import xxhash
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from ..client import Client
-from ..client.errors import Conflict
+from ..client import Client, LaminarError, NotFound
 from ..client.partitioner import partition_for
 from ..log.batch import Record, encode_batch
+from ..txn.coordinator import DEFAULT_EXPIRY_MS
 from .options import OptionError, Options
 
 #: Spark >= 4.1 hands stream writers Arrow batches; 4.0 hands them rows
@@ -39,18 +44,20 @@ _StreamWriterBase: type = getattr(
 
 RECORDS_PER_APPEND = 1000
 BYTES_PER_APPEND = 1024 * 1024
-MAX_PRODUCER_ID = 2**63 - 1
-
-
-def producer_id(*parts: object) -> int:
-    """A producer id (1..2^63-1) that is the same whenever `parts` are."""
-    return xxhash.xxh64_intdigest("/".join(map(str, parts)).encode()) % MAX_PRODUCER_ID + 1
+#: How long a `df.write`'s ids are kept once ended (never used again: each write has its own).
+BATCH_WRITE_EXPIRY_MS = 60_000
+#: Tasks' transactions one end request commits (the coordinator's MAX_ENDED_TOGETHER + 1).
+MAX_TASKS = 1001
 
 
 @dataclass
 class Written(WriterCommitMessage):
     records: int
+    #: rows a retried task found written already (its id's transaction committed with this
+    #: batch's tag, or appends the broker answered as duplicates)
     duplicates: int
+    #: (transactional id, producer id) of the task's transaction; None if it wrote nothing
+    txn: tuple[str, int] | None = None
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
@@ -66,13 +73,22 @@ def _bytes(value: Any, what: str) -> bytes | None:
     raise OptionError(f"column {what} must be binary or string, not {type(value).__name__}")
 
 
-class _Appender:
-    """Records grouped per topic partition, appended in order as one idempotent producer."""
+def _rows(batch: Any) -> pa.RecordBatch:
+    if not isinstance(batch, pa.RecordBatch):  # Spark 4.0 streaming: a Row
+        batch = pa.RecordBatch.from_pylist([batch.asDict()])
+    return batch
 
-    def __init__(self, options: Options, producer: int) -> None:
+
+class _Appender:
+    """Records grouped per topic partition, appended in order in one transaction of the
+    transactional id `txn_id` (started at the first append)."""
+
+    def __init__(self, options: Options, client: Client, txn_id: str, expiry_ms: int) -> None:
         self.options = options
-        self.producer = producer
-        self.client = Client(list(options.brokers), token=options.token, ca_file=options.ca_file)
+        self.client = client
+        self.txn_id = txn_id
+        self.expiry_ms = expiry_ms
+        self.producer: int | None = None
         self.pending: dict[tuple[str, int], list[Record]] = {}
         self.pending_bytes: dict[tuple[str, int], int] = {}
         self.sequence: dict[tuple[str, int], int] = {}
@@ -128,39 +144,77 @@ class _Appender:
         self.pending_bytes.pop(key, None)
         if not records:
             return
+        if self.producer is None:  # fences, and aborts, an earlier attempt's transaction
+            info = self.client.init_transactions(
+                self.txn_id,
+                timeout_ms=self.options.transaction_timeout_ms,
+                expiry_ms=self.expiry_ms,
+            )
+            self.producer = info.producer_id
+        if key not in self.sequence:
+            self.client.add_transaction_partitions(self.txn_id, self.producer, [key])
         sequence = self.sequence.get(key, 0)
-        batch = encode_batch(records, producer_id=self.producer, producer_seq=sequence)
-        try:
-            result = self.client.append(key[0], key[1], batch)
-            duplicate = result.duplicate
-        except Conflict:
-            duplicate = True  # older than the broker's last five: written by an earlier attempt
+        batch = encode_batch(
+            records, producer_id=self.producer, producer_seq=sequence, transactional=True
+        )
+        result = self.client.append(key[0], key[1], batch)
         self.sequence[key] = sequence + len(records)
-        if duplicate:
+        if result.duplicate:  # (an append the client sent again)
             self.duplicates += len(records)
         else:
             self.written += len(records)
 
     def finish(self) -> Written:
-        try:
-            for key in list(self.pending):
-                self._flush(key)
-            return Written(self.written, self.duplicates)
-        finally:
-            self.client.close()
+        for key in list(self.pending):
+            self._flush(key)
+        txn = None if self.producer is None else (self.txn_id, self.producer)
+        return Written(self.written, self.duplicates, txn)
 
 
-def _write(options: Options, batches: Iterator[Any], producer: int) -> Written:
-    appender = _Appender(options, producer)
-    try:
+def _write(
+    options: Options, batches: Iterator[Any], txn_id: str, *, tag: str | None, expiry_ms: int
+) -> Written:
+    with Client(list(options.brokers), token=options.token, ca_file=options.ca_file) as client:
+        if tag is not None and _committed_as(client, txn_id, tag):
+            return Written(0, sum(_rows(batch).num_rows for batch in batches))
+        appender = _Appender(options, client, txn_id, expiry_ms)
         for batch in batches:
-            if not isinstance(batch, pa.RecordBatch):  # Spark 4.0 streaming: a Row
-                batch = pa.RecordBatch.from_pylist([batch.asDict()])
-            appender.add_batch(batch)
-    except BaseException:
-        appender.client.close()
-        raise
-    return appender.finish()
+            appender.add_batch(_rows(batch))
+        return appender.finish()
+
+
+def _committed_as(client: Client, txn_id: str, tag: str) -> bool:
+    """Did `txn_id`'s last transaction commit with `tag` (this batch, run before)?"""
+    try:
+        described = client.describe_transaction(txn_id)
+    except NotFound:
+        return False
+    return described.last_committed is True and described.last_tag == tag
+
+
+def _task_txn_id(*parts: object) -> str:
+    """A transactional id for a task: `spark-` and the parts, in the ids' alphabet."""
+    txn_id = "-".join(["spark", *map(str, parts)])
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", txn_id)[:200]
+
+
+def _end(options: Options, messages: list[WriterCommitMessage | None], *, commit: bool,
+         tag: str | None) -> None:  # fmt: skip
+    """End every task's transaction with one request: all commit, or none."""
+    txns = [m.txn for m in messages if isinstance(m, Written) and m.txn is not None]
+    if not txns:
+        return
+    if len(txns) > MAX_TASKS:
+        raise OptionError(f"the laminar sink commits {MAX_TASKS} tasks' writes at most")
+    (first, producer), *rest = txns
+    with Client(list(options.brokers), token=options.token, ca_file=options.ca_file) as client:
+        client.end_transaction(first, producer, commit=commit, also=rest, tag=tag)
+
+
+def _abort(options: Options, messages: list[WriterCommitMessage | None]) -> None:
+    """Best effort: what is not aborted here, a retry's init or the timeout aborts."""
+    with contextlib.suppress(LaminarError, OSError):
+        _end(options, messages, commit=False, tag=None)
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -171,13 +225,14 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
         context = TaskContext.get()
         task = context.partitionId() if context is not None else 0
-        return _write(self.options, iterator, producer_id(self.write_id, task))
+        txn_id = _task_txn_id("w", self.write_id, task)
+        return _write(self.options, iterator, txn_id, tag=None, expiry_ms=BATCH_WRITE_EXPIRY_MS)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # every append is durable once acknowledged; there is nothing to publish
+        _end(self.options, messages, commit=True, tag=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # what a failed job appended stays (no transactions); a retry does not repeat it
+        _abort(self.options, messages)
 
 
 class StreamWriter(_StreamWriterBase):  # type: ignore[misc]
@@ -190,11 +245,17 @@ class StreamWriter(_StreamWriterBase):  # type: ignore[misc]
             raise RuntimeError("the laminar stream sink runs inside Spark tasks")
         query = context.getLocalProperty("sql.streaming.queryId")
         batch = context.getLocalProperty("streaming.sql.batchId")
-        producer = producer_id(query, batch, context.partitionId())
-        return _write(self.options, iterator, producer)
+        txn_id = _task_txn_id(query, context.partitionId())
+        return _write(
+            self.options, iterator, txn_id, tag=_batch_tag(batch), expiry_ms=DEFAULT_EXPIRY_MS
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
+        _end(self.options, messages, commit=True, tag=_batch_tag(batchId))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
+        _abort(self.options, messages)
+
+
+def _batch_tag(batch_id: object) -> str:
+    return f"batch {batch_id}"
