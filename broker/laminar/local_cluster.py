@@ -383,7 +383,8 @@ class LocalCluster:
             node = self.nodes[pending[0][0]]
             if not node.alive():
                 raise ClusterError(
-                    f"{node.id} exited; see {node.data_dir / 'broker.log'}:\n{self.tail(node.id)}"
+                    f"{node.id} exited{self._how(node)}; see {node.data_dir / 'broker.log'}:\n"
+                    f"{self.tail(node.id)}"
                 )
             if probe(pending[0][1] + "/readyz", ca_file=self.ca_file) == 200:
                 pending.pop(0)
@@ -391,6 +392,16 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"{node.id} not ready after {timeout_s:.0f} s")
             time.sleep(0.1)
+
+    @staticmethod
+    def _how(node: LocalNode) -> str:
+        """How a broker this cluster started ended: its exit code, or the signal that ended it."""
+        code = node.process.returncode if node.process is not None else None
+        if code is None:
+            return ""
+        if code < 0:
+            return f" (ended by {signal.Signals(-code).name})"
+        return f" (exit code {code})"
 
     def tail(self, node_id: str, lines: int = 30) -> str:
         path = self.nodes[node_id].data_dir / "broker.log"

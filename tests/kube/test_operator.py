@@ -733,16 +733,24 @@ def test_tls_a_ca_per_cluster_a_certificate_renewed_in_place_and_admin_calls_ver
 class Kubelet:
     """What the kubelet does for a broker pod, for local `brokers`: the Secret `<name>-tls`
     mounted as each broker's certificate, key and CA bundle (each file replaced whole), and the
-    brokers told to look (SIGHUP), whenever the Secret changes."""
+    brokers told to look (SIGHUP), whenever the Secret changes. The test's thread and the
+    kubelet's own call `sync` one at a time: else both could see one change, the test start
+    the brokers after its call, and the thread's SIGHUP reach a broker before it handles the
+    signal (whose default action ends the process, with nothing in its log)."""
 
     def __init__(self, kube: KubeApi, namespace: str, brokers: LocalCluster) -> None:
         self.kube, self.namespace, self.brokers = kube, namespace, brokers
         self._seen: dict[str, str] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
 
     def sync(self) -> bool:
         """Mount the Secret if it changed; False while there is none."""
+        with self._lock:
+            return self._sync()
+
+    def _sync(self) -> bool:
         secret = found(self.kube, "secret/demo-tls", self.namespace)
         if secret is None:
             return False
