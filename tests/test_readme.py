@@ -39,6 +39,7 @@ def test_demo_command_runs() -> None:
     out = result.stdout
     assert "produced 12 messages" in out and out.count(": message ") == 12
     assert "cluster status" in out and "stopped the cluster" in out
+    assert "web console, while the demo runs: https://127.0.2.11:7070/ " in out
 
 
 def test_log_demo_command_runs(tmp_path: Path) -> None:

@@ -80,6 +80,11 @@ def run_demo(messages: int = 12, data_dir: str | None = None) -> None:
             f"the API requires a token: an admin's is in {cluster.token_file} (clients: "
             f"export LAMINAR_TOKEN_FILE={cluster.token_file})"
         )
+        print(
+            f"web console, while the demo runs: {cluster.urls[0]}/ (any broker; log in with "
+            f"the token in {cluster.token_file}; the certificate is signed by the demo's CA "
+            f"{cluster.ca_file}; docs/console.md)"
+        )
         asyncio.run(_run(cluster, messages))
     finally:
         cluster.stop()

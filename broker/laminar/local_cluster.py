@@ -31,6 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class LocalCluster:
         extra_args: tuple[str, ...] = (),
         tls: bool = False,
         workers: int = 1,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise ClusterError("--nodes must be in 1..200")
@@ -121,6 +123,8 @@ class LocalCluster:
         self._wanted_token = token
         self.extra_args = extra_args
         self.workers = workers
+        #: variables the brokers get on top of this process's environment
+        self.env = dict(env or {})
         self.initial = [f"n{i}" for i in range(1, nodes + 1)]
         self.nodes: dict[str, LocalNode] = {}
         for node_id in self.initial:
@@ -298,6 +302,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         node.pid = node.process.pid
         self.save()
@@ -346,12 +351,15 @@ class LocalCluster:
         if node.process is not None:
             node.process.wait(timeout=STOP_TIMEOUT_S)
 
-    def stop_node(self, node_id: str) -> int | None:
-        """SIGTERM, wait for the graceful exit (SIGKILL after STOP_TIMEOUT_S); exit code."""
+    def stop_node(self, node_id: str, *, signalled: bool = False) -> int | None:
+        """SIGTERM (unless `signalled`: sent already), wait for the graceful exit (SIGKILL
+        after STOP_TIMEOUT_S); exit code. One SIGTERM only: a second one reaching a broker
+        after its shutdown removed its handlers would end it at once (exit -15)."""
         node = self.nodes[node_id]
         if node.pid is None or not node.alive():
             return None
-        os.kill(node.pid, signal.SIGTERM)
+        if not signalled:
+            os.kill(node.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while node.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -362,12 +370,14 @@ class LocalCluster:
         return 0
 
     def stop(self) -> None:
+        signalled = []
         for node_id in list(self.nodes):
             node = self.nodes[node_id]
             if node.pid is not None and node.alive():
                 os.kill(node.pid, signal.SIGTERM)
+                signalled.append(node_id)
         for node_id in list(self.nodes):
-            self.stop_node(node_id)
+            self.stop_node(node_id, signalled=node_id in signalled)
         self.save()
 
     def wait_ready(

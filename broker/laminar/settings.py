@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .log.config import FsyncPolicy
+from .server.logs import LogFormat, LogLevel
 
 T = TypeVar("T")
 
@@ -377,6 +378,34 @@ WORKER_INDEX = Setting(
     "starts gives it)",
     flag="--worker-index",
     env="LAMINAR_WORKER_INDEX",
+)
+LOG_LEVEL = Setting(
+    "log_level",
+    LogLevel,
+    LogLevel.INFO,
+    "the lowest level of the broker's log lines, the libraries' info at the lowest "
+    "(docs/logging.md)",
+    flag="--log-level",
+    env="LAMINAR_LOG_LEVEL",
+)
+LOG_FORMAT = Setting(
+    "log_format",
+    LogFormat,
+    LogFormat.TEXT,
+    "text, or json: one JSON object per line with the node, and the request id, topic and "
+    "partition of the request being served (docs/logging.md)",
+    flag="--log-format",
+    env="LAMINAR_LOG_FORMAT",
+)
+OTEL_ENDPOINT = Setting(
+    "otel_endpoint",
+    str,
+    None,
+    "send OpenTelemetry traces (a span per API request, an append's steps to its commit) to "
+    "this OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; needs the "
+    "laminar-mq[tracing] extra (unset: no tracing)",
+    flag="--otel-endpoint",
+    env="LAMINAR_OTEL_ENDPOINT",
 )
 SETTINGS: tuple[Setting[Any], ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Setting)

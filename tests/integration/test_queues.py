@@ -282,8 +282,8 @@ async def test_rejected_message_is_dead_lettered_exactly_once(cluster: LocalClus
         async with session.get(leader_url + "/metrics") as answer:
             text = await answer.text()
         labels = f'group="{group}",partition="1",topic="{topic}"'
-        assert f"laminar_group_dead_lettered{{{labels}}} 1.0" in text
-        assert f"laminar_group_accepted{{{labels}}} 2.0" in text
+        assert f"laminar_group_dead_lettered_total{{{labels}}} 1.0" in text
+        assert f"laminar_group_accepted_total{{{labels}}} 2.0" in text
 
 
 async def test_a_reject_after_the_lease_ended_is_refused_and_the_message_comes_again(

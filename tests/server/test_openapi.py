@@ -75,13 +75,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
     """(method, route) of every route a broker's application serves (built, never started)."""
     from laminar.server.api import Api
     from laminar.server.config import BrokerConfig, new_secret
+    from laminar.server.console import is_console_route
     from laminar.server.metrics import BrokerMetrics
     from laminar.server.node import Broker
 
     path = tmp_path_factory.mktemp("openapi") / "n1"
     broker = Broker(BrokerConfig("n1", path, secret=new_secret(), allow_anonymous=True))
     app = Api(broker, BrokerMetrics(broker)).app()
-    return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+    return {route for route in routes if not is_console_route(route[1])}  # (docs/console.md)
 
 
 def test_the_broker_serves_the_contract_routes(served: set[tuple[str, str]]) -> None:

@@ -104,6 +104,7 @@ from ..partition.replica import Replica
 from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
 from ..workers import worker_ids
+from . import request_context, tracing
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .deadlines import Deadlines
 from .groups_api import GroupsApi
@@ -204,8 +205,10 @@ class Api:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.broker.config.max_request_bytes,
-            middlewares=[self._middleware],
+            # the request's id and log context (and trace) around everything else
+            middlewares=[request_context.middleware, self._middleware],
         )
+        app.on_response_prepare.append(request_context.on_response_prepare)
         app[BROKER_KEY] = self.broker
         r = app.router
         # every route of the contract, to its handler: a method of this Api or of GroupsApi
@@ -218,6 +221,9 @@ class Api:
             else:
                 r.add_route(route.method, route.path, handler)
         check_routes(r)  # every /v1 route has its authorization rule
+        from .console import Console  # (imports this module)
+
+        Console(self).register(app)  # the web console authenticates its pages itself
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -264,6 +270,7 @@ class Api:
             response = await handler(request)
             if versioned and not response.prepared:  # a WebSocket's were sent at its upgrade
                 response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
+            self._count_request(request, response.status)
             return response
         except ApiError as e:
             error = e
@@ -284,6 +291,7 @@ class Api:
             )
         except web.HTTPException as e:  # aiohttp's other HTTP errors, as API errors
             if e.status < 400:
+                self._count_request(request, e.status)
                 raise
             code = HTTP_ERROR_CODES.get(e.status, "bad_request")
             error = ApiError(e.status, code, e.text or e.reason)
@@ -298,7 +306,15 @@ class Api:
         response = error.response()
         if versioned:
             response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
+        self._count_request(request, response.status)
         return response
+
+    def _count_request(self, request: web.Request, status: int) -> None:
+        """`laminar_http_requests_total`, by the matched route's template (never the path:
+        the label's values stay few), method and status."""
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else None
+        self.metrics.count_request(route, request.method, status)
 
     async def _metadata_seen(self, request: web.Request) -> None:
         """Read-your-writes (laminar.contract): wait until this broker has applied the
@@ -772,27 +788,32 @@ class Api:
                 f"{replica.group}: {replica.pending_bytes} bytes already await their commit",
                 headers={"Retry-After": "1"},
             )
-        body = await read_body(request, self.body_timeout_s)
-        limit = replica.log.config.batch_limit_bytes
-        if request.content_type == BATCH_TYPE:
-            try:
-                header, _ = verify_batch(body, limit)
-            except BatchTooLargeError as e:
-                raise ApiError(413, "payload_too_large", str(e)) from e
-            except BatchError as e:
-                raise ApiError(400, "corrupt_batch", str(e)) from e
-            if header.is_control:
-                raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
-            batch = body
-        else:
-            batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
-            if len(batch) > limit:
-                raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
-            header = parse_header(batch)
+        # (the spans of an append's steps: laminar.server.tracing; None while it is off)
+        with tracing.span(tracing.DECODE, topic, partition) as span:
+            body = await read_body(request, self.body_timeout_s)
+            limit = replica.log.config.batch_limit_bytes
+            if request.content_type == BATCH_TYPE:
+                try:
+                    header, _ = verify_batch(body, limit)
+                except BatchTooLargeError as e:
+                    raise ApiError(413, "payload_too_large", str(e)) from e
+                except BatchError as e:
+                    raise ApiError(400, "corrupt_batch", str(e)) from e
+                if header.is_control:
+                    raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
+                batch = body
+            else:
+                batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
+                if len(batch) > limit:
+                    raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
+                header = parse_header(batch)
+            if span is not None:
+                span.set_attribute(tracing.RECORD_COUNT, header.record_count)
         if header.is_transactional:
             check_transactional(self, topic, partition, header.producer_id)
         try:
-            future, duplicate = replica.propose(batch, header)
+            with tracing.span(tracing.PROPOSE, topic, partition, header.record_count):
+                future, duplicate = replica.propose(batch, header)
         except NotLeader as e:
             raise self._redirect(request, e.leader, replica.group) from e
         except Overloaded as e:
@@ -801,7 +822,10 @@ class Api:
             raise ApiError(409, "conflict", str(e)) from e
         self.broker.wake()
         try:
-            base = await self.commits.wait(future)
+            with tracing.span(tracing.COMMIT, topic, partition, header.record_count) as span:
+                base = await self.commits.wait(future)
+                if span is not None:
+                    span.set_attributes({tracing.FIRST_INDEX: base, tracing.DUPLICATE: duplicate})
         except TimeoutError as e:
             raise outcome_unknown(
                 "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
@@ -811,7 +835,7 @@ class Api:
         except CommitLost as e:
             raise unavailable(f"{e}: the append was not written; retry") from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
-        self.metrics.appended_records.inc(header.record_count)
+        self.metrics.appended(topic, header.record_count, len(body))
         return json_response(AppendResult(base, header.record_count, duplicate).to_json())
 
     async def append_stream(self, request: web.Request) -> web.StreamResponse:
@@ -923,6 +947,7 @@ class Api:
         may have been left out: aborted transactions')."""
         end = 0
         count = 0
+        records = 0  # (count, but for control batches: what laminar_topic_records_out counts)
         next_index = from_index
         cut = False
         for batch in split_batches(data):
@@ -940,12 +965,15 @@ class Api:
             end += len(batch)
             next_index = header.next_index
             count += header.next_index - max(from_index, header.base_index)
+            if not header.is_control:
+                records += header.next_index - max(from_index, header.base_index)
             if count >= max_records:
                 cut = True
                 break
         if not cut:
             next_index = max(next_index, data_end)
         body = data[:end] if end < len(data) else data
+        self.metrics.served(replica.topic, records, len(body))
         return web.Response(
             body=body,
             content_type=BATCH_TYPE,
@@ -960,7 +988,9 @@ class Api:
         if not cut:
             next_index = max(next_index, data_end)
         body = ReadResult(stored, next_index, replica.commit_index, replica.log_start).to_json()
-        return json_response(body, headers=self._position_headers(replica, next_index))
+        response = json_response(body, headers=self._position_headers(replica, next_index))
+        self.metrics.served(replica.topic, len(stored), response.content_length or 0)
+        return response
 
 
 # ---- query parameters ----------------------------------------------------------------------

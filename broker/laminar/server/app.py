@@ -12,12 +12,14 @@ import os
 import signal
 import socket
 import sys
+from urllib.parse import urlsplit
 
 from .. import allocator
 from ..contract import STREAM_APPEND
 from ..kube import KubeError
 from ..log.storage import OPEN_FILES, raise_open_files_limit
 from ..swim.address import format_address
+from . import console, logs, tracing
 from .api import Api
 from .config import BrokerConfig
 from .http import ApiRunner, ApiSite, ConnectionLimits
@@ -37,8 +39,8 @@ async def serve(config: BrokerConfig) -> None:
         idle_timeout_s=config.idle_timeout_ms / 1000,
         max_connections_per_client=config.max_connections_per_client,
     )
-    # a WebSocket upgrade is aiohttp's to serve
-    runner = ApiRunner(api.app(), limits, aiohttp_paths=(STREAM_APPEND.path,))
+    # a WebSocket upgrade is aiohttp's to serve, and so is the web console
+    runner = ApiRunner(api.app(), limits, aiohttp_paths=(STREAM_APPEND.path, *console.PATHS))
     await runner.setup()
     site = ApiSite(
         runner,
@@ -87,7 +89,7 @@ async def serve(config: BrokerConfig) -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
-        print(f"laminar {broker.id}: api {broker.api_url(broker.api_addr)}", flush=True)
+        log.info("%s: api %s", broker.id, broker.api_url(broker.api_addr))
         if config.kube_namespace and config.kube_cluster and config.worker == 0:
             try:
                 reporter = KubeStatusReporter(
@@ -124,14 +126,18 @@ GC_GEN0_THRESHOLD = 50_000
 
 def run(config: BrokerConfig) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {config.raft_id} %(levelname)s %(message)s"
-    )
+    worker = config.worker if config.workers > 1 else None
+    logs.configure(config.log_level, config.log_format, config.raft_id, worker)
+    if config.otel_endpoint is not None:
+        try:
+            tracing.start(config.otel_endpoint, config.raft_id, config.worker)
+        except tracing.TracingUnavailable as e:
+            log.critical("laminar serve: %s", e)
+            raise SystemExit(1) from None
+        log.info("tracing: spans go to %s", urlsplit(config.otel_endpoint).hostname)
     allocator.keep_read_buffers()
     open_files = raise_open_files_limit()
-    logging.getLogger(__name__).info(
-        "open files: limit %d, at most %d held by log files", open_files, OPEN_FILES.budget
-    )
+    log.info("open files: limit %d, at most %d held by log files", open_files, OPEN_FILES.budget)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a dependency on Linux; plain asyncio works too
@@ -141,5 +147,7 @@ def run(config: BrokerConfig) -> None:
     try:
         runner(serve(config))
     except (BrokerError, OSError) as e:
-        print(f"laminar serve: {e}", file=sys.stderr)
+        log.critical("laminar serve: %s", e)
         raise SystemExit(1) from None
+    finally:
+        tracing.shutdown()  # the spans still queued are sent

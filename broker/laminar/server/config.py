@@ -9,6 +9,7 @@ import argparse
 import base64
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..node.core import CoreConfig
 from ..swim.member import MAX_WORKERS
 from ..tls import TlsFiles
 from ..workers import PORT_STRIDE, usable_cores, worker_id
+from .logs import LogFormat, LogLevel
 
 #: The ports and defaults are the settings table's (laminar/settings.py); these names stay
 #: for their importers.
@@ -51,6 +53,10 @@ NO_CREDENTIALS = (
     "admin --role admin`, which prints the token), or --token-file FILE (one admin token); "
     "--allow-anonymous serves the API to anyone without a token, as an admin (insecure)"
 )
+
+
+#: What --otel-endpoint takes: an http(s) URL with a host (the exporter's own checks come later).
+OTLP_URL = re.compile(r"https?://[^\s/?#]+(?:[/?][^\s]*)?")
 
 
 class ConfigError(ValueError):
@@ -128,6 +134,12 @@ class BrokerConfig:
     #: the port the workers share, where the kernel steers connections (0: none)
     steer_port: int = settings.STEER_PORT.default
     worker_index: int | None = settings.WORKER_INDEX.default
+    #: the broker's own log lines (docs/logging.md): the lowest level written, and text or
+    #: JSON lines
+    log_level: LogLevel = settings.LOG_LEVEL.default
+    log_format: LogFormat = settings.LOG_FORMAT.default
+    #: where OpenTelemetry traces go (an OTLP/HTTP traces URL; None: no tracing)
+    otel_endpoint: str | None = settings.OTEL_ENDPOINT.default
 
     def __post_init__(self) -> None:
         if not NODE_ID.fullmatch(self.node_id):
@@ -169,6 +181,11 @@ class BrokerConfig:
             raise ConfigError(f"the cluster secret {problem}; {HOW_TO_MAKE_A_SECRET}")
         if self.credentials_file is None and self.token is None and not self.allow_anonymous:
             raise ConfigError(NO_CREDENTIALS)
+        if self.otel_endpoint is not None and not OTLP_URL.fullmatch(self.otel_endpoint):
+            raise ConfigError(
+                f"--otel-endpoint {self.otel_endpoint[:100]!r} must be an http:// or https:// "
+                "URL of an OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces"
+            )
 
     def _check_workers(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -384,7 +401,11 @@ def _value(setting: settings.Setting[Any], parsed: Any) -> Any:
     try:
         return setting.type(parsed)
     except ValueError as e:
-        raise ConfigError(f"{setting.flag} (or {setting.env}) {parsed!r}: {e}") from None
+        where = f"{setting.flag} (or {setting.env}) {parsed!r}"
+        if issubclass(setting.type, Enum):  # (a variable's value: argparse checks the flag's)
+            choices = ", ".join(member.value for member in setting.type)
+            raise ConfigError(f"{where} is not one of {choices}") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def from_arguments(args: argparse.Namespace) -> BrokerConfig:

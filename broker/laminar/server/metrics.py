@@ -1,20 +1,34 @@
 """Prometheus metrics of one broker: per-partition gauges read at scrape time, latency
-histograms and error counters updated by the API."""
+histograms and counters updated by the API, and prometheus_client's process and Python
+collectors. docs/metrics.md lists every family; tests/integration/test_metrics.py holds the
+two to each other."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import platform
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from .. import xdp
+from .. import __version__, xdp
+from ..partition.status_table import leaders as view_leaders
 from ..raft.raft import Role
 from ..swim.member import MemberStatus
 
@@ -66,6 +80,8 @@ class _BrokerCollector(Collector):
             inflight.add_metric(values, len(replica.pending))
             repairing.add_metric(values, 1.0 if replica.repairing else 0.0)
         yield from (role, commit, end, start, size, term, inflight, repairing)
+        yield from _replication_metrics(broker)
+        yield from _offline_metrics(broker)
         yield from _group_metrics(broker)
         members = GaugeMetricFamily(
             "laminar_swim_members", "members by SWIM state", labels=["state"]
@@ -129,12 +145,90 @@ class _BrokerCollector(Collector):
             counter.add_metric([], stats[key])
             yield counter
         yield from _tls_metrics(broker)
+        if broker.config.worker == 0:  # (the workers share the data directory's disk)
+            yield from _data_dir_metrics(broker)
+        info = GaugeMetricFamily(
+            "laminar_build_info", "1, labelled with the broker's version", labels=BUILD_LABELS
+        )
+        info.add_metric([__version__, platform.python_version()], 1.0)
+        yield info
+
+
+BUILD_LABELS = ["version", "python"]
+#: the methods `laminar_http_requests_total` names; any other is counted as "other" (a
+#: client chooses the method: the label's values must stay few)
+HTTP_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+#: `laminar_http_requests_total`'s route for a request that matched none of the API's
+UNMATCHED_ROUTE = "unmatched"
+
+
+@dataclasses.dataclass(slots=True)
+class TopicTraffic:
+    """What one topic's appends and reads through this broker's API amounted to (totals)."""
+
+    records_in: int = 0
+    bytes_in: int = 0
+    records_out: int = 0
+    bytes_out: int = 0
+    reads: int = 0
+
+
+class _TrafficCollector(Collector):
+    """The API's per-topic and per-route counters (plain integers, which cost the request
+    paths less than prometheus_client's labelled counters)."""
+
+    def __init__(self, metrics: BrokerMetrics, broker: Broker) -> None:
+        self.metrics = metrics
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        topics = self.metrics.topics
+        for name in [t for t in topics if t not in self.broker.core.state.topics]:
+            del topics[name]  # deleted: its series end (a new topic of the name starts at 0)
+        families = {
+            field: CounterMetricFamily(f"laminar_topic_{field}", text, labels=["topic"])
+            for field, text in (
+                ("records_in", "records appended to the topic through this broker (committed)"),
+                ("bytes_in", "request body bytes of those appends (JSON or binary)"),
+                ("records_out", "records this broker served to reads of the topic"),
+                ("bytes_out", "response body bytes of those reads (JSON or binary)"),
+            )
+        }
+        reads = CounterMetricFamily(
+            "laminar_read_requests",
+            "record reads of the topic this broker answered (200)",
+            labels=["topic"],
+        )
+        for name, traffic in sorted(topics.items()):
+            for field, family in families.items():
+                family.add_metric([name], getattr(traffic, field))
+            reads.add_metric([name], traffic.reads)
+        yield from families.values()
+        yield reads
+        requests = CounterMetricFamily(
+            "laminar_http_requests",
+            "HTTP requests answered, by route template (`unmatched`: none), method and status",
+            labels=["route", "method", "status"],
+        )
+        for (route, method, status), count in sorted(self.metrics.http_requests.items()):
+            requests.add_metric([route, method, str(status)], count)
+        yield requests
 
 
 class BrokerMetrics:
     def __init__(self, broker: Broker) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_BrokerCollector(broker))
+        #: per topic: appends and reads through the API (`appended`, `served`)
+        self.topics: dict[str, TopicTraffic] = {}
+        #: (route template, method, status) -> requests answered (`count_request`)
+        self.http_requests: dict[tuple[str, str, int], int] = {}
+        self.registry.register(_TrafficCollector(self, broker))
+        # prometheus_client's defaults (process_*, python_info, python_gc_*), in this
+        # broker's registry: each worker is a process of its own
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.append_latency = Histogram(
             "laminar_append_latency_seconds",
             "append request to commit",
@@ -156,6 +250,31 @@ class BrokerMetrics:
             ["status", "code"],
             registry=self.registry,
         )
+
+    def count_request(self, route: str | None, method: str, status: int) -> None:
+        """One HTTP request answered `status`; `route`: the matched route's template (None:
+        no route matched)."""
+        key = (
+            route or UNMATCHED_ROUTE,
+            method if method in HTTP_METHODS else "other",
+            status,
+        )
+        self.http_requests[key] = self.http_requests.get(key, 0) + 1
+
+    def appended(self, topic: str, records: int, size_bytes: int) -> None:
+        """An append to `topic` committed (and acknowledged): `records` records, sent as
+        `size_bytes` bytes of request body (a stream's: the message)."""
+        self.appended_records.inc(records)
+        traffic = self.topics.get(topic) or self.topics.setdefault(topic, TopicTraffic())
+        traffic.records_in += records
+        traffic.bytes_in += size_bytes
+
+    def served(self, topic: str, records: int, size_bytes: int) -> None:
+        """A read of `topic` answered with `records` records in `size_bytes` bytes of body."""
+        traffic = self.topics.get(topic) or self.topics.setdefault(topic, TopicTraffic())
+        traffic.reads += 1
+        traffic.records_out += records
+        traffic.bytes_out += size_bytes
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -243,16 +362,24 @@ def _xdp_metrics(broker: Broker) -> Iterator[Metric]:
 def _group_metrics(broker: Broker) -> Iterator[Metric]:
     """Consumer groups of the partitions this broker leads (the leader's applied state)."""
     labels = ["topic", "partition", "group"]
-    families = {
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         name: GaugeMetricFamily(f"laminar_group_{name}", text, labels=labels)
         for name, text in (
             ("pending", "messages not handed out (or free again)"),
             ("acquired", "messages held under a lease"),
             ("dead_letter_pending", "dead letters waiting for their append"),
-            ("accepted", "messages accepted (total)"),
-            ("dead_lettered", "messages moved to the dead-letter topic (total)"),
         )
     }
+    for name, text in (
+        ("accepted", "messages accepted"),
+        ("dead_lettered", "messages moved to the dead-letter topic"),
+    ):
+        families[name] = CounterMetricFamily(f"laminar_group_{name}", text, labels=labels)
+    lag = GaugeMetricFamily(
+        "laminar_group_lag",
+        "committed records from the group's cursor on not yet accepted or dead-lettered",
+        labels=labels,
+    )
     for replica in sorted(broker.core.replicas.values(), key=lambda r: r.group):
         if replica.groups is None or replica.raft.role is not Role.LEADER:
             continue
@@ -261,4 +388,80 @@ def _group_metrics(broker: Broker) -> Iterator[Metric]:
             values = [replica.topic, str(replica.partition), group]
             for name, family in families.items():
                 family.add_metric(values, described[name])
+            # (pending: the records from the cursor on that are neither finished, held nor
+            # waiting for their dead-letter append)
+            unfinished = (
+                described["pending"] + described["acquired"] + described["dead_letter_pending"]
+            )
+            lag.add_metric(values, unfinished)
     yield from families.values()
+    yield lag
+
+
+def _replication_metrics(broker: Broker) -> Iterator[Metric]:
+    """The partitions this broker leads: their voters, and how many are in sync (the
+    notion of the API's `in_sync`, by the same function: `NodeCore.in_sync`)."""
+    labels = ["topic", "partition"]
+    replicas = GaugeMetricFamily(
+        "laminar_partition_replicas",
+        "voters in the partition's configuration (leader)",
+        labels=labels,
+    )
+    in_sync = GaugeMetricFamily(
+        "laminar_partition_in_sync_replicas",
+        "voters alive and within the catch-up lag of the leader's log, itself included (leader)",
+        labels=labels,
+    )
+    under = GaugeMetricFamily(
+        "laminar_partition_under_replicated",
+        "1 when fewer voters are in sync than the configuration has (leader)",
+        labels=labels,
+    )
+    alive = broker.core.alive()
+    for replica in sorted(broker.core.replicas.values(), key=lambda r: r.group):
+        raft = replica.raft
+        if raft.role is not Role.LEADER:
+            continue
+        values = [replica.topic, str(replica.partition)]
+        voters = len(raft.conf.voters)
+        synced = len(broker.core.in_sync(raft, alive))
+        replicas.add_metric(values, voters)
+        in_sync.add_metric(values, synced)
+        under.add_metric(values, 1.0 if synced < voters else 0.0)
+    yield from (replicas, in_sync, under)
+
+
+def _offline_metrics(broker: Broker) -> Iterator[Metric]:
+    """On the metadata leader only: per topic, the partitions that no alive broker reports
+    leading in the partition status table (the table the API routes by)."""
+    if broker.core.metadata_leader != broker.id:
+        return
+    offline = GaugeMetricFamily(
+        "laminar_offline_partitions",
+        "partitions of the topic without a leader in the cluster's status table (metadata leader)",
+        labels=["topic"],
+    )
+    led = view_leaders(broker.status.view())
+    for name, topic in sorted(broker.core.state.topics.items()):
+        count = sum(1 for p in range(topic.partitions) if f"{name}/{p}" not in led)
+        offline.add_metric([name], count)
+    yield offline
+
+
+def _data_dir_metrics(broker: Broker) -> Iterator[Metric]:
+    """The data directory's file system: its size, and the bytes left to the broker."""
+    try:
+        stat = os.statvfs(broker.config.data_dir)
+    except OSError as e:  # (gone under a running broker: its logs fail louder elsewhere)
+        log.warning("the data directory's file system is not measured: %s", e)
+        return
+    capacity = GaugeMetricFamily(
+        "laminar_data_dir_capacity_bytes", "size of the data directory's file system"
+    )
+    capacity.add_metric([], stat.f_blocks * stat.f_frsize)
+    free = GaugeMetricFamily(
+        "laminar_data_dir_free_bytes",
+        "bytes of the data directory's file system that the broker may still use",
+    )
+    free.add_metric([], stat.f_bavail * stat.f_frsize)
+    yield from (capacity, free)

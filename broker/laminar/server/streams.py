@@ -80,6 +80,7 @@ class _Sent:
     records: int
     duplicate: bool
     started: float
+    size_bytes: int  # the message's (laminar_topic_bytes_in_total)
 
 
 async def serve_stream(
@@ -204,7 +205,7 @@ class _Stream:
                 return ApiError(429, "overloaded", str(e))
             except ReplicaClosed as e:
                 return unavailable(f"{e}; send again what was not acknowledged")
-            self.sent.append(_Sent(future, header.record_count, duplicate, started))
+            self.sent.append(_Sent(future, header.record_count, duplicate, started, len(batch)))
             self.api.broker.wake()
             self.proposed.set()
             if len(self.sent) >= MAX_IN_FLIGHT:
@@ -254,6 +255,7 @@ class _Stream:
                     )
             acks = []
             records = 0
+            size_bytes = 0
             now = time.perf_counter()
             failed: ApiError | None = None
             while self.sent and self.sent[0].future.done():
@@ -264,10 +266,11 @@ class _Stream:
                     break
                 acks.append(ACK.pack(sent.future.result(), sent.records, sent.duplicate))
                 records += sent.records
+                size_bytes += sent.size_bytes
                 metrics.append_latency.observe(now - sent.started)
             if acks:
                 self.acked += len(acks)
-                metrics.appended_records.inc(records)
+                metrics.appended(self.replica.topic, records, size_bytes)
                 await self.ws.send_bytes(b"".join(acks))
             if failed is not None:
                 return failed

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,8 +27,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from . import steering
+from . import logs, steering, tracing
 from .config import BrokerConfig
+
+log = logging.getLogger(__name__)
 
 RESTART_MIN_S = 0.5
 RESTART_MAX_S = 30.0
@@ -81,11 +84,8 @@ class Worker:
         else:
             self.quick_failures = 0
             self.pause_s = RESTART_MIN_S
-        print(
-            f"laminar serve: worker {self.index} exited with {code}; starting it again in "
-            f"{self.pause_s:.1f} s",
-            file=sys.stderr,
-            flush=True,
+        log.warning(
+            "worker %d exited with %d; starting it again in %.1f s", self.index, code, self.pause_s
         )
         self.process = None
         self.restart_at = now + self.pause_s
@@ -106,7 +106,12 @@ def worker_command(argv: list[str], workers: int, index: int) -> list[str]:
 
 
 def supervise(config: BrokerConfig, argv: list[str]) -> int:
-    """Run the workers until SIGTERM or SIGINT (or one cannot start); the exit status."""
+    """Run the workers until SIGTERM or SIGINT (or one cannot start); the exit status. The
+    workers log as the supervisor does: they get its arguments (--log-level, --log-format)."""
+    logs.configure(config.log_level, config.log_format, config.node_id)
+    if config.otel_endpoint is not None and (problem := tracing.missing_packages()):
+        log.critical("laminar serve: %s", problem)  # (each worker would fail so, again and again)
+        return 1
     steered: list[socket.socket | None] = [None] * config.workers
     if config.steer_port:
         try:
@@ -118,16 +123,16 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
                 pin_dir=config.xdp_pin_dir,  # (where `laminar-xdp load` pins the program)
             )
         except steering.SteeringError as e:
-            print(f"laminar serve: {e}", file=sys.stderr)
+            log.critical("laminar serve: %s", e)
             return 1
         steered = list(sockets)
-        print(
-            f"laminar serve: steer port {config.steer_port}: "
-            + (f"connections go to worker (source port mod workers), by the {mechanism} program"
-               if mechanism else "the kernel refused both programs; connections spread by hash"),
-            file=sys.stderr,
-            flush=True,
-        )  # fmt: skip
+        log.info(
+            "steer port %d: %s",
+            config.steer_port,
+            f"connections go to worker (source port mod workers), by the {mechanism} program"
+            if mechanism
+            else "the kernel refused both programs; connections spread by hash",
+        )
     workers = [
         Worker(w, worker_command(argv, config.workers, w), steered[w])
         for w in range(config.workers)
@@ -165,11 +170,10 @@ def supervise(config: BrokerConfig, argv: list[str]) -> int:
                     continue
                 worker.exited(code, now)
                 if worker.quick_failures >= MAX_QUICK_FAILURES:
-                    print(
-                        f"laminar serve: worker {worker.index} failed to start "
-                        f"{worker.quick_failures} times in a row; stopping the broker",
-                        file=sys.stderr,
-                        flush=True,
+                    log.critical(
+                        "worker %d failed to start %d times in a row; stopping the broker",
+                        worker.index,
+                        worker.quick_failures,
                     )
                     stop(signal.SIGTERM, None)
                     status = 1
