@@ -135,6 +135,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.ca_dwell = datetime.timedelta(seconds=float(dwell)) if dwell else ca_rotation.DEFAULT_DWELL
     memo.cas = {}  # cluster uid -> (when read, ca_rotation.CaState, client context)
     memo.tokens = {}  # cluster uid -> (when read, the operator's token for its brokers)
+    memo.issued = {}  # cluster uid -> status.tls of the certificate this operator issued last
+    memo.tls_locks = {}  # cluster uid -> asyncio.Lock: one `_ensure_tls` at a time
 
 
 @kopf.on.cleanup()
@@ -817,34 +819,64 @@ async def _ensure_tls(
 ) -> None:
     """The cluster's CA bundle and its brokers' certificate: issued when due (status.tls says
     what the Secret holds; it is never read back), updated in place; with `restore`
-    (reconciling) the CA's public Secret applied and a missing certificate Secret made again."""
+    (reconciling) the CA's public Secret applied and a missing certificate Secret made again.
+
+    The reconcile and the status timer both come here, each with the object as it was when it
+    started, and each status patch lands only when its handler ends: so one at a time per
+    cluster, and what was issued last is remembered (`_issued`) until status.tls says so, lest
+    both issue a certificate and status.tls name the one the Secret no longer holds."""
     name, namespace = manifests.names(cluster)
-    ca, _ = await _cluster_ca(kube, memo, cluster)
-    state = body.status.get("tls")
-    due = _certificate_due(state, ca)
-    if not (due or restore):
-        return
-    await kube.apply(manifests.ca_secret(cluster, ca.bundle))  # before a certificate needs it
-    names = [*manifests.broker_names(name, namespace), *_annotated_hosts(cluster)]
-    pair = certs.issue(ca.signer, f"{name}.{namespace}", names, memo.cert_lifetime)
-    secret = manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.bundle)
-    if due:
-        await kube.apply(secret)
-    elif await kube.create(secret) is None:
-        return  # there, and not due: left as it is
-    cert = pair.certificate
-    issued = _patch_tls(patch, {
-        "notBefore": cert.not_valid_before_utc.strftime(TIME_FORMAT),
-        "notAfter": cert.not_valid_after_utc.strftime(TIME_FORMAT),
-        "serial": format(cert.serial_number, "x"),
-        "fingerprint": certs.fingerprint(pair.cert_pem),
-        "caFingerprint": certs.fingerprint(ca.signer.cert_pem),
-        "caNotAfter": ca.signer.not_after.strftime(TIME_FORMAT),
-        "trustedCaFingerprints": ca.fingerprints,
-    })  # fmt: skip
+    uid = cluster["metadata"]["uid"]
+    async with memo.tls_locks.setdefault(uid, asyncio.Lock()):
+        ca, _ = await _cluster_ca(kube, memo, cluster)
+        published = body.status.get("tls")
+        state = _issued(published, memo.issued.get(uid))
+        due = _certificate_due(state, ca)
+        if not (due or restore):
+            _republish(patch, published, state)
+            return
+        await kube.apply(manifests.ca_secret(cluster, ca.bundle))  # before a certificate needs it
+        names = [*manifests.broker_names(name, namespace), *_annotated_hosts(cluster)]
+        pair = certs.issue(ca.signer, f"{name}.{namespace}", names, memo.cert_lifetime)
+        secret = manifests.tls_secret(cluster, pair.cert_pem, pair.key_pem, ca.bundle)
+        if due:
+            await kube.apply(secret)
+        elif await kube.create(secret) is None:
+            _republish(patch, published, state)
+            return  # there, and not due: left as it is
+        cert = pair.certificate
+        issued = {
+            "notBefore": cert.not_valid_before_utc.strftime(TIME_FORMAT),
+            "notAfter": cert.not_valid_after_utc.strftime(TIME_FORMAT),
+            "serial": format(cert.serial_number, "x"),
+            "fingerprint": certs.fingerprint(pair.cert_pem),
+            "caFingerprint": certs.fingerprint(ca.signer.cert_pem),
+            "caNotAfter": ca.signer.not_after.strftime(TIME_FORMAT),
+            "trustedCaFingerprints": ca.fingerprints,
+        }
+        memo.issued[uid] = issued
+        _patch_tls(patch, issued)
     if state:
         message = f"the brokers' certificate renewed (until {issued['notAfter']})"
         _event(memo, body, "Normal", "CertificateRenewed", message)
+
+
+def _issued(published: Any, remembered: dict[str, Any] | None) -> Any:
+    """The brokers' certificate last issued: what status.tls says, or what this operator
+    issued after it (its patch not landed yet), whichever is newer."""
+    if remembered is None or not isinstance(published, dict):
+        return remembered or published
+    if published.get("serial") == remembered["serial"]:
+        return published
+    newer = str(published.get("notBefore") or "") > remembered["notBefore"]
+    return published if newer else remembered
+
+
+def _republish(patch: kopf.Patch, published: Any, state: Any) -> None:
+    """status.tls set to the certificate last issued where it does not say so yet (a patch
+    of another handler, not landed or lost)."""
+    if state and state is not published:
+        _patch_tls(patch, dict(state))
 
 
 async def _rotate_ca(
@@ -935,7 +967,8 @@ async def forget_cluster_ca(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     finalizer holds the cluster for it; in the cluster's namespace its owner reference
     collects it)."""
     uid = body.metadata["uid"]
-    memo.cas.pop(uid, None)
+    for remembered in (memo.cas, memo.issued, memo.tls_locks):
+        remembered.pop(uid, None)
     where = memo.ca_namespace
     if where and where != body.metadata["namespace"]:
         await memo.kube.delete("v1", "Secret", where, manifests.ca_key_secret_name(uid))

@@ -670,17 +670,17 @@ def test_tls_a_ca_per_cluster_a_certificate_renewed_in_place_and_admin_calls_ver
             assert base64.b64decode(data["ca.crt"]) == ca.cert_pem
             return x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
 
-        first = certificate()
+        status = wait_for(
+            "status.tls",
+            lambda: crds.get("laminarcluster/demo", "-n", namespace).get("status", {}).get("tls"),
+        )
+        first = certificate()  # (read after status.tls: its renewal is 40 s away)
+        assert int(status["serial"], 16) == first.serial_number
         assert first.issuer == ca.certificate.subject
         names = names_of(first.public_bytes(serialization.Encoding.PEM))
         for name in ("demo", f"demo.{namespace}.svc", f"demo.{namespace}.svc.cluster.local",
                      f"*.demo-peers.{namespace}.svc", "127.0.0.1"):  # fmt: skip
             assert name in names, names
-        status = wait_for(
-            "status.tls",
-            lambda: crds.get("laminarcluster/demo", "-n", namespace).get("status", {}).get("tls"),
-        )
-        assert int(status["serial"], 16) == first.serial_number
         generation = sts["metadata"]["generation"]
         renewed = wait_for(
             "the certificate renewed",
@@ -728,6 +728,55 @@ def test_tls_a_ca_per_cluster_a_certificate_renewed_in_place_and_admin_calls_ver
         finally:
             trusted.stop()
             stranger.stop()
+
+
+def test_the_reconcile_and_the_status_timer_at_once_issue_one_certificate(
+    crds: KubeApi, namespace: str
+) -> None:
+    """The reconcile and the status timer each ensure the brokers' certificate from the object
+    as it was when they started (no status.tls yet), and their status patches land only when
+    they end: one issues it, the other finds it issued; both patches name the certificate the
+    Secret holds (the cause of a red CI: two issued, status.tls naming the one overwritten)."""
+    import kopf
+    from cryptography import x509
+
+    from laminar.kube import Credentials, KubeClient
+    from laminar_operator import handlers
+
+    cluster = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    cluster["metadata"]["namespace"] = namespace
+    crds.apply(cluster)  # (no operator runs: these calls are all that touch it)
+    raw = crds.get("laminarcluster/demo", "-n", namespace)
+
+    def serial_in_the_secret() -> str:
+        data = crds.get("secret/demo-tls", "-n", namespace)["data"]
+        cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+        return format(cert.serial_number, "x")
+
+    async def ensure(memo: kopf.Memo, body: dict[str, Any], *, restore: bool) -> Any:
+        patch = kopf.Patch()
+        await handlers._ensure_tls(memo.kube, memo, body, kopf.Body(body), patch, restore=restore)
+        return patch.status.get("tls")
+
+    async def run() -> tuple[Any, ...]:
+        memo = kopf.Memo()
+        memo.kube = KubeClient(Credentials.from_kubeconfig([crds.kubeconfig]))
+        memo.events, memo.ca_namespace = handlers.events.EventLimiter(), None
+        memo.cert_lifetime = certs.CERT_LIFETIME
+        memo.cas, memo.issued, memo.tls_locks = {}, {}, {}
+        try:
+            reconciled, timed = await asyncio.gather(
+                ensure(memo, raw, restore=True), ensure(memo, raw, restore=False)
+            )
+            landed = {**raw, "status": {"tls": reconciled}}  # the reconcile's patch landed
+            return reconciled, timed, await ensure(memo, landed, restore=False)
+        finally:
+            await memo.kube.close()
+
+    reconciled, timed, after = asyncio.run(run())
+    serial = serial_in_the_secret()
+    assert reconciled["serial"] == timed["serial"] == serial
+    assert after is None  # status.tls says it now: nothing issued, nothing to patch
 
 
 class Kubelet:
