@@ -254,8 +254,17 @@ async def test_admin_forms_need_an_admin_and_the_csrf_token(console: Console) ->
                 allow_redirects=False,
             ) as response:  # fmt: skip
                 assert response.status == 303, await response.text()
-            members = (await client.cluster()).members
-            assert next(m for m in members if m.id == "n2").draining is draining
+            # the page it redirects to shows the change (the entry broker applied it first)
+            status, text, _ = await _page(session, base + "/console/cluster", admin)
+            row = text[text.index('id="member-n2"') :].split("</tr>", 1)[0]
+            assert status == 200 and ('<span class="marker">draining</span>' in row) is draining
+
+            async def shown(draining: bool = draining) -> bool:
+                """(The client's broker, maybe another, applies it a moment after the leader.)"""
+                members = (await client.cluster()).members
+                return next(m for m in members if m.id == "n2").draining is draining
+
+            await wait_until(f"n2 shown {action}ed", shown)
         async with session.post(
             base + "/console/logout", data={"csrf": token}, headers=headers,
             allow_redirects=False,

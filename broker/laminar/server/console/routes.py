@@ -31,7 +31,7 @@ import yaml
 from aiohttp import web
 
 from ...client.errors import LaminarError, OutOfRange
-from ...contract import MAX_INDEX, TOPIC_NAME, WORKER_NODE_ID
+from ...contract import MAX_INDEX, METADATA_WAIT_S, TOPIC_NAME, WORKER_NODE_ID
 from ...credentials import INTERNAL_PRINCIPAL, Action, Principal
 from ...models import ReadResult
 from ..http import ApiError
@@ -444,15 +444,24 @@ class Console:
         """Through the API's own drain (the brokers' client: any broker, redirected to the
         metadata leader)."""
         node = self._node(request)
-        await self.broker.internal_client().drain(node)
+        await self._shown(self.broker.internal_client().drain(node))
         log.info("console: %s drained %s", viewer.principal.name, node)
         return see_other(HOME_PATH)
 
     async def undrain(self, request: web.Request, viewer: Viewer) -> web.Response:
         node = self._node(request)
-        await self.broker.internal_client().undrain(node)
+        await self._shown(self.broker.internal_client().undrain(node))
         log.info("console: %s undrained %s", viewer.principal.name, node)
         return see_other(HOME_PATH)
+
+    async def _shown(self, change: Awaitable[object]) -> None:
+        """An admin change made, then applied by this broker too (up to METADATA_WAIT_S), so
+        the page the form redirects to shows it: it was committed by the metadata leader,
+        which this broker may follow a moment behind (read-your-writes, as the API's
+        Laminar-Metadata-Index)."""
+        await change
+        index = self.broker.internal_client().metadata_index
+        await self.broker.waits.metadata_applied(index, METADATA_WAIT_S)
 
     # ---- topics ----------------------------------------------------------------------------
 
