@@ -1,16 +1,13 @@
-"""The README tells the truth: two set-up commands, CI runs the test one, the example runs."""
+"""The README tells the truth: two set-up commands, CI runs the test one, the demos run, the
+test command's needs are named, what the README's commands make is ignored by git. (Its Python
+snippets run as scripts against a real cluster: tests/integration/test_readme_snippets.py.)"""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-from laminar.log.batch import Record
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -52,63 +49,23 @@ def test_log_demo_command_runs(tmp_path: Path) -> None:
     assert "records_read_back: 1000" in result.stdout
 
 
-def run_example(tmp_path: Path, marker: str, before: Any, after: Any = None) -> None:
-    """Run the README's Python block containing `marker` against a one-broker cluster (the
-    block's URL swapped for the cluster's), with `before(client)` / `after(client)` around it;
-    the block finds the token where the README says, in $LAMINAR_TOKEN_FILE."""
-    from laminar.client import AsyncClient
-    from tests.integration.conftest import make_cluster
-
-    (example,) = [block for block in code_blocks("python") if marker in block]
-    cluster = make_cluster(tmp_path / "cluster", 1)
-    try:
-        body = example.replace("http://127.0.0.11:7070", cluster.urls[0])
-        source = "async def example():\n" + "".join(f"    {line}\n" for line in body.splitlines())
-        namespace: dict[str, Any] = {}
-        exec(source, namespace)
-
-        async def run() -> None:
-            async with AsyncClient(cluster.urls, token=cluster.token) as client:
-                await before(client)
-            await asyncio.wait_for(namespace["example"](), 60)
-            if after is not None:
-                async with AsyncClient(cluster.urls, token=cluster.token) as client:
-                    await after(client)
-
-        os.environ["LAMINAR_TOKEN_FILE"] = str(cluster.token_file)
-        try:
-            asyncio.run(run())
-        finally:
-            del os.environ["LAMINAR_TOKEN_FILE"]
-    finally:
-        cluster.stop()
+def test_what_ci_installs_for_the_tests_is_named() -> None:
+    """Every package .ci/run installs for the test command is one the README says it needs."""
+    ci = (REPO / ".ci" / "run").read_text()
+    (listed,) = re.findall(r"^packages=\((.*?)\)", ci, flags=re.S | re.M)
+    packages = listed.split()
+    assert len(packages) > 5, listed
+    needs = README[README.index("The first needs only Python") :].split("\n\n")[0]
+    named = [p for p in packages if re.search(rf"(?<![\w-]){re.escape(p)}(?![\w-])", needs)]
+    assert named == packages
+    assert "root" in needs and "Go" in needs and "Java" in needs and "`.ci/run`" in needs
 
 
-def test_client_example_runs(tmp_path: Path, capsys) -> None:
-    async def before(client: Any) -> None:
-        await client.create_topic("orders", partitions=1, replication_factor=1)
-
-    run_example(tmp_path, "Producer(client", before)
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("RecordMetadata(partition=0, index=")
-    assert lines[1].startswith("0 ") and lines[1].endswith(" b'hello'")
-
-
-def test_queue_example_runs(tmp_path: Path, capsys) -> None:
-    async def before(client: Any) -> None:
-        await client.create_topic("orders", partitions=1, replication_factor=1)
-        await client.wait_for_leaders("orders")
-        await client.append("orders", 0, [Record(value=b"work")])
-
-    async def after(client: Any) -> None:
-        assert (await client.describe_group("orders", 0, "billing")).accepted == 1
-
-    run_example(tmp_path, "GroupConsumer", before, after)
-    assert capsys.readouterr().out.strip() == "0 1 1 b'work'"
-
-
-def test_log_example_runs(tmp_path: Path, capsys) -> None:
-    (example,) = [block for block in code_blocks("python") if "SegmentedLog.open" in block]
-    exec(example.replace("/var/lib/laminar/p0", str(tmp_path / "p0")), {})
-    assert capsys.readouterr().out.strip() == "0 b'k' b'hello'"
-    assert os.listdir(tmp_path / "p0")  # the path the README names is where the log went
+def test_the_readme_commands_data_directory_is_ignored() -> None:
+    """`laminar local-cluster up --data-dir ./laminar-data`, run in the checkout, leaves nothing
+    for git to show."""
+    assert "--data-dir ./laminar-data" in README
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "--no-index", "laminar-data/token"], cwd=REPO, check=False
+    )
+    assert ignored.returncode == 0
