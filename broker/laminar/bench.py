@@ -351,6 +351,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-bytes", type=int, default=4 << 20, help="consume read size")
     parser.add_argument("--decode", action="store_true", help="consume: decode every record")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="give up on the cluster after this many seconds (default: %(default)s)",
+    )
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -362,6 +369,8 @@ def check(args: argparse.Namespace) -> str | None:
         return "--batch must be >= 1 and a batch must stay under 8 MiB"
     if args.rate is not None and not 1 <= args.rate <= 1_000_000:
         return "--rate must be in 1..1000000"
+    if not args.timeout > 0:
+        return "--timeout must be positive"
     if not 1 <= args.in_flight <= (4096 if args.stream else 64):
         return f"--in-flight must be in 1..{4096 if args.stream else 64}"
     return None
@@ -370,7 +379,8 @@ def check(args: argparse.Namespace) -> str | None:
 async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -> dict[str, Any]:
     progress = not args.no_progress and sys.stderr.isatty()
     ca_file = getattr(args, "ca_file", None)
-    async with AsyncClient(brokers, token=token, timeout_s=60, ca_file=ca_file) as client:
+    timeout_s = getattr(args, "timeout", 60.0)
+    async with AsyncClient(brokers, token=token, timeout_s=timeout_s, ca_file=ca_file) as client:
         if args.mode == "consume":
             result = await consume(
                 client,

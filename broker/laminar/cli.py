@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from . import __version__
 from .log import (
@@ -21,9 +22,15 @@ from .log import (
     LogError,
     Record,
     SegmentedLog,
+    StorageError,
     decode_batches,
     encode_batch,
 )
+from .log.segment import STORE_SUFFIX, parse_segment_name
+from .log.snapshot import SnapshotDirectory
+
+if TYPE_CHECKING:
+    from .local_cluster import LocalCluster
 
 DEFAULT_BROKERS = "http://127.0.0.11:7070"
 DEMO_RECORDS_PER_BATCH = 100
@@ -84,7 +91,18 @@ def _demo(data_dir: str, records: int) -> dict[str, object]:
 
 
 def _inspect(data_dir: str) -> dict[str, object]:
-    log = SegmentedLog.open(FileDirectory(data_dir), LogConfig(fsync=FsyncPolicy.NEVER))
+    """Describe the log in `data_dir` without changing anything on disk: recovery runs on
+    copies in memory (laminar.log.snapshot), so the report says what opening it would repair.
+    A path that is not a directory holding segment files is an error, never made a log."""
+    if not os.path.exists(data_dir):
+        raise LogError(f"{data_dir}: no such directory")
+    if not os.path.isdir(data_dir):
+        raise LogError(f"{data_dir}: not a directory (give the log's directory)")
+    directory = SnapshotDirectory(data_dir)
+    parsed = (parse_segment_name(name) for name in directory.names())
+    if not any(p is not None and p[1] == STORE_SUFFIX for p in parsed):
+        raise LogError(f"{data_dir}: no log here (no segment files *{STORE_SUFFIX})")
+    log = SegmentedLog.open(directory, LogConfig(fsync=FsyncPolicy.NEVER))
     try:
         segments = [
             {
@@ -115,52 +133,46 @@ def _inspect(data_dir: str) -> dict[str, object]:
 
 
 def _local_cluster(args: argparse.Namespace) -> int:
-    from .local_cluster import LocalCluster
+    from .local_cluster import DEFAULT_PREFIX, STATE_FILE, LocalCluster
 
     data_dir = Path(args.data_dir)
     if args.action == "up":
-        if (data_dir / "cluster.json").exists():
-            running = [n.id for n in LocalCluster.load(data_dir).nodes.values() if n.alive()]
+        stored = None
+        if (data_dir / STATE_FILE).exists():
+            stored = LocalCluster.load(data_dir, fsync=args.fsync)
+            running = [n.id for n in stored.nodes.values() if n.alive()]
             if running:
-                print(
-                    f"laminar: {', '.join(running)} already running in {data_dir}", file=sys.stderr
-                )
-                return 1
+                return _local_cluster_restart(stored, running, args)
+        # what the data directory's cluster was (for a later `up`), or the defaults
         cluster = LocalCluster(
             data_dir,
-            args.nodes,
+            _given(args.nodes, len(stored.initial) if stored else 3),
             fsync=args.fsync,
-            prefix=args.prefix,
-            tls=args.tls,
-            workers=args.workers,
+            prefix=_given(args.prefix, stored.prefix if stored else DEFAULT_PREFIX),
+            tls=_given(args.tls, stored.tls if stored else True),
+            workers=_given(args.workers, stored.workers if stored else 1),
         )
+        if args.prefix is None:  # no range asked for: the next free one if this one is taken
+            busy = cluster.move_to_free_prefix()
+            if busy:
+                print(
+                    f"laminar: {', '.join(busy)} in use; using {cluster.prefix}.* instead",
+                    file=sys.stderr,
+                )
         try:
             cluster.start()
         except BaseException:
             cluster.stop()
             raise
-        for node in cluster.nodes.values():
-            print(f"{node.id}  {node.api_url}  pid {node.pid}")
-        print(f"export LAMINAR_BROKERS={','.join(cluster.urls)}")
-        # the admin token (the brokers require one): client commands and AsyncClient read it
-        print(f"export LAMINAR_TOKEN_FILE={cluster.token_file}")
-        if cluster.ca_file is not None:  # what clients verify the brokers' certificates with
-            print(f"export LAMINAR_CA_FILE={cluster.ca_file}")
-        if args.detach:
-            return 0
-        print("running; Ctrl-C stops the cluster", flush=True)
-        try:
-            while all(n.alive() for n in cluster.nodes.values()):
-                time.sleep(0.5)
-            print("laminar: a broker exited; stopping the cluster", file=sys.stderr)
-        except KeyboardInterrupt:
-            pass
-        cluster.stop()
-        return 0
+        return _local_cluster_serve(cluster, args.detach)
     cluster = LocalCluster.load(data_dir)
     if args.action == "down":
-        cluster.stop()
-        print(f"stopped {len(cluster.nodes)} brokers")
+        stopped = cluster.stop()  # only the brokers that were running
+        if not stopped:
+            print(f"no brokers running in {data_dir}")
+        else:
+            plural = "s" if len(stopped) != 1 else ""
+            print(f"stopped {len(stopped)} broker{plural}: {', '.join(stopped)}")
         return 0
     from .local_cluster import probe
 
@@ -168,6 +180,66 @@ def _local_cluster(args: argparse.Namespace) -> int:
         ready = probe(node.api_url + "/readyz", ca_file=cluster.ca_file) if node.alive() else None
         state = "down" if not node.alive() else ("ready" if ready == 200 else "not ready")
         print(f"{node.id}  {node.api_url}  pid {node.pid}  {state}")
+    return 0
+
+
+_T = TypeVar("_T")
+
+
+def _given(value: _T | None, otherwise: _T) -> _T:
+    """An option's value, or `otherwise` when it was not given."""
+    return otherwise if value is None else value
+
+
+def _local_cluster_restart(
+    cluster: LocalCluster, running: list[str], args: argparse.Namespace
+) -> int:
+    """`up` on a partly running cluster: start its missing brokers as they were (ids,
+    addresses, data), leaving the running ones alone; options that would change it refused."""
+    asked = {
+        "--nodes": (args.nodes, len(cluster.initial)),
+        "--prefix": (args.prefix, cluster.prefix),
+        "--tls": (args.tls, cluster.tls),
+        "--workers": (args.workers, cluster.workers),
+    }
+    for option, (value, current) in asked.items():
+        if value is not None and value != current:
+            print(
+                f"laminar: {', '.join(running)} running in {cluster.data_dir} with {option} "
+                f"{current}; `laminar local-cluster down` first to change it",
+                file=sys.stderr,
+            )
+            return 1
+    if len(running) == len(cluster.nodes):
+        print(
+            f"laminar: {', '.join(running)} already running in {cluster.data_dir}", file=sys.stderr
+        )
+        return 1
+    started = cluster.start_missing()
+    print(f"started {', '.join(started)}; {', '.join(running)} already running")
+    return _local_cluster_serve(cluster, args.detach)
+
+
+def _local_cluster_serve(cluster: LocalCluster, detach: bool) -> int:
+    """Print where a started cluster answers; unless `detach`, stop it on Ctrl-C or when a
+    broker exits."""
+    for node in cluster.nodes.values():
+        print(f"{node.id}  {node.api_url}  pid {node.pid}")
+    print(f"export LAMINAR_BROKERS={','.join(cluster.urls)}")
+    # the admin token (the brokers require one): client commands and AsyncClient read it
+    print(f"export LAMINAR_TOKEN_FILE={cluster.token_file}")
+    if cluster.ca_file is not None:  # what clients verify the brokers' certificates with
+        print(f"export LAMINAR_CA_FILE={cluster.ca_file}")
+    if detach:
+        return 0
+    print("running; Ctrl-C stops the cluster", flush=True)
+    try:
+        while all(n.alive() for n in cluster.nodes.values()):
+            time.sleep(0.5)
+        print("laminar: a broker exited; stopping the cluster", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    cluster.stop()
     return 0
 
 
@@ -289,8 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--data-dir", help="log directory (default: a temporary one, removed)")
     demo.add_argument("--records", type=int, default=20_000, help="records to append")
-    inspect = commands.add_parser("inspect", help="open a log directory and describe it (JSON)")
-    inspect.add_argument("data_dir")
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe a log directory (JSON); read only: what recovery would repair is "
+        "reported, not done",
+    )
+    inspect.add_argument("data_dir", help="a partition's log directory (its *.log segments)")
     serve = commands.add_parser("serve", help="run one broker")
     from .server.config import add_arguments
 
@@ -301,24 +377,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     secret.add_argument("file", nargs="?", help="create this file (never overwritten)")
     _add_credentials_parser(commands)
     local = commands.add_parser("local-cluster", help="brokers on loopback, no Kubernetes")
+    # --nodes, --workers, --prefix, --tls: None when not given (the data directory's cluster's,
+    # or the default: 3, 1, the first free range from 127.0.0, on)
     local.add_argument("action", choices=["up", "down", "status"])
-    local.add_argument("--nodes", type=int, default=3)
+    local.add_argument("--nodes", type=int, help="brokers (default: 3)")
     local.add_argument("--data-dir", default="laminar-data")
     local.add_argument("--detach", action="store_true", help="leave the brokers running")
     local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     local.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="worker processes per broker (docs/workers.md; 0: one per usable core)",
+        help="worker processes per broker (docs/workers.md; 0: one per usable core; default 1)",
     )
     local.add_argument(
-        "--prefix", default="127.0.0", help="loopback /24 to use: broker i is <prefix>.<10+i>"
+        "--prefix",
+        help="loopback /24 to use: broker i is <prefix>.<10+i> (default: 127.0.0, or the next "
+        "free one, 127.0.1, ..., when its addresses are in use)",
     )
     local.add_argument(
         "--tls",
         action=argparse.BooleanOptionalAction,
-        default=True,
         help="HTTPS and mutual TLS between brokers, with a CA made in DATA_DIR/tls (default: "
         "on; the CA file is printed as LAMINAR_CA_FILE)",
     )
@@ -403,9 +481,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         print(json.dumps(_inspect(args.data_dir), indent=2))
         return 0
-    except LogError as e:
-        print(f"laminar: {e}", file=sys.stderr)
+    except _expected_errors() as e:  # (evaluated only when something is raised)
+        print(f"laminar: error: {_error_line(e)}", file=sys.stderr)
         return 1
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """What a command may fail with for reasons of the world (a path, a cluster that is down
+    or not there, a log that cannot be read): one line on stderr, not a traceback. Imported
+    here, when needed, so that a command does not pay for the others' modules."""
+    from .client.errors import LaminarError
+    from .local_cluster import ClusterError
+
+    return (LogError, StorageError, OSError, LaminarError, ClusterError)
+
+
+def _error_line(error: BaseException) -> str:
+    """`error` on one line: the client's errors as the client commands print them, an OSError
+    as its path and reason."""
+    from .client.commands import describe_error
+    from .client.errors import LaminarError
+
+    if isinstance(error, LaminarError):
+        return describe_error(error)
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 if __name__ == "__main__":

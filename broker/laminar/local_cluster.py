@@ -17,14 +17,24 @@ speak mutual TLS to each other: `<data_dir>/tls/` holds a CA made for the data d
 (`ca.crt`, the file clients are given; `ca.key`, mode 600) and each broker's key and
 certificate (`n<i>.key`, `n<i>.crt`, valid for its address and `localhost`), made when missing
 and reused by a later `up`.
+
+Addresses: a broker's ports (its API, peer and gossip ports, and each worker's) are checked
+free before it starts, and a broker counts as started only when the broker answering on its
+URL is it: `GET /v1/cluster` with this cluster's admin token (sent only after the CA check,
+with TLS) names its node id and cluster id. Otherwise another cluster holding the addresses
+would answer for brokers that failed to listen. `move_to_free_prefix` moves a cluster whose
+addresses are taken to the next free /24 (`up` without --prefix); `start_missing` starts the
+brokers of a partly running cluster again, at their own addresses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -55,7 +65,7 @@ from .server.config import (
     read_secret_file,
 )
 from .tls import client_context
-from .workers import worker_address, worker_id
+from .workers import PORT_STRIDE, usable_cores, worker_address, worker_id
 
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -63,6 +73,10 @@ TOKEN_FILE = "token"
 CREDENTIALS_FILE = "credentials.yaml"
 TLS_DIR = "tls"
 CLUSTER_ID = "local"
+#: the /24 a cluster's brokers are on unless another is asked for (broker i: <prefix>.<10+i>)
+DEFAULT_PREFIX = "127.0.0"
+#: how many /24s after its own `move_to_free_prefix` tries (127.0.1, 127.0.2, ...)
+FREE_PREFIX_TRIES = 50
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -95,9 +109,12 @@ class LocalNode:
         return f"{self.host}:{DEFAULT_GOSSIP_PORT}"
 
     def alive(self) -> bool:
+        """Is this broker running: the process this cluster started, or (a cluster loaded
+        from its state file) the recorded process, if it still runs this broker (a process id
+        can be reused once its process has ended)."""
         if self.process is not None:
             return self.process.poll() is None
-        return self.pid is not None and pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid) and runs_broker(self.pid, self)
 
 
 class LocalCluster:
@@ -106,7 +123,7 @@ class LocalCluster:
         data_dir: Path,
         nodes: int = 3,
         *,
-        prefix: str = "127.0.0",
+        prefix: str = DEFAULT_PREFIX,
         fsync: str = "always",
         token: str | None = None,
         extra_args: tuple[str, ...] = (),
@@ -141,6 +158,86 @@ class LocalCluster:
     @property
     def urls(self) -> list[str]:
         return [n.api_url for n in self.nodes.values()]
+
+    @property
+    def cluster_id(self) -> str:
+        """The brokers' cluster id: CLUSTER_ID unless `extra_args` give another (the last
+        --cluster-id wins, as on the command line)."""
+        args = list(self.extra_args)
+        indexes = [i for i, arg in enumerate(args[:-1]) if arg == "--cluster-id"]
+        return args[indexes[-1] + 1] if indexes else CLUSTER_ID
+
+    # ---- addresses -------------------------------------------------------------------------
+
+    def listen_addresses(self, node_id: str) -> list[tuple[str, int, socket.SocketKind]]:
+        """Where broker `node_id` listens: for each of its workers, the API and peer ports
+        (TCP) and the gossip port (UDP), each worker's shifted by PORT_STRIDE times its index."""
+        host = self.nodes[node_id].host
+        workers = self.workers or usable_cores()  # 0: one per usable core, as the broker does
+        return [
+            (host, port + PORT_STRIDE * worker, kind)
+            for worker in range(workers)
+            for port, kind in (
+                (DEFAULT_API_PORT, socket.SOCK_STREAM),
+                (DEFAULT_PEER_PORT, socket.SOCK_STREAM),
+                (DEFAULT_GOSSIP_PORT, socket.SOCK_DGRAM),
+            )
+        ]
+
+    def addresses_in_use(self, node_ids: list[str] | None = None) -> list[str]:
+        """The addresses of brokers `node_ids` (default: all) that something else holds now,
+        as `host:port` (`host:port/udp` for gossip); ClusterError if one cannot be listened
+        on for another reason (an address this machine does not have)."""
+        busy = []
+        for node_id in self.nodes if node_ids is None else node_ids:
+            for host, port, kind in self.listen_addresses(node_id):
+                name = f"{host}:{port}" + ("/udp" if kind == socket.SOCK_DGRAM else "")
+                with socket.socket(socket.AF_INET, kind) as probe_socket:
+                    if kind == socket.SOCK_STREAM:  # as the broker does: TIME_WAIT is no hold
+                        probe_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        probe_socket.bind((host, port))
+                    except OSError as e:
+                        if e.errno != errno.EADDRINUSE:
+                            raise ClusterError(f"cannot listen on {name}: {e.strerror}") from None
+                        busy.append(name)
+        return busy
+
+    def check_addresses(self, node_ids: list[str] | None = None) -> None:
+        """ClusterError naming the addresses in use, if brokers `node_ids` cannot listen."""
+        busy = self.addresses_in_use(node_ids)
+        if busy:
+            raise ClusterError(
+                f"address in use: {', '.join(busy)} (another cluster or program holds it); "
+                "stop it, or choose another --prefix"
+            )
+
+    def move_to_free_prefix(self, tries: int = FREE_PREFIX_TRIES) -> list[str]:
+        """When an address of this (stopped) cluster is in use, move it to the first of the
+        next `tries` /24s (127.0.0 -> 127.0.1, 127.0.2, ...) where all are free; the addresses
+        found in use at its own prefix ([]: it stays). ClusterError if none is free."""
+        busy = self.addresses_in_use()
+        if not busy:
+            return []
+        first = self.prefix
+        head, _, third = first.rpartition(".")
+        for step in range(1, tries + 1):
+            if int(third) + step > 255:
+                break
+            self._move_to(f"{head}.{int(third) + step}")
+            if not self.addresses_in_use():
+                return busy
+        self._move_to(first)
+        raise ClusterError(
+            f"address in use: {', '.join(busy)}, and no free range in the {tries} /24s after "
+            f"{first}: choose a --prefix"
+        )
+
+    def _move_to(self, prefix: str) -> None:
+        self.prefix = prefix
+        for node_id in list(self.nodes):
+            pid = self.nodes[node_id].pid
+            self._add(node_id).pid = pid
 
     # ---- processes -------------------------------------------------------------------------
 
@@ -333,10 +430,29 @@ class LocalCluster:
         return out
 
     def start(self, *, wait: bool = True) -> None:
+        """Start every broker (ClusterError, before any starts, if an address is in use)."""
+        self.check_addresses([n.id for n in self.nodes.values() if not n.alive()])
         for node_id in list(self.nodes):
             self.start_node(node_id)
         if wait:
             self.wait_ready()
+
+    def start_missing(self) -> list[str]:
+        """Start the brokers that are not running, with their ids, addresses and data, and
+        leave the running ones alone (`up` on a partly running cluster); the ids started.
+        ClusterError if one cannot start: those it started are stopped again."""
+        missing = [n.id for n in self.nodes.values() if not n.alive()]
+        self.check_addresses(missing)
+        try:
+            for node_id in missing:
+                self.start_node(node_id)
+            self.wait_ready(missing)
+        except BaseException:
+            for node_id in missing:
+                self.stop_node(node_id)
+            self.save()
+            raise
+        return missing
 
     def add_node(self) -> LocalNode:
         number = max(int(n[1:]) for n in self.nodes) + 1
@@ -369,7 +485,9 @@ class LocalCluster:
             return node.process.wait(timeout=STOP_TIMEOUT_S)
         return 0
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop every running broker (SIGTERM to all, then wait for each); the ids of those
+        that were running."""
         signalled = []
         for node_id in list(self.nodes):
             node = self.nodes[node_id]
@@ -379,10 +497,14 @@ class LocalCluster:
         for node_id in list(self.nodes):
             self.stop_node(node_id, signalled=node_id in signalled)
         self.save()
+        return signalled
 
     def wait_ready(
         self, node_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
     ) -> None:
+        """Wait until every worker of brokers `node_ids` (default: all) is ready and each
+        broker's URL is answered by that broker (`identify`). ClusterError if one exits, or
+        another answers, or not within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         pending = [
             (node_id, url)
@@ -392,16 +514,42 @@ class LocalCluster:
         while pending:
             node = self.nodes[pending[0][0]]
             if not node.alive():
+                tail = self.tail(node.id)
+                why = ": an address it listens on is in use" if "in use" in tail else ""
                 raise ClusterError(
-                    f"{node.id} exited{self._how(node)}; see {node.data_dir / 'broker.log'}:\n"
-                    f"{self.tail(node.id)}"
+                    f"{node.id} exited{self._how(node)}{why}; see "
+                    f"{node.data_dir / 'broker.log'}:\n{tail}"
                 )
-            if probe(pending[0][1] + "/readyz", ca_file=self.ca_file) == 200:
+            url = pending[0][1]
+            if probe(url + "/readyz", ca_file=self.ca_file) == 200 and (
+                url != node.api_url or self.identify(node.id)
+            ):
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:
                 raise ClusterError(f"{node.id} not ready after {timeout_s:.0f} s")
             time.sleep(0.1)
+
+    def identify(self, node_id: str) -> bool:
+        """Is the broker answering on `node_id`'s URL that broker of this cluster: True; False
+        when it cannot tell yet; ClusterError when another answers (another cluster, on an
+        address our broker could not take). The admin token goes to the URL only once TLS
+        verified it against this cluster's CA."""
+        node = self.nodes[node_id]
+        status, body = get_json(node.api_url + "/v1/cluster", self.token, ca_file=self.ca_file)
+        if status == 200 and isinstance(body, dict):
+            answered = (body.get("node_id"), body.get("cluster_id"))
+            if answered == (node.id, self.cluster_id):
+                return True
+            problem = f"answers as node {answered[0]!r} of cluster {answered[1]!r}"
+        elif status in (401, 403):
+            problem = f"refuses this cluster's admin token ({status})"
+        else:
+            return False
+        raise ClusterError(
+            f"{node.api_url} is not {node.id} of this cluster: it {problem}; another cluster "
+            f"holds {node.host}? Stop it, or choose another --prefix"
+        )
 
     @staticmethod
     def _how(node: LocalNode) -> str:
@@ -436,21 +584,29 @@ class LocalCluster:
         (self.data_dir / STATE_FILE).write_text(json.dumps(document, indent=2))
 
     @classmethod
-    def load(cls, data_dir: Path) -> LocalCluster:
+    def load(cls, data_dir: Path, *, fsync: str = "always") -> LocalCluster:
+        """The cluster `save` recorded in `data_dir` (ClusterError if there is none)."""
         path = data_dir / STATE_FILE
+        if not data_dir.is_dir():
+            raise ClusterError(f"no local cluster in {data_dir}: no such directory")
         if not path.exists():
             raise ClusterError(f"no local cluster in {data_dir} ({STATE_FILE} missing)")
-        document = json.loads(path.read_text())
-        cluster = cls(
-            data_dir,
-            len(document["initial"]),
-            prefix=document["prefix"],
-            tls=bool(document.get("tls", False)),
-            workers=int(document.get("workers", 1)),
-        )
-        for node_id, info in document["nodes"].items():
+        try:
+            document = json.loads(path.read_text())
+            cluster = cls(
+                data_dir,
+                len(document["initial"]),
+                prefix=document["prefix"],
+                fsync=fsync,
+                tls=bool(document.get("tls", False)),
+                workers=int(document.get("workers", 1)),
+            )
+            pids = {node_id: info["pid"] for node_id, info in document["nodes"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ClusterError(f"{path} is damaged ({e!r}): remove it") from None
+        for node_id, pid in pids.items():
             node = cluster.nodes.get(node_id) or cluster._add(node_id)
-            node.pid = info["pid"]
+            node.pid = pid
         return cluster
 
 
@@ -477,6 +633,31 @@ def probe(
         return None
 
 
+def get_json(
+    url: str,
+    token: str | None = None,
+    timeout_s: float = 1.0,
+    *,
+    ca_file: str | os.PathLike[str] | None = None,
+) -> tuple[int | None, object]:
+    """HTTP status and JSON body of a GET (None, None if unreachable; body None if not JSON)."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = client_context(ca_file) if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
+            status, raw = int(response.status), response.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), None
+    except (OSError, ValueError):
+        return None, None
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
+
+
 def _write(path: Path, data: bytes, mode: int) -> None:
     """Replace `path` with `data` at once (a reader sees the old file or the new one)."""
     temporary = path.with_name(path.name + ".new")
@@ -500,3 +681,14 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][:1] != "Z"
     except OSError:
         return True
+
+
+def runs_broker(pid: int, node: LocalNode) -> bool:
+    """Does process `pid` run `node`'s broker (`laminar serve --data-dir <its data dir>`)? True
+    when its command line cannot be read (no /proc): it is taken to."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            arguments = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return True
+    return "serve" in arguments and str(node.data_dir) in arguments

@@ -40,6 +40,7 @@ from laminar.contract import (
     MAX_WEIGHT,
 )
 from laminar.log.batch import StoredRecord
+from laminar.metadata.state import config_type_problem
 from laminar.models import AcquiredMessage, Handoff, TopicList, TxnDescription, record_to_json
 from laminar.tls import TlsError, client_context
 from laminar.txn.producer import TxnProducer
@@ -175,7 +176,9 @@ def _start(text: str) -> str | int:
 
 
 def _config_item(text: str) -> tuple[str, Any]:
-    """`key=value`: the value as JSON when it parses (numbers, null, true), else a string."""
+    """`key=value`: the value as JSON when it parses (numbers, null, true), else a string,
+    checked to be of the key's type (as the broker checks it: a usage error here, before
+    anything is sent)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
@@ -183,6 +186,9 @@ def _config_item(text: str) -> tuple[str, Any]:
         value: Any = json.loads(raw)
     except ValueError:
         value = raw
+    problem = config_type_problem(key.strip(), value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return key.strip(), value
 
 

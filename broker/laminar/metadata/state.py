@@ -21,7 +21,7 @@ from ..contract import MAX_WEIGHT as MAX_WEIGHT
 from ..contract import NODE_ID as NODE_ID
 from ..contract import TOPIC_NAME as TOPIC_NAME
 from ..contract import WORKER_NODE_ID
-from ..log.config import LogConfig
+from ..log.config import FsyncPolicy, LogConfig
 from ..txn import coordinator as txn
 from ..txn.coordinator import (
     AddTxnPartitions,
@@ -44,6 +44,7 @@ TOPIC_CONFIG_KEYS = LOG_CONFIG_KEYS | QUEUE_CONFIG_KEYS
 INT_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig) if f.type in ("int", "int | None"))
 NULLABLE_CONFIG_KEYS = frozenset(f.name for f in fields(LogConfig) if f.type == "int | None")
 MAX_CONFIG_INT = 2**63 - 1
+FSYNC_POLICIES = tuple(policy.value for policy in FsyncPolicy)
 #: The smallest max_batch_bytes and segment_overflow_bytes a topic may be given (so that its
 #: batch limit is never below): room for the control batches the broker itself writes into
 #: every partition's log (a new leader's no-op, a membership change naming a node id).
@@ -169,20 +170,31 @@ def _check_config(config: object) -> dict[str, Any]:
     return dict(sorted(config.items()))
 
 
-def _check_config_values(config: Mapping[str, Any]) -> None:
-    """Every integer setting a JSON integer (not a bool, not 5.0) of at most 2^63-1, or null
-    where it may be, and batch limits of at least MIN_BATCH_LIMIT_BYTES. Checked on proposals
-    only (`validate_proposal`): LogConfig compares the values without checking their types,
-    and entries committed before this check must still apply as they did."""
-    for key in sorted(INT_CONFIG_KEYS & set(config)):
-        value = config[key]
+def config_type_problem(key: str, value: object) -> str | None:
+    """Why `value` is not of the type topic config `key` takes (naming both), else None (also
+    for a key that is not a config key: that is another check's). Shared by the broker's
+    proposal check and the command line, so both say the same."""
+    if key in INT_CONFIG_KEYS:  # (max_deliveries: its own check names its range too)
         if value is None and key in NULLABLE_CONFIG_KEYS:
-            continue
+            return None
         if not isinstance(value, int) or isinstance(value, bool) or value > MAX_CONFIG_INT:
             kind = "an integer or null" if key in NULLABLE_CONFIG_KEYS else "an integer"
-            raise MetadataError(
-                "invalid", f"invalid config: {key}={value!r} must be {kind} up to 2^63-1"
-            )
+            return f"invalid config: {key}={value!r} must be {kind} up to 2^63-1"
+    elif key == "fsync" and value not in FSYNC_POLICIES:
+        return f"invalid config: fsync={value!r} must be one of {', '.join(FSYNC_POLICIES)}"
+    return None
+
+
+def _check_config_values(config: Mapping[str, Any]) -> None:
+    """Every setting of its type (`config_type_problem`: an integer setting a JSON integer,
+    not a bool, not 5.0, of at most 2^63-1, or null where it may be), and batch limits of at
+    least MIN_BATCH_LIMIT_BYTES. Checked on proposals only (`validate_proposal`), before
+    LogConfig sees the values (it compares them without checking their types), and entries
+    committed before this check must still apply as they did."""
+    for key in sorted(set(config)):
+        problem = config_type_problem(key, config[key])
+        if problem is not None:
+            raise MetadataError("invalid", problem)
     for key in ("max_batch_bytes", "segment_overflow_bytes"):
         value = config.get(key)
         if value is not None and value < MIN_BATCH_LIMIT_BYTES:
@@ -240,9 +252,9 @@ def validate(command: Command) -> None:
 def validate_proposal(command: Command) -> None:
     """`validate`, and the checks that only what a client proposes now must pass (entries
     committed before them must still apply as they did). MetadataError."""
+    if isinstance(command, CreateTopic | AlterTopic) and isinstance(command.config, Mapping):
+        _check_config_values(command.config)  # first: LogConfig's own errors name no key
     validate(command)
-    if isinstance(command, CreateTopic | AlterTopic) and command.config is not None:
-        _check_config_values(command.config)
 
 
 def encode_command(command: Command) -> bytes:
