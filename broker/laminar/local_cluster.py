@@ -35,7 +35,6 @@ import json
 import os
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -618,19 +617,7 @@ def probe(
     ca_file: str | os.PathLike[str] | None = None,
 ) -> int | None:
     """HTTP status of a GET, None if unreachable (https: verified against `ca_file`)."""
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    context: ssl.SSLContext | None = None
-    if url.startswith("https:"):
-        context = client_context(ca_file)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except (OSError, ValueError):
-        return None
+    return get_json(url, token, timeout_s, ca_file=ca_file)[0]
 
 
 def get_json(
