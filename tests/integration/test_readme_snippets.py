@@ -120,12 +120,18 @@ def script(tmp_path: Path, snippet: str) -> Path:
     return path
 
 
-def check_produce_consume(shell: Shell, path: Path) -> None:
+def run_to_the_end(shell: Shell, path: Path) -> subprocess.CompletedProcess[str]:
+    """The snippet at `path` run as a script in the user's shell; it must end, and succeed."""
     result = subprocess.run(
         [sys.executable, str(path)], cwd=shell.cwd, env=shell.env, capture_output=True,
         text=True, timeout=SNIPPET_TIMEOUT_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def check_produce_consume(shell: Shell, path: Path) -> None:
+    result = run_to_the_end(shell, path)
     sent, consumed = result.stdout.splitlines()
     found = re.fullmatch(r"RecordMetadata\(partition=(\d+), index=(\d+)\)", sent)
     assert found is not None, sent
@@ -196,11 +202,7 @@ def check_worker(shell: Shell, path: Path) -> None:
 
 
 def check_log(shell: Shell, path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(path)], cwd=shell.cwd, env=shell.env, capture_output=True,
-        text=True, timeout=SNIPPET_TIMEOUT_S,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_to_the_end(shell, path)
     assert result.stdout.strip() == "0 b'k' b'hello'"
 
 
