@@ -169,7 +169,7 @@ SAMPLES: dict[type[Any], list[tuple[Any, str | None]]] = {
         (Settled((17,), (19,)), None),
         (Settled((17,), (), 1_700_000_090_000), COMPONENT + "RenewResult"),
     ],
-    GroupDescription: [(GroupDescription("t", 0, "billing", 17, 2, 40, 0, 1200, 3), None)],
+    GroupDescription: [(GroupDescription("t", 0, "billing", 17, 2, 40, 0, 1200, 3, 59), None)],
     ErrorBody: [
         (ErrorBody("not_found", "no topic t"), None),
         (

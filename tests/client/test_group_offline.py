@@ -89,6 +89,11 @@ class FakeBroker:
         self.changed.set()
         return added
 
+    def end(self, partition: int) -> int:
+        """One past the last index of `partition` (0: none)."""
+        log = self.messages[partition]
+        return log[-1]["index"] + 1 if log else 0
+
     def group(self, partition: int, group: str = GROUP) -> FakeGroup:
         return self.groups.setdefault((partition, group), FakeGroup())
 
@@ -124,8 +129,8 @@ class FakeBroker:
                 "learners": [],
                 "in_sync": ["n1"],
                 "log_start": 0,
-                "commit_index": 0,
-                "log_end": 0,
+                "commit_index": self.end(p) - 1 if self.messages[p] else 0,
+                "log_end": self.end(p),
             }
             for p in range(self.partitions)
         ]
@@ -157,6 +162,7 @@ class FakeBroker:
                 "dead_letter_pending": 0,
                 "accepted": g.accepted,
                 "dead_lettered": len(g.dead),
+                "end_index": self.end(p),
             }
         )
 
@@ -345,8 +351,9 @@ def test_answers_decode() -> None:
         "dead_letter_pending": 1,
         "accepted": 4,
         "dead_lettered": 5,
+        "end_index": 16,
     }
-    assert GroupDescription.from_json(raw) == GroupDescription("t", 1, "g", 10, 2, 3, 1, 4, 5)
+    assert GroupDescription.from_json(raw) == GroupDescription("t", 1, "g", 10, 2, 3, 1, 4, 5, 16)
 
 
 def test_default_consumer_ids_are_valid_and_distinct() -> None:

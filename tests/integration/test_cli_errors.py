@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pytest
 from yarl import URL
 
 from .conftest import auth
-from .test_cli import TIMEOUT_S, environment, failed, laminar, ok, unique
+from .test_cli import TIMEOUT_S, environment, failed, json_lines, laminar, ok, unique
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +67,57 @@ def tree(path: Path) -> dict[str, tuple[int, str, int]]:
 
 
 # ---------------------------------------------------------------------------- queue consume
+
+
+def test_queue_consume_stops_when_nothing_is_left_and_follow_waits(cluster3: Any) -> None:
+    topic = unique("qend")
+    ok(laminar(cluster3, "topic", "create", topic, "--partitions", "2"))
+    ok(laminar(cluster3, "produce", topic, stdin="a\nb\nc\n"))
+
+    # fewer than --count exist: it takes them all and ends (it used to wait for ever)
+    taken = json_lines(ok(laminar(cluster3, "queue", "consume", topic, "billing", "--count",
+                                  "10", "--json")))  # fmt: skip
+    assert sorted(m["value"] for m in taken) == ["a", "b", "c"]
+    described = json.loads(ok(laminar(cluster3, "queue", "describe", topic, "billing", "--json")))
+    assert sum(p["accepted"] for p in described["partitions"]) == 3
+    assert ok(laminar(cluster3, "queue", "consume", topic, "billing")) == ""  # nothing left
+
+    # --release (a peek) holds what it printed until it ends: it ends all the same
+    ok(laminar(cluster3, "produce", topic, stdin="p\nq\n"))
+    peeked = ok(laminar(cluster3, "queue", "consume", topic, "billing", "--release"))
+    assert sorted(line.split()[-1] for line in peeked.splitlines()) == ["p", "q"]
+    taken = json_lines(ok(laminar(cluster3, "queue", "consume", topic, "billing", "--json")))
+    assert sorted(m["value"] for m in taken) == ["p", "q"]  # released, so taken again
+
+    # --follow: what is there (x, y, z), then it waits for w, produced after them (a group
+    # that is new would start where the slowest group is: the same group goes on)
+    ok(laminar(cluster3, "produce", topic, stdin="x\ny\nz\n"))
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "laminar", "queue", "consume", topic, "billing", "--follow",
+         "--count", "4", "--brokers", ",".join(cluster3.urls)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(LAMINAR_TOKEN_FILE=str(cluster3.token_file)),
+    )  # fmt: skip
+    watchdog = threading.Timer(TIMEOUT_S, follow.kill)  # (bounds the readline below)
+    watchdog.start()
+    try:
+        assert follow.stdout is not None
+        first = [follow.stdout.readline().split()[-1:] for _ in range(3)]
+        assert sorted(first) == [["x"], ["y"], ["z"]]
+        assert follow.poll() is None  # all that existed is taken, and it still runs
+        ok(laminar(cluster3, "produce", topic, stdin="w\n"))
+        rest, err = follow.communicate(timeout=TIMEOUT_S)
+    finally:
+        watchdog.cancel()
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert [line.split()[-1] for line in rest.splitlines()] == ["w"]
+
+    help_text = ok(laminar(cluster3, "queue", "consume", "--help", brokers=False))
+    assert "--follow" in help_text and "taken or settled" in " ".join(help_text.split())
+
+
+# ---------------------------------------------------------------------------- inspect
 
 
 def test_inspect_never_writes(tmp_path: Path) -> None:

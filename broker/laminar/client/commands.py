@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import random
@@ -60,6 +61,7 @@ from .models import (
     TopicInfo,
 )
 from .producer import Producer
+from .until_empty import EmptyWatch, until_end
 
 DEFAULT_BROKERS = "http://127.0.0.11:7070"
 BROKERS_ENV = "LAMINAR_BROKERS"
@@ -423,13 +425,23 @@ def _add_queue_commands(
         "consume",
         _queue_consume,
         "acquire messages of a group, print them ('partition index deliveries key value' lines)"
-        " and accept them (or --reject / --release them); until --count or Ctrl-C",
+        " and accept them (or --reject / --release them); until --count, or until every message"
+        " that existed when it started is taken or settled, or with --follow until Ctrl-C",
         "print one JSON object per message (as the API's acquire shows it, plus its partition)",
     )
     consume.add_argument("topic")
     consume.add_argument("group")
     consume.add_argument(
-        "--count", type=_positive_int, metavar="N", help="stop after N messages (default: never)"
+        "--count",
+        type=_positive_int,
+        metavar="N",
+        help="stop after N messages (default: at the end; with --follow: never)",
+    )
+    consume.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep waiting for new messages until --count or Ctrl-C (default: stop at the "
+        "end: once every message that existed when it started is taken or settled)",
     )
     consume.add_argument(
         "--lease-ms",
@@ -443,7 +455,8 @@ def _add_queue_commands(
         type=_wait_ms,
         default=DEFAULT_WAIT_MS,
         metavar="MS",
-        help="long-poll wait of each acquire (default: %(default)s)",
+        help="long-poll wait of each acquire with --follow (default: %(default)s; without "
+        "--follow an acquire answers at once)",
     )
     consume.add_argument(
         "--consumer", metavar="ID", help="consumer id (default: <host>-<pid>-<random>)"
@@ -1167,28 +1180,41 @@ async def _queue_consume(client: AsyncClient, args: argparse.Namespace) -> int:
     _check_ids(args.group, args.consumer)
     if args.reason is not None and not args.reject:
         raise UsageError("--reason goes with --reject")
-    await client.describe_topic(args.topic)  # a clear error first
+    description = await client.describe_topic(args.topic)  # (a clear error first)
     if args.release:  # hold everything printed: nothing comes twice
         limit = args.count or QUEUE_PEEK_LIMIT
         max_in_flight = limit
     else:
         limit = args.count
         max_in_flight = min(args.count or QUEUE_MAX_IN_FLIGHT, QUEUE_MAX_IN_FLIGHT)
+    # Without --follow: until the end (laminar.client.until_empty), each acquire answering
+    # at once, as `consume` reads up to the commit indexes it started at.
+    watch = None
+    if not args.follow:
+        ends = {}
+        for p in range(description.partitions):
+            state = description.partition(p)
+            if state is None:  # (no leader reported): ask the partition itself
+                commit_index = (await client.read(args.topic, p, None, max_records=1)).commit_index
+            else:
+                commit_index = state.commit_index
+            ends[p] = commit_index + 1
+        watch = EmptyWatch(client, ends)
     consumer = GroupConsumer(
-        client,
+        client if watch is None else watch,
         args.topic,
         args.group,
         consumer=args.consumer,
         lease_ms=args.lease_ms,
-        wait_ms=args.wait_ms,
+        wait_ms=args.wait_ms if watch is None else 0,
         max_in_flight=max_in_flight,
         batch=min(max_in_flight, 1000),
         limit=limit,
     )
     settling: list[asyncio.Task[bool]] = []
     refused = 0
-    async with consumer:
-        async for delivery in consumer:
+    async with consumer, contextlib.aclosing(until_end(consumer, watch)) as deliveries:
+        async for delivery in deliveries:
             if args.json:
                 line = json.dumps(delivery_json(delivery))
             else:

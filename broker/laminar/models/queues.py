@@ -271,7 +271,8 @@ class GroupDescription:
     """A consumer group on one partition. `cursor`: the first index the group has not
     finished; `acquired`: held now; `pending`: not handed out yet or free again;
     `dead_letter_pending`: rejected, not yet in the dead-letter topic; `accepted` and
-    `dead_lettered`: totals."""
+    `dead_lettered`: totals; `end_index`: one past the last log index the leader's group state
+    has applied (the counts are of the messages below it)."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/GroupDescription"
 
@@ -284,6 +285,7 @@ class GroupDescription:
     dead_letter_pending: int
     accepted: int
     dead_lettered: int
+    end_index: int
     #: the JSON object this was read from (empty when made here): fields a newer broker adds
     raw: JsonObject = field(default_factory=dict, repr=False, compare=False)
 
@@ -298,6 +300,7 @@ class GroupDescription:
             "dead_letter_pending": self.dead_letter_pending,
             "accepted": self.accepted,
             "dead_lettered": self.dead_lettered,
+            "end_index": self.end_index,
         }
 
     @classmethod
@@ -313,5 +316,6 @@ class GroupDescription:
             dead_letter_pending=integer(obj, "dead_letter_pending"),
             accepted=integer(obj, "accepted"),
             dead_lettered=integer(obj, "dead_lettered"),
+            end_index=integer(obj, "end_index"),
             raw=obj,
         )

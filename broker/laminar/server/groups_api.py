@@ -188,6 +188,7 @@ class GroupsApi:
             dead_letter_pending=counts["dead_letter_pending"],
             accepted=counts["accepted"],
             dead_lettered=counts["dead_lettered"],
+            end_index=groups.state.end_index,
         )
         return json_response(described.to_json())
 
