@@ -358,7 +358,7 @@ def topic_status(description: TopicDescription) -> dict[str, Any]:
     return {
         "replicationFactor": rf,
         "partitionCount": description.partitions,
-        "underReplicated": sum(1 for p in states if len(p.in_sync) < rf),
+        "underReplicated": len(description.under_replicated()),
         "summarized": len(states) > MAX_LISTED_PARTITIONS,
         "partitions": [
             {

@@ -290,8 +290,8 @@ DEAD_GRACE_MS = Setting(
     "dead_grace_ms",
     int,
     30_000,
-    "a member SWIM reports dead or left still counts for placement this long (restarts "
-    "should not move partitions)",
+    "a broker SWIM reports dead (crashed, unreachable) keeps its replicas this long, then "
+    "placement replaces it; one that left (a graceful stop) keeps them until it is back",
     unit="ms",
     flag="--dead-grace-ms",
     env="LAMINAR_DEAD_GRACE_MS",

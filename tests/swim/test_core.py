@@ -563,6 +563,41 @@ def test_someone_elses_dead_is_only_our_suspect_in_a_sync() -> None:
     assert "q" not in h.core.members()
 
 
+def test_a_member_that_left_before_we_knew_it_is_learned_from_a_sync() -> None:
+    """No update follows a member's leave: a node started after it left (or that knew only
+    an older run of it) takes a sync's left entry as it is, so that it knows the member is
+    away (placement keeps a departed broker's replicas); a newer alive run replaces it."""
+    h = Harness()
+    h.add("b", "c")
+    h.core.events()
+    entries = (
+        MemberState(member("q"), LEFT, 3),  # never heard of
+        MemberState(member("b", epoch=2), LEFT, 0),  # a newer run of b, which left
+        MemberState(member("c", epoch=0), LEFT, 0),  # an older run of c: stale
+    )
+    h.deliver(Sync("c", False, entries), from_addr="c:7946")
+    members = h.core.members()
+    assert (members["q"].status, members["q"].incarnation) == (LEFT, 3)
+    assert (members["b"].status, members["b"].epoch) == (LEFT, 2)
+    assert (members["c"].status, members["c"].epoch) == (ALIVE, 1)
+    assert [(e.kind, e.state.id) for e in h.core.events()] == [
+        (EventKind.LEFT, "q"),
+        (EventKind.LEFT, "b"),
+    ]
+    h.deliver(Gossip(), [Alive(member("q", epoch=2), 0)])
+    assert h.core.members()["q"].status is ALIVE
+    assert [(e.kind, e.state.id) for e in h.core.events()] == [(EventKind.JOINED, "q")]
+
+
+def test_dead_members_are_forgotten_after_the_retention_but_those_that_left_are_not() -> None:
+    h = Harness(config=SwimConfig(dead_member_retention_ms=5_000), responsive={"c"})
+    h.add("a", "b", "c")
+    h.deliver(Gossip(), [Dead("a", 1, 0, "c"), Left("b", 1, 0)])
+    h.run_for(60_000)  # many probe rounds, each of which forgets the expired
+    assert sorted(h.core.members()) == ["b", "c", "me"]
+    assert h.core.members()["b"].status is LEFT
+
+
 def test_leaving_tells_every_live_member_and_stops_probing() -> None:
     h = Harness(responsive={"a", "b"})
     h.add("a", "b")

@@ -4,7 +4,7 @@ table's rows, and the requests that create and alter a topic."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -20,6 +20,16 @@ from .checks import (
     string,
     strings,
 )
+
+
+def is_under_replicated(in_sync: Sequence[str], replication_factor: int) -> bool:
+    """Is a partition under-replicated: fewer of its replicas in sync than its topic's
+    replication factor? Counted against the replication factor, not against the replica set
+    the partition has now, so that a partition whose replica set shrank (a broker away, not
+    yet replaced) counts too, and so does one without a leader (nothing known in sync).
+    `laminar cluster status`, the `laminar_partition_under_replicated` metric, the console
+    and the Kubernetes status all count with this."""
+    return len(in_sync) < replication_factor
 
 
 def _config(obj: JsonObject) -> dict[str, Any]:
@@ -161,6 +171,12 @@ class TopicDescription:
 
     def partition(self, partition: int) -> PartitionState | None:
         return next((p for p in self.partition_states if p.partition == partition), None)
+
+    def under_replicated(self) -> list[PartitionState]:
+        """The partitions with fewer replicas in sync than the topic's replication factor
+        (`is_under_replicated`)."""
+        rf = self.replication_factor
+        return [p for p in self.partition_states if is_under_replicated(p.in_sync, rf)]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -128,6 +128,7 @@ class CoreConfig:
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     fsync_interval_ms: int = 1_000
     max_pending_bytes_per_partition: int = 64 << 20
+    #: a broker dead this long is replaced by placement (`counts_for_placement`)
     dead_grace_ms: int = 60_000
     #: the nodes that start the metadata group; empty: this node alone, unless `joins`
     initial_nodes: tuple[str, ...] = ()
@@ -204,7 +205,8 @@ class NodeCore:
         self._control_due = True
         self._next_sync_ms = 0
         self._retained_at_ms = 0
-        self._dead_since_ms: dict[str, int] = {}
+        #: when this node saw each member that is away die or leave
+        self._away_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._hosted_at_ms: dict[str, int] = {}
         self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
@@ -255,6 +257,8 @@ class NodeCore:
             # leader balance and quiescence
             "leader_rebalances": 0,
             "quiesce_wakes": 0,
+            # placement control (`_control`): its passes, each a step toward placement
+            "control_passes": 0,
         }
         #: records of malformed batches skipped, by what met them (read, acquire,
         #: dead_letter), each counted once (laminar_malformed_records_total)
@@ -276,10 +280,12 @@ class NodeCore:
         self._alive_now = None  # the members SWIM counts alive are read again
 
     def on_member_event(self, event: MembershipEvent) -> None:
+        # (a death starts the grace after which placement replaces a broker; one that left
+        # keeps its place until it is back: `counts_for_placement`)
         if event.kind in (EventKind.DEAD, EventKind.LEFT):
-            self._dead_since_ms.setdefault(event.state.id, self.now_ms)
+            self._away_since_ms.setdefault(event.state.id, self.now_ms)
         elif event.kind in (EventKind.JOINED, EventKind.ALIVE):
-            self._dead_since_ms.pop(event.state.id, None)
+            self._away_since_ms.pop(event.state.id, None)
         self._control_due = True
 
     # ---- opening ---------------------------------------------------------------------------
@@ -615,10 +621,11 @@ class NodeCore:
         return alive | {self.id}
 
     def candidates(self) -> list[Candidate]:
-        """Every known broker, with its workers (`laminar.workers`), alive for placement if
-        SWIM says so or it died recently. A drained worker other than worker 0 (whose id is
-        the broker's: draining it drains the broker) is left out of its broker's workers, so
-        that the partitions it owns move to the others, as a drained broker's do."""
+        """Every known broker, with its workers (`laminar.workers`), alive for placement
+        (`counts_for_placement`) unless it died more than `dead_grace_ms` ago. A drained
+        worker other than worker 0 (whose id is the broker's: draining it drains the broker)
+        is left out of its broker's workers, so that the partitions it owns move to the
+        others, as a drained broker's do."""
         now = self.now_ms
         members = self.members()
         draining = self.state.draining
@@ -632,9 +639,8 @@ class NodeCore:
         out = []
         for broker, nodes in sorted(workers.items()):
             status = members[broker][0] if broker in members else MemberStatus.DEAD
-            alive = status in (MemberStatus.ALIVE, MemberStatus.SUSPECT) or (
-                now - self._dead_since_ms.get(broker, now) < self.config.dead_grace_ms
-            )
+            away_ms = now - self._away_since_ms.get(broker, now)
+            alive = counts_for_placement(status, away_ms, self.config.dead_grace_ms)
             out.append(
                 Candidate(
                     broker,
@@ -644,6 +650,21 @@ class NodeCore:
                     workers=tuple(sorted(nodes)) if nodes != [broker] else (),
                 )
             )
+        return out
+
+    def away(self) -> dict[str, tuple[MemberStatus, int, bool]]:
+        """The brokers SWIM reports dead or left: each one's state, how long ago (ms) this
+        node saw it go, and whether placement still counts it, so that its replicas stay
+        where they are (`counts_for_placement`): one that left, until it is back; a dead
+        one, until `dead_grace_ms` have passed (then placement replaces it)."""
+        now = self.now_ms
+        out: dict[str, tuple[MemberStatus, int, bool]] = {}
+        for node, (status, _, _) in sorted(self.members().items()):
+            if node != broker_of(node) or status not in (MemberStatus.DEAD, MemberStatus.LEFT):
+                continue
+            away_ms = now - self._away_since_ms.get(node, now)
+            kept = counts_for_placement(status, away_ms, self.config.dead_grace_ms)
+            out[node] = (status, away_ms, kept)
         return out
 
     # ---- the round -------------------------------------------------------------------------
@@ -944,13 +965,34 @@ class NodeCore:
             replace(c, workers=tuple(w for w in c.workers if w in ready) or c.workers[:1])
             for c in candidates
         ]
-        return tuple(tuple(hosts(f"{topic}/{p}", candidates, rf)) for p in range(first, partitions))
+        # A broker that left keeps its place (`counts_for_placement`), so new partitions are
+        # placed on it too, and are under-replicated until it is back; but one whose
+        # replicas would be mostly on such brokers could not elect a leader before: it goes
+        # to brokers that are up instead, when there are enough (once the others are back,
+        # placement may move it to them, as it does to a new broker).
+        members = self.members()
+        left = {
+            node
+            for node, (status, _, _) in members.items()
+            if status is MemberStatus.LEFT and node == broker_of(node)
+        }
+        up = [replace(c, alive=False) if c.id in left else c for c in candidates]
+        out = []
+        for partition in range(first, partitions):
+            key = f"{topic}/{partition}"
+            voters = hosts(key, candidates, rf)
+            away = sum(1 for v in voters if broker_of(v) in left)
+            if away > (len(voters) - 1) // 2 and len(instead := hosts(key, up, rf)) == rf:
+                voters = instead
+            out.append(tuple(voters))
+        return tuple(out)
 
     # ---- control: placement, hosting, compaction -------------------------------------------
 
     def _control(self) -> None:
         if self.stopping:
             return
+        self.counters["control_passes"] += 1
         candidates = self.candidates()
         alive = self.alive()
         meta = self.meta
@@ -1374,6 +1416,20 @@ class NodeCore:
 
     def cancel_barrier(self, ticket: int) -> None:
         self.barriers.cancel(ticket)
+
+
+def counts_for_placement(status: MemberStatus, away_ms: int, dead_grace_ms: int) -> bool:
+    """Does a broker in SWIM state `status` (gone for `away_ms`, if gone) keep its place
+    in placement, and so its replicas? As in Kafka, where a stopped broker keeps its replica
+    assignments and only a reassignment moves them: a broker that is up, and one that left
+    (a graceful stop: a restart, an upgrade) for as long as it is away; its partitions are
+    under-replicated meanwhile, and a drain (`SetDraining`) is what moves data off it. One
+    that died (a crash, kill -9, a machine or network lost) keeps it for `dead_grace_ms`,
+    long enough to restart; past that placement replaces it, so that a machine that never
+    comes back does not leave its partitions under-replicated for good."""
+    if status in (MemberStatus.ALIVE, MemberStatus.SUSPECT, MemberStatus.LEFT):
+        return True
+    return away_ms < dead_grace_ms
 
 
 def _valid_int(value: object, high: int) -> bool:

@@ -113,8 +113,8 @@ class BrokerConfig:
     idle_timeout_ms: int = settings.IDLE_TIMEOUT_MS.default
     max_connections_per_client: int = settings.MAX_CONNECTIONS_PER_CLIENT.default
     max_pending_bytes_per_partition: int = settings.MAX_PENDING_BYTES_PER_PARTITION.default
-    #: a member SWIM reports dead or left still counts for placement this long (restarts
-    #: should not move partitions)
+    #: a broker SWIM reports dead keeps its place in placement this long (a restart after a
+    #: crash moves nothing); one that left keeps it until it is back (`counts_for_placement`)
     dead_grace_ms: int = settings.DEAD_GRACE_MS.default
     default_replication_factor: int = settings.DEFAULT_REPLICATION_FACTOR.default
     segment_bytes: int = settings.SEGMENT_BYTES.default

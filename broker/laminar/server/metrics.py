@@ -28,6 +28,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from .. import __version__, xdp
+from ..models.topics import is_under_replicated
 from ..partition.status_table import leaders as view_leaders
 from ..raft.raft import Role
 from ..swim.member import MemberStatus
@@ -92,6 +93,18 @@ class _BrokerCollector(Collector):
         for status, count in counts.items():
             members.add_metric([status.name.lower()], count)
         yield members
+        away = GaugeMetricFamily(
+            "laminar_placement_away_seconds",
+            "brokers SWIM reports dead or left, by how long ago this broker saw them go, and "
+            "whether placement keeps their replicas where they are (replicas=kept: one that "
+            "left, until it is back or drained; a dead one for --dead-grace-ms) or replaces "
+            "them (replicas=replaced)",
+            labels=["broker", "state", "replicas"],
+        )
+        for node, (status, away_ms, kept) in broker.core.away().items():
+            replicas = "kept" if kept else "replaced"
+            away.add_metric([node, status.name.lower(), replicas], away_ms / 1000)
+        yield away
         meta = GaugeMetricFamily(
             "laminar_metadata_leader", "1 if this broker leads the metadata group"
         )
@@ -102,6 +115,7 @@ class _BrokerCollector(Collector):
             ("raft", "leader_changes", "Raft leader changes this broker observed"),
             ("raft", "leader_rebalances", "leaderships handed back to preferred leaders"),
             ("raft", "quiesce_wakes", "quiesced Raft groups this broker woke"),
+            ("placement", "control_passes", "placement control passes this broker ran"),
             ("raft", "fsyncs", "log fdatasync calls"),
             ("raft", "ready_rounds", "Raft Ready rounds persisted"),
             ("raft", "dropped_messages", "Raft messages dropped (unknown group or peer)"),
@@ -414,20 +428,24 @@ def _replication_metrics(broker: Broker) -> Iterator[Metric]:
     )
     under = GaugeMetricFamily(
         "laminar_partition_under_replicated",
-        "1 when fewer voters are in sync than the configuration has (leader)",
+        "1 when fewer voters are in sync than the topic's replication factor (leader)",
         labels=labels,
     )
     alive = broker.core.alive()
+    topics = broker.core.state.topics
     for replica in sorted(broker.core.replicas.values(), key=lambda r: r.group):
         raft = replica.raft
         if raft.role is not Role.LEADER:
             continue
         values = [replica.topic, str(replica.partition)]
         voters = len(raft.conf.voters)
-        synced = len(broker.core.in_sync(raft, alive))
+        synced = broker.core.in_sync(raft, alive)
+        topic = topics.get(replica.topic)
+        # against the topic's replication factor: a replica set shrunk below it counts too
+        rf = topic.replication_factor if topic is not None else voters
         replicas.add_metric(values, voters)
-        in_sync.add_metric(values, synced)
-        under.add_metric(values, 1.0 if synced < voters else 0.0)
+        in_sync.add_metric(values, len(synced))
+        under.add_metric(values, 1.0 if is_under_replicated(synced, rf) else 0.0)
     yield from (replicas, in_sync, under)
 
 

@@ -53,7 +53,8 @@ class SwimConfig:
     reconnect_interval_ms: int = 30_000
     #: While no other member is alive, sync with the seed addresses this often.
     join_retry_interval_ms: int = 1000
-    #: Dead and left members stay in the member table this long (then they are forgotten).
+    #: Dead members stay in the member table this long (then they are forgotten). Members
+    #: that left stay until they come back: placement keeps their place while they are away.
     dead_member_retention_ms: int = 86_400_000
     #: Bound on the member table (self included); the oldest dead or left member is evicted
     #: to make room, and alive newcomers beyond it are dropped.

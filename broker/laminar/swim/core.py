@@ -35,6 +35,10 @@ Protocol (SWIM with memberlist's and Lifeguard's refinements):
   member that pings us without our knowing it (gossip missed its announcement).
 * Beyond memberlist: a stale accusation of us (an older incarnation) is answered by
   repeating our current alive update, so the accuser does not declare us dead on its own.
+* Beyond memberlist: a member that left is remembered until it comes back (dead members
+  are forgotten after `dead_member_retention_ms`), and a push-pull teaches it to nodes that
+  started after it left: the broker's placement keeps a departed broker's replicas where
+  they are while it is away (`laminar.node.core.counts_for_placement`).
 
 Precedence for one member and epoch: a higher incarnation wins; at the same incarnation
 LEFT > DEAD > SUSPECT > ALIVE, except that nothing but a higher-incarnation ALIVE (which only
@@ -529,11 +533,14 @@ class Swim:
         return None
 
     def _reset_probe_order(self) -> None:
+        # Only the dead are forgotten with time: a member that left is remembered until it
+        # comes back (or `_make_room` needs its row), since placement keeps its replicas
+        # while it is away (`laminar.node.core.counts_for_placement`).
         retention_ms = self.config.dead_member_retention_ms
         expired = [
             member_id
             for member_id in sorted(self._probe_order)
-            if self._nodes[member_id].status in (DEAD, LEFT)
+            if self._nodes[member_id].status is DEAD
             and self._now_ms - self._nodes[member_id].changed_ms > retention_ms
         ]
         for member_id in expired:
@@ -630,15 +637,18 @@ class Swim:
 
     def _merge(self, sync: Sync) -> None:
         """Push-pull merge (memberlist mergeState): someone else's dead is only our suspect,
-        so that we check for ourselves before declaring anyone dead. Non-alive entries about
-        members we don't know (or about an epoch we don't know) are ignored: their alive
-        update, which carries what they advertise, will follow."""
+        so that we check for ourselves before declaring anyone dead. Suspect and dead entries
+        about members we don't know (or about an epoch we don't know) are ignored: their
+        alive update, which carries what they advertise, will follow. A left entry about
+        them is taken as it is (`_adopt_left`): no update will follow it, and a node started
+        after a member left must still know that it is away (placement keeps its place)."""
         for entry in sync.entries:
             member = entry.member
             if entry.status is ALIVE:
                 self._apply_alive(Alive(member, entry.incarnation))
             elif entry.status is LEFT:
-                self._apply_left(Left(member.id, member.epoch, entry.incarnation))
+                if not self._adopt_left(member, entry.incarnation):
+                    self._apply_left(Left(member.id, member.epoch, entry.incarnation))
             else:
                 self._apply_suspect(
                     Suspect(member.id, member.epoch, entry.incarnation, sync.sender)
@@ -825,6 +835,26 @@ class Swim:
         self._set_status(node, LEFT)
         self._queue(update)
         self._emit(EventKind.LEFT, node)
+
+    def _adopt_left(self, member: Member, incarnation: int) -> bool:
+        """A push-pull entry says `member` left, and we know no run of it as recent: record
+        it as left (True), unless it is us or there is no room. A newer run that is alive
+        replaces it when its alive update comes, as any restart does."""
+        node = self._nodes.get(member.id)
+        if member.id == self.id or (node is not None and node.member.epoch >= member.epoch):
+            return False
+        if node is None:
+            if not self._make_room():
+                return False
+            node = _Node(member, DEAD, incarnation, self._now_ms)
+            self._nodes[member.id] = node
+            self._insert_probe_order(member.id)
+        self._suspicions.pop(member.id, None)
+        node.member = member
+        node.incarnation = incarnation
+        self._set_status(node, LEFT)
+        self._emit(EventKind.LEFT, node)
+        return True
 
     def _current(self, update: Suspect | Dead | Left) -> _Node | None:
         """The member an accusation is about, if it concerns its current run and incarnation;

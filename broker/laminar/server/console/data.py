@@ -21,6 +21,7 @@ import orjson
 from aiohttp import ClientSession, ClientTimeout
 
 from ...models import PartitionState, ReadResult
+from ...models.topics import is_under_replicated
 from ...swim.member import MemberStatus
 from ...workers import broker_of, worker_index
 from ..api import STATUS_REFRESH_S
@@ -66,6 +67,8 @@ class MemberRow:
 class PartitionRow:
     state: PartitionState
     bytes: int | None
+    #: its topic's
+    replication_factor: int
 
     @property
     def offline(self) -> bool:
@@ -73,8 +76,9 @@ class PartitionRow:
 
     @property
     def under_replicated(self) -> bool:
-        """No leader, or fewer replicas in sync than in its configuration."""
-        return self.offline or len(self.state.in_sync) < len(self.state.replicas)
+        """No leader, or fewer replicas in sync than the topic's replication factor (also
+        when the replica set itself shrank: `is_under_replicated`)."""
+        return self.offline or is_under_replicated(self.state.in_sync, self.replication_factor)
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,8 @@ class Gatherer:
                 partition = int(row["partition"])
                 if row.get("role") == "leader" or partition not in stored:
                     stored[partition] = int(row["bytes"])
-        return [PartitionRow(p, stored.get(p.partition)) for p in described.partition_states]
+        rf = described.replication_factor
+        return [PartitionRow(p, stored.get(p.partition), rf) for p in described.partition_states]
 
     async def topics(self, visible: Callable[[str], bool]) -> list[TopicRow]:
         """The topics `visible` lets through, each with its health and size."""
