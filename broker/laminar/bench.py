@@ -8,7 +8,9 @@ it stamps every batch with its own index and term), so the client's Python work 
 does not limit what is measured. produce, fixed-rate mode (`--rate`): records are due at a
 steady rate; every `--linger-ms` the due records go out as one batch (partitions take turns),
 as one HTTP append or, with `--stream`, on the partition's streaming append; each record's
-latency runs from its due time to its acknowledgement (no coordinated omission).
+latency runs from its due time to its acknowledgement (no coordinated omission). A missing
+topic is created first (`--partitions`, `--replication-factor`), which a line on stderr says:
+its leaders' elections take seconds.
 
 consume: reads every partition from the start with binary reads, spread over the in-sync
 replicas, counting records from batch headers (`--decode` decodes every record as the client
@@ -38,6 +40,7 @@ from .client import AsyncClient, LaminarError, NotFound
 from .client.stream import AppendStream
 from .contract import BATCH_TYPE, MAX_READ_RECORDS, NEXT_INDEX_HEADER, READ_RECORDS
 from .log.batch import Record, decode_batches, encode_batch, parse_header, split_batches
+from .log.compression import CODEC_NAMES
 from .tls import client_context
 
 DISTINCT_BATCHES = 8
@@ -91,21 +94,32 @@ class ProduceOptions:
     max_seconds: float
     linger_ms: float = 1.0
     stream: bool = False
+    compression: str | None = None
 
 
 async def ensure_topic(client: AsyncClient, topic: str, partitions: int, rf: int) -> int:
-    """Create the topic if missing; wait until every partition has a leader; its partitions."""
+    """Create the topic if missing; wait until every partition has a leader; its partitions.
+    Creating one says so on stderr first: it takes seconds (the leaders' elections), which
+    without the progress bar (stderr not a terminal) would otherwise pass in silence."""
     try:
         await client.describe_topic(topic)
     except NotFound:
+        print(
+            f"laminar bench: creating topic {topic} ({partitions} partitions, replication "
+            f"factor {rf}) and waiting for its leaders",
+            file=sys.stderr,
+            flush=True,
+        )
         await client.create_topic(topic, partitions=partitions, replication_factor=rf)
     described = await client.wait_for_leaders(topic)
     return len(described.partition_states)
 
 
-def make_batches(size: int, records: int) -> list[bytes]:
+def make_batches(size: int, records: int, compression: str | None = None) -> list[bytes]:
     return [
-        encode_batch([Record(value=os.urandom(size)) for _ in range(records)])
+        encode_batch(
+            [Record(value=os.urandom(size)) for _ in range(records)], compression=compression
+        )
         for _ in range(DISTINCT_BATCHES)
     ]
 
@@ -116,7 +130,7 @@ async def produce(client: AsyncClient, options: ProduceOptions, progress: bool) 
     )
     if options.rate:
         return await _produce_at_rate(client, options, partitions)
-    batches = make_batches(options.size, options.batch)
+    batches = make_batches(options.size, options.batch, options.compression)
     total_batches = -(-options.count // options.batch)
     meter = Progress(total_batches * options.batch, "produce", progress)
     latencies: list[float] = []
@@ -203,7 +217,7 @@ async def _produce_at_rate(
     streams: list[AppendStream] = []
 
     async def send(partition: int, due: list[float]) -> None:
-        batch = encode_batch([Record(value=value) for _ in due])
+        batch = encode_batch([Record(value=value) for _ in due], compression=options.compression)
         if streams:
             await (await streams[partition].send(batch))
         else:
@@ -321,13 +335,30 @@ async def consume(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mode", choices=["produce", "consume"])
-    parser.add_argument("--topic", default="bench")
-    parser.add_argument("--size", type=int, default=1120, help="record value bytes")
-    parser.add_argument("--count", type=int, default=1_000_000)
+    """The `laminar bench` options (their help says each default)."""
+    parser.add_argument(
+        "mode",
+        choices=["produce", "consume"],
+        help="produce: append records (creating the topic if missing); consume: read the "
+        "topic from the start",
+    )
+    parser.add_argument("--topic", default="bench", help="the topic")
+    parser.add_argument(
+        "--size", type=int, default=1120, metavar="BYTES", help="each record's value, in bytes"
+    )
+    parser.add_argument(
+        "--count", type=int, default=1_000_000, help="records to produce (throughput mode)"
+    )
     parser.add_argument("--batch", type=int, default=500, help="records per append")
-    parser.add_argument("--partitions", type=int, default=6, help="when creating the topic")
-    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument(
+        "--partitions", type=int, default=6, help="partitions, when creating the topic"
+    )
+    parser.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        help="replicas per partition, when creating the topic",
+    )
     parser.add_argument(
         "--in-flight",
         type=int,
@@ -341,6 +372,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of one HTTP request each",
     )
     parser.add_argument(
+        "--compression",
+        choices=CODEC_NAMES,
+        default="none",
+        help="produce: compress each batch's records (the values are random bytes, which do "
+        "not compress: bench/compression_bench.py measures a text-like payload) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--rate", type=int, help="fixed offered rate (msg/s): latency mode (over HTTP or --stream)"
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="fixed-rate duration")
@@ -350,7 +389,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=300.0, help="time bound")
     parser.add_argument("--max-bytes", type=int, default=4 << 20, help="consume read size")
     parser.add_argument("--decode", action="store_true", help="consume: decode every record")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none when stderr is not a terminal)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -405,8 +448,10 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
                 args.max_seconds,
                 args.linger_ms,
                 args.stream,
+                args.compression,
             )
             result = await produce(client, options, progress)
+            result["compression"] = args.compression
         # how many requests went to the wrong broker or worker first (a redirect answered)
         result.update(requests=client.requests_sent, redirects=client.redirects)
     result.update({"topic": args.topic, "size": args.size})

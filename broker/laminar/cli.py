@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from . import __version__
+from .cli_help import COMPLETION_SHELLS, Parser, completion_script
 from .log import (
     FileDirectory,
     FsyncPolicy,
@@ -32,7 +33,6 @@ from .log.snapshot import SnapshotDirectory
 if TYPE_CHECKING:
     from .local_cluster import LocalCluster
 
-DEFAULT_BROKERS = "http://127.0.0.11:7070"
 DEMO_RECORDS_PER_BATCH = 100
 DEMO_VALUE_BYTES = 1120
 
@@ -337,25 +337,29 @@ def _add_credentials_parser(commands: argparse._SubParsersAction[argparse.Argume
     retire = actions.add_parser(
         "retire", help="remove a principal's older tokens (the end of a rotation)"
     )
-    retire.add_argument("file")
-    retire.add_argument("--name", required=True)
-    retire.add_argument("--keep", type=int, default=1, help="newest tokens kept (default 1)")
+    retire.add_argument("file", help="the credentials file")
+    retire.add_argument("--name", required=True, help="the principal")
+    retire.add_argument("--keep", type=int, default=1, help="newest tokens kept")
     token = actions.add_parser(
         "token", help="a new random token, printed or written to a new file (mode 600)"
     )
-    token.add_argument("file", nargs="?")
+    token.add_argument("file", nargs="?", help="create this file (default: print the token)")
     actions.add_parser("hash", help="the sha256: hash of the token on stdin")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="laminar", description="Laminar message queue")
+def build_parser() -> argparse.ArgumentParser:
+    """The `laminar` command's parser, every subcommand's included (its help, and the shell
+    completion scripts made from it, list every option with its default)."""
+    parser: argparse.ArgumentParser = Parser(prog="laminar", description="Laminar message queue")
     parser.add_argument("--version", action="version", version=f"laminar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     cluster_demo = commands.add_parser(
         "demo", help="3 brokers on loopback: create a topic, produce, consume, show status"
     )
-    cluster_demo.add_argument("--messages", type=int, default=12)
-    cluster_demo.add_argument("--data-dir", help="keep the brokers' data here (default: temp)")
+    cluster_demo.add_argument("--messages", type=int, default=12, help="records produced")
+    cluster_demo.add_argument(
+        "--data-dir", help="keep the brokers' data here (default: a temporary directory)"
+    )
     demo = commands.add_parser(
         "log-demo", help="single-node log demo: durable appends (each fdatasynced), reopen, read"
     )
@@ -379,11 +383,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     local = commands.add_parser("local-cluster", help="brokers on loopback, no Kubernetes")
     # --nodes, --workers, --prefix, --tls: None when not given (the data directory's cluster's,
     # or the default: 3, 1, the first free range from 127.0.0, on)
-    local.add_argument("action", choices=["up", "down", "status"])
-    local.add_argument("--nodes", type=int, help="brokers (default: 3)")
-    local.add_argument("--data-dir", default="laminar-data")
-    local.add_argument("--detach", action="store_true", help="leave the brokers running")
-    local.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
+    local.add_argument(
+        "action",
+        choices=["up", "down", "status"],
+        help="up: start the brokers (those missing, when some run); down: stop them; status: "
+        "each broker's address, process and readiness",
+    )
+    local.add_argument(
+        "--nodes", type=int, help="brokers (default: the data directory's cluster's, else 3)"
+    )
+    local.add_argument(
+        "--data-dir",
+        default="laminar-data",
+        help="the brokers' data, their token, secret and CA; where `down` and `status` look",
+    )
+    local.add_argument("--detach", action="store_true", help="leave the brokers running and return")
+    local.add_argument(
+        "--fsync",
+        default="always",
+        choices=["always", "interval", "never"],
+        help="when the brokers fsync their logs (`laminar serve --fsync`)",
+    )
     local.add_argument(
         "--workers",
         type=int,
@@ -404,20 +424,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
-    bench.add_argument("--brokers", default=os.environ.get("LAMINAR_BROKERS", DEFAULT_BROKERS))
-    bench.add_argument(
-        "--token-file",
-        help="the API token's file (default: $LAMINAR_TOKEN, $LAMINAR_TOKEN_FILE, the context's)",
-    )
-    bench.add_argument(
-        "--ca-file",
-        default=os.environ.get("LAMINAR_CA_FILE"),
-        help="CA bundle for https:// brokers (default: $LAMINAR_CA_FILE)",
-    )
-    bench.add_argument("--json", action="store_true", help="the figures as JSON, last line")
     from .client import commands as client_commands
 
+    client_commands.add_connection_arguments(bench, timeout=False)
+    bench.add_argument("--json", action="store_true", help="the figures as JSON, last line")
     client_commands.add_commands(commands)
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell completion script of the laminar command",
+        description='Print the completion script for SHELL. bash: `eval "$(laminar completion '
+        'bash)"` in ~/.bashrc; zsh: `laminar completion zsh > ~/.zfunc/_laminar` with ~/.zfunc '
+        "in $fpath before compinit.",
+    )
+    completion.add_argument("shell", choices=COMPLETION_SHELLS, help="the shell")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .client import commands as client_commands
+
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     try:
@@ -444,13 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             problem = bench_module.check(args)
             if problem:
                 parser.error(problem)
-            from .client.config import ClientConfigError, resolve_token
-
             try:
-                token = resolve_token(token_file=args.token_file)
-            except ClientConfigError as e:
+                brokers, token = client_commands.connection(args)
+            except (client_commands.UsageError, client_commands.CommandError) as e:
                 parser.error(str(e))
-            brokers = [b for b in args.brokers.split(",") if b]
             figures = asyncio.run(bench_module.run(args, brokers, token))
             bench_module.print_result(figures, args.json)
             return 0
@@ -465,6 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _local_cluster(args)
         if args.command == "secret":
             return _secret(args.file)
+        if args.command == "completion":
+            sys.stdout.write(completion_script(parser, args.shell))
+            return 0
         if args.command == "credentials":
             return _credentials(args)
         if args.command == "log-demo":

@@ -14,7 +14,10 @@ The token, the first found:
 
 The brokers (the CLI; `AsyncClient` is always given them) and the CA file (for https://
 brokers) follow the same order: `--brokers` / `--ca-file`, the explicit context,
-`$LAMINAR_BROKERS` / `$LAMINAR_CA_FILE`, the environment's or current context.
+`$LAMINAR_BROKERS` / `$LAMINAR_CA_FILE`, the environment's or current context. The brokers are
+a list (comma-separated in a flag or variable) and any one that answers will do, as a Kafka
+client's bootstrap servers: one broker down fails nothing. Where none is given the CLI uses
+DEFAULT_BROKERS, the three brokers `laminar local-cluster up` starts by default.
 
 The configuration file is `$LAMINAR_CONFIG`, else `$XDG_CONFIG_HOME/laminar/config.yaml`, else
 `~/.config/laminar/config.yaml`; a missing file is no context at all:
@@ -49,6 +52,13 @@ CONFIG_ENV = "LAMINAR_CONFIG"
 BROKERS_ENV = "LAMINAR_BROKERS"
 CA_FILE_ENV = "LAMINAR_CA_FILE"
 _CONTEXT_FIELDS = {"name", "brokers", "token", "token-file", "ca-file"}
+#: the CLI's brokers when none are given: `laminar local-cluster up`'s with its defaults (broker
+#: i on 127.0.0.<10+i>, the API on port 7070, HTTPS), all three, so that one down fails nothing
+DEFAULT_BROKERS = (
+    "https://127.0.0.11:7070",
+    "https://127.0.0.12:7070",
+    "https://127.0.0.13:7070",
+)
 
 
 class ClientConfigError(ValueError):
