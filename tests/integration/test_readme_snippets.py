@@ -146,6 +146,24 @@ def check_produce_consume(shell: Shell, path: Path) -> None:
     assert asyncio.run(stored()) == (b"customer-1", b"hello")
 
 
+def check_sync_consume(shell: Shell, path: Path) -> None:
+    """The blocking consumer printed every record of the topic, each partition in order, and
+    ended by itself (stop_at_end)."""
+    printed: dict[str, list[str]] = {}
+    for line in run_to_the_end(shell, path).stdout.splitlines():
+        printed.setdefault(line.split(" ")[0], []).append(line)
+
+    async def stored() -> dict[str, list[str]]:
+        lines: dict[str, list[str]] = {}
+        async with shell.client() as client:
+            for p in range((await client.describe_topic("orders")).partitions):
+                result = await client.read("orders", p, None, max_records=1000)
+                lines[str(p)] = [f"{p} {r.index} {r.value!r}" for r in result.records]
+        return {p: records for p, records in lines.items() if records}
+
+    assert printed == asyncio.run(stored())
+
+
 LINE = re.compile(r"(\d+) (\d+) (\d+) (b'.*')")
 
 
@@ -211,6 +229,7 @@ CHECKS: dict[str, Callable[[Shell, Path], None]] = {
     "Producer(client": check_produce_consume,
     "GroupConsumer(client": check_worker,
     "SegmentedLog.open": check_log,
+    "client.consumer(": check_sync_consume,
 }
 
 

@@ -13,6 +13,13 @@ async with AsyncClient(["http://127.0.0.1:9001"]) as client:
             ...
     async with GroupConsumer(client, "orders", "billing") as queue:  # a shared queue
         await queue.run(handle, concurrency=8)  # returns: accept; raises: reject
+
+with Client(["http://127.0.0.1:9001"]) as client:  # blocking, for threads and scripts
+    with client.consumer("orders", consumer_timeout_ms=1000) as consumer:
+        for partition, record in consumer:  # ends after 1 s without a record
+            ...
+    with client.group_consumer("orders", "billing") as queue:
+        queue.run(handle_in_a_thread, concurrency=8)
 ```
 """
 
@@ -58,6 +65,7 @@ from .models import (
 from .partitioner import StickyPartitioner, key_hash, partition_for
 from .producer import Producer, ProducerTransport
 from .sync import Client, SyncProducer
+from .sync_consumers import SyncConsumer, SyncDelivery, SyncGroupConsumer
 from .transactions import Transaction, TransactionalProducer
 
 __all__ = [
@@ -98,6 +106,9 @@ __all__ = [
     "Settled",
     "StickyPartitioner",
     "StoredRecord",
+    "SyncConsumer",
+    "SyncDelivery",
+    "SyncGroupConsumer",
     "SyncProducer",
     "Timeout",
     "TopicDescription",

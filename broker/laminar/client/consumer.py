@@ -8,6 +8,17 @@ in the order their answers arrive. It is a log reader: nothing is committed on t
 `positions()` gives the next index per partition to store wherever you like, and `start=` /
 `seek()` resume from there.
 
+**By time.** `start_timestamp_ms=` starts each partition at its first record whose timestamp is
+at or after that time, and `seek_to_timestamp()` moves there later (Kafka's `offsetsForTimes`
+then `seek`): the partition's leader finds it in its time index
+(`AsyncClient.partition_offsets`). A partition with no record that late continues at its
+end, as Kafka's consumer does with a null offset.
+
+**To the end.** `stop_at_end=True` reads what exists when the consumer starts and no more, as
+`laminar consume` does: each partition's end is one past its commit index then, and iteration
+ends once every partition got there (a `seek` back reads again up to the same end). Without
+it the consumer follows the partitions for ever.
+
 **Below the log start.** When retention has removed the records at a partition's position,
 the broker answers 416 `out_of_range` with the partition's `log_start`; the consumer then
 jumps to `log_start` (the removed records are skipped, as Kafka's `auto.offset.reset=earliest`
@@ -29,6 +40,7 @@ from types import TracebackType
 from typing import Literal, Protocol
 
 from laminar.log.batch import StoredRecord
+from laminar.models.group_admin import PartitionOffsets
 
 from .errors import LaminarError, OutOfRange
 from .models import ReadResult, TopicDescription
@@ -56,6 +68,10 @@ class ConsumerTransport(Protocol):
 
     async def describe_topic(self, name: str, /) -> TopicDescription: ...
 
+    async def partition_offsets(
+        self, topic: str, partition: int, *, timestamp_ms: int | None = ...
+    ) -> PartitionOffsets: ...
+
 
 @dataclass(eq=False, slots=True)
 class _Chunk:
@@ -72,8 +88,11 @@ class Consumer:
 
     `start`: "earliest" (each partition's log start), "latest" (only records committed after
     the consumer starts) or `{partition: index}` (partitions missing from it start at the
-    earliest). Use `async with` (or `start()`/`close()`) and `async for partition, record in
-    consumer`.
+    earliest). `start_timestamp_ms`: instead, each partition not in a `start` mapping starts
+    at its first record whose timestamp is at or after it (ms since the epoch; at its end if
+    none is that late). `stop_at_end`: iteration ends at each partition's commit index at the
+    start (else it waits for new records for ever). Use `async with` (or `start()`/`close()`)
+    and `async for partition, record in consumer`.
     """
 
     def __init__(
@@ -87,19 +106,31 @@ class Consumer:
         max_bytes: int = 1 << 20,
         max_records: int = 1000,
         prefetch: int = 4,
+        start_timestamp_ms: int | None = None,
+        stop_at_end: bool = False,
     ) -> None:
         if isinstance(start, str) and start not in ("earliest", "latest"):
             raise ValueError(f"start={start!r} is not 'earliest', 'latest' or a mapping")
+        if start_timestamp_ms is not None and (
+            isinstance(start_timestamp_ms, bool)
+            or not isinstance(start_timestamp_ms, int)
+            or start_timestamp_ms < 0
+        ):
+            raise ValueError(f"start_timestamp_ms={start_timestamp_ms!r} is not a time in ms")
         if wait_ms < 0 or max_bytes < 1 or max_records < 1 or prefetch < 1:
             raise ValueError("wait_ms must be >= 0; max_bytes, max_records, prefetch >= 1")
         self._client = client
         self._topic = topic
         self._wanted = None if partitions is None else sorted(set(partitions))
         self._start_at = start
+        self._start_ms = start_timestamp_ms
         self._wait_ms = wait_ms
         self._max_bytes = max_bytes
         self._max_records = max_records
         self._prefetch = prefetch
+        self._stop_at_end = stop_at_end
+        #: with `stop_at_end`: one past each partition's commit index at the start
+        self._ends: dict[int, int] = {}
         self._positions: dict[int, int] = {}
         self._seeks: dict[int, int] = {}
         self._generations: dict[int, int] = {}
@@ -138,6 +169,22 @@ class Consumer:
             self._current = None
         self._spawn(partition, index)
 
+    async def seek_to_timestamp(self, timestamp_ms: int) -> dict[int, int]:
+        """Continue every partition at its first record whose timestamp is at or after
+        `timestamp_ms` (ms since the epoch), or at its end when it has none that late; returns
+        the new positions. Starts the consumer if it was not started."""
+        await self.start()
+        found = await asyncio.gather(*(self._index_at(p, timestamp_ms) for p in self.partitions))
+        for partition, index in zip(self.partitions, found, strict=True):
+            self.seek(partition, index)
+        return dict(zip(self.partitions, found, strict=True))
+
+    async def _index_at(self, partition: int, timestamp_ms: int) -> int:
+        offsets = await self._client.partition_offsets(
+            self._topic, partition, timestamp_ms=timestamp_ms
+        )
+        return offsets.end_index if offsets.index is None else offsets.index
+
     async def __aenter__(self) -> Consumer:
         await self.start()
         return self
@@ -170,6 +217,10 @@ class Consumer:
                     self._positions[chunk.partition], chunk.next_index
                 )
             self._current = None
+            if self._stop_at_end and all(
+                self._positions[p] >= end for p, end in self._ends.items()
+            ):
+                raise StopAsyncIteration  # (a seek back may read again)
             chunk = await self._queue.get()
             if chunk.partition == _CLOSED:
                 raise StopAsyncIteration
@@ -199,10 +250,23 @@ class Consumer:
                     raise ValueError(f"{self._topic} has no partition {p}")
             mapping = {**(self._start_at if isinstance(self._start_at, Mapping) else {})}
             mapping.update(self._seeks)
+            by_time: dict[int, int] = {}
+            if self._start_ms is not None:
+                later = [p for p in partitions if p not in mapping]
+                found = await asyncio.gather(*(self._index_at(p, self._start_ms) for p in later))
+                by_time = dict(zip(later, found, strict=True))
             for p in partitions:
                 state = description.partition(p)
+                if self._stop_at_end:
+                    if state is None:  # (no leader reported): ask the partition itself
+                        answer = await self._client.read(self._topic, p, None, max_records=1)
+                        self._ends[p] = answer.commit_index + 1
+                    else:
+                        self._ends[p] = state.commit_index + 1
                 if p in mapping:
                     self._positions[p] = mapping[p]
+                elif p in by_time:
+                    self._positions[p] = by_time[p]
                 elif self._start_at == "latest":
                     if state is None:
                         answer = await self._client.read(self._topic, p, None, max_records=1)
@@ -246,8 +310,12 @@ class Consumer:
     async def _fetch(self, partition: int, generation: int, index: int) -> None:
         assert self._queue is not None
         put = self._queue.put
+        end = self._ends.get(partition) if self._stop_at_end else None
         attempt = 0
         while True:
+            if end is not None and index >= end:
+                await put(_Chunk(partition, generation, [], index))  # (its position, at the end)
+                return
             try:
                 result = await self._client.read(
                     self._topic,
@@ -283,10 +351,14 @@ class Consumer:
                 continue
             attempt = 0
             next_index = max(result.next_index, index)
-            if result.records:
-                next_index = max(next_index, result.records[-1].index + 1)
-            if result.records or next_index != index:
-                await put(_Chunk(partition, generation, result.records, next_index))
+            records = result.records
+            if records:
+                next_index = max(next_index, records[-1].index + 1)
+            if end is not None and next_index > end:  # (committed since the start)
+                records = [r for r in records if r.index < end]
+                next_index = end
+            if records or next_index != index:
+                await put(_Chunk(partition, generation, records, next_index))
             elif self._wait_ms == 0:
                 await asyncio.sleep(IDLE_POLL_S)
             index = next_index

@@ -1,7 +1,8 @@
 """`Client`: a thin synchronous wrapper of `AsyncClient` for scripts, notebooks and threads.
 
 Every public coroutine method of `AsyncClient` is a blocking method of `Client`, with the same
-signature and documentation (`Blocking`); only producing differs (`produce`, `producer`).
+signature and documentation (`Blocking`); only producing differs (`produce`, `producer`), and
+consuming has blocking objects of its own (`consumer`, `group_consumer`: sync_consumers.py).
 
 It owns an event loop running in a daemon thread and submits each call to it
 (`asyncio.run_coroutine_threadsafe`). That is more robust than `asyncio.run` per call: the
@@ -28,6 +29,7 @@ from laminar.log.batch import Record
 from .client import DEFAULT_TIMEOUT_S, AsyncClient
 from .models import RecordMetadata
 from .producer import Bytes, Headers, Producer
+from .sync_consumers import SyncConsumer, SyncGroupConsumer
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -98,6 +100,10 @@ class Client:
     def async_client(self) -> AsyncClient:
         """The wrapped client (use it only from coroutines run by `run`)."""
         return self._async
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the client's loop and wait for its result."""
@@ -240,6 +246,38 @@ class Client:
     def producer(self, topic: str, **producer_options: Any) -> SyncProducer:
         """A blocking `Producer` for `topic` (options as for `Producer`)."""
         return SyncProducer(self, topic, **producer_options)
+
+    # ------------------------------------------------------------------ consuming
+
+    def consumer(
+        self,
+        topic: str,
+        partitions: Iterable[int] | None = None,
+        *,
+        consumer_timeout_ms: float | None = None,
+        **consumer_options: Any,
+    ) -> SyncConsumer:
+        """A blocking `Consumer` of `topic`: `for partition, record in consumer`; iteration
+        ends after `consumer_timeout_ms` without a record (None: never). Options as for
+        `Consumer` (`start`, `wait_ms`, ...)."""
+        return SyncConsumer(
+            self, topic, partitions, consumer_timeout_ms=consumer_timeout_ms, **consumer_options
+        )
+
+    def group_consumer(
+        self,
+        topic: str,
+        group: str,
+        *,
+        consumer_timeout_ms: float | None = None,
+        **group_options: Any,
+    ) -> SyncGroupConsumer:
+        """A blocking `GroupConsumer` of `topic` as consumer group `group`: `for delivery in
+        queue` (then `delivery.accept()`, ...) or `queue.run(handler, concurrency=n)` with a
+        plain function run in threads. Options as for `GroupConsumer`."""
+        return SyncGroupConsumer(
+            self, topic, group, consumer_timeout_ms=consumer_timeout_ms, **group_options
+        )
 
 
 class SyncProducer:
