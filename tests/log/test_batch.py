@@ -145,8 +145,13 @@ def test_the_transactional_attribute_and_the_reserved_ones() -> None:
     header = parse_header(batch)
     assert header.is_transactional and not header.is_control and header.attributes == 0x2
     assert not parse_header(encode_batch([Record(value=b"p")])).is_transactional
-    for reserved in (0x4, 0x8000):
+    for reserved in (0x20, 0x8000):  # (bits 2-4 are the compression codec's)
         bad = bytearray(batch)
         struct.pack_into("<H", bad, 6, 0x2 | reserved)
         with pytest.raises(BatchFramingError, match="unsupported batch attributes"):
+            parse_header(bytes(bad))
+    for codec in (1, 2, 5, 6, 7):  # Kafka's gzip and snappy, and numbers no codec has
+        bad = bytearray(batch)
+        struct.pack_into("<H", bad, 6, 0x2 | codec << 2)
+        with pytest.raises(BatchFramingError, match=f"unsupported compression codec {codec}"):
             parse_header(bytes(bad))

@@ -29,6 +29,11 @@
   been written. Sequence numbers of failed batches are not reused (gaps are allowed).
 * **Backpressure.** `send` waits while the records not yet acknowledged hold more than
   `buffer_bytes` (one record alone is always admitted).
+* **Compression.** `compression="zstd"` or `"lz4"` compresses each batch's records as a whole
+  when the batch is sent (Kafka's `compression.type`); the broker stores and serves the
+  compressed bytes and consumers decompress. `max_batch_bytes` and `buffer_bytes` count records
+  uncompressed: the broker refuses a batch whose records decompress to more than the topic's
+  `max_batch_bytes`, so a batch this producer builds within that limit is never refused for it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from laminar.log.batch import (
     Record,
     encode_batch,
 )
+from laminar.log.compression import codec_named
 from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 
 from .errors import LaminarError
@@ -137,7 +143,9 @@ class Producer:
         delivery_timeout_s: float = 120.0,
         partitions: int | None = None,
         producer_id: int | None = None,
+        compression: str | None = None,
     ) -> None:
+        codec_named(compression)  # (ValueError now for an unknown codec, not at the first send)
         if linger_ms < 0:
             raise ValueError(f"linger_ms={linger_ms} must not be negative")
         if max_batch_bytes <= BATCH_HEADER_BYTES + RECORD_HEADER_BYTES:
@@ -159,6 +167,7 @@ class Producer:
         self._delivery_timeout_s = delivery_timeout_s
         self._partitions = partitions
         self._producer_id = producer_id or secrets.randbelow(MAX_PRODUCER_ID) + 1
+        self._compression = compression
         self._sticky = StickyPartitioner()
         self._queues: dict[int, _Partition] = {}
         self._buffered = 0
@@ -175,6 +184,11 @@ class Producer:
     @property
     def producer_id(self) -> int:
         return self._producer_id
+
+    @property
+    def compression(self) -> str | None:
+        """The codec of its batches ("zstd", "lz4"; None or "none": not compressed)."""
+        return self._compression
 
     @property
     def buffered_bytes(self) -> int:
@@ -351,7 +365,12 @@ class Producer:
 
     async def _deliver(self, partition: int, batch: _Batch, sequence: int) -> None:
         try:
-            data = encode_batch(batch.records, producer_id=self._producer_id, producer_seq=sequence)
+            data = encode_batch(
+                batch.records,
+                producer_id=self._producer_id,
+                producer_seq=sequence,
+                compression=self._compression,
+            )
         except ValueError as e:
             self._fail(batch, e)
             return

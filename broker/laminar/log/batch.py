@@ -6,10 +6,13 @@ Layout (little-endian; `docs/formats.md` is the full specification):
       0  4s  magic            b"LMQB"
       4  u16 version          1
       6  u16 attributes       bit 0: control batch (Raft no-op / configuration / queue command /
-                              transaction marker); bit 1: transactional (laminar.txn); others 0
+                              transaction marker); bit 1: transactional (laminar.txn); bits 2-4:
+                              compression codec (0 none, 3 lz4, 4 zstd: `compression.py`);
+                              others 0
       8  u64 base_index       index of the first record, assigned by the log
      16  u64 term             Raft term, assigned by the leader that appended it
-     24  u32 payload_bytes    length of the records section that follows the header
+     24  u32 payload_bytes    length of the records section that follows the header, as stored
+                              (compressed, when a codec is set)
      28  u32 record_count     >= 1
      32  u64 producer_id      0 = not an idempotent producer
      40  u64 producer_seq     sequence number of the first record
@@ -20,12 +23,17 @@ Layout (little-endian; `docs/formats.md` is the full specification):
       i32 timestamp_delta_ms (from first_timestamp_ms), i32 key_bytes (-1 = null),
       i32 value_bytes (-1 = null), u16 header_count, key, value,
       then per header: u16 name_bytes, u32 value_bytes, name (UTF-8), value
+    or, compressed: u32 records_bytes (the records' length decompressed), then one zstd or LZ4
+    frame of those records
 
 The checksum is chained through the payload hash so that the log can stamp `base_index` and
 `term` into a verified batch by hashing 64 header bytes again, not the whole payload. The
 broker's work per batch is framing checks, one hash pass and one walk over the records in C
 (`records.py`: a checksum cannot tell a producer's malformed records from good ones): never
-per-record work in Python.
+per-record work in Python. A compressed batch is decompressed for that walk, within the bound
+of an uncompressed batch (`max_batch_bytes`), and stored, served and replicated as it came:
+the header stays uncompressed, so indexing and the checksum need no decompression; readers
+decompress (`iter_records`, `decompressed_batch`).
 """
 
 from __future__ import annotations
@@ -38,10 +46,20 @@ from typing import NamedTuple
 
 import xxhash
 
+from .compression import (
+    RECORDS_BYTES_LENGTH,
+    Codec,
+    codec_named,
+    codec_of,
+    compress,
+    declared_bytes,
+    decompress,
+)
 from .errors import (
     BatchChecksumError,
     BatchFramingError,
     BatchTooLargeError,
+    DecompressionError,
     MalformedRecordsError,
 )
 from .records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, records_problem
@@ -61,7 +79,12 @@ STAMP_FIELDS = struct.Struct("<QQ")  # base_index, term at BASE_INDEX_OFFSET
 CONTROL_ATTRIBUTE = 0x1  # a Raft control batch (no-op, configuration change): not user data
 #: records of a transaction (laminar.txn): visible to read_committed readers once it commits
 TRANSACTIONAL_ATTRIBUTE = 0x2
-KNOWN_ATTRIBUTES = CONTROL_ATTRIBUTE | TRANSACTIONAL_ATTRIBUTE
+#: bits 2-4: the codec of the records section (`compression.Codec`; 0 = not compressed)
+CODEC_SHIFT = 2
+CODEC_MASK = 0x7 << CODEC_SHIFT
+KNOWN_ATTRIBUTES = CONTROL_ATTRIBUTE | TRANSACTIONAL_ATTRIBUTE | CODEC_MASK
+ATTRIBUTES_OFFSET = 6
+PAYLOAD_BYTES_OFFSET = 24
 NULL_LENGTH = -1
 MAX_PAYLOAD_BYTES = 2**32 - 1
 MAX_HEADERS_PER_RECORD = 2**16 - 1
@@ -92,6 +115,15 @@ class BatchHeader(NamedTuple):
     @property
     def is_transactional(self) -> bool:
         return bool(self.attributes & TRANSACTIONAL_ATTRIBUTE)
+
+    @property
+    def codec(self) -> Codec:
+        """The codec of the records section (`parse_header` refuses an unsupported one)."""
+        return Codec((self.attributes & CODEC_MASK) >> CODEC_SHIFT)
+
+    @property
+    def is_compressed(self) -> bool:
+        return bool(self.attributes & CODEC_MASK)
 
     @property
     def batch_bytes(self) -> int:
@@ -141,13 +173,17 @@ def encode_batch(
     now_ms: int | None = None,
     control: bool = False,
     transactional: bool = False,
+    compression: str | None = None,
 ) -> bytes:
     """Encode records as one batch with base_index 0 and term 0 (the log assigns both).
 
     This runs on producers; it is the only place that walks records on the write path.
     `control` marks a Raft control batch (consumers of user data skip those);
     `transactional` a batch of a transaction (`producer_id` names its producer and epoch).
+    `compression` ("zstd", "lz4", None or "none") compresses the records section as a whole
+    (ValueError for another name).
     """
+    codec = codec_named(compression)
     if not records:
         raise BatchFramingError("a batch needs at least one record")
     if not 0 <= producer_id <= U64_MAX or not 0 <= producer_seq <= U64_MAX:
@@ -191,10 +227,18 @@ def encode_batch(
     payload = b"".join(parts)
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise BatchTooLargeError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    if codec is not Codec.NONE:
+        payload = compress(codec, payload)
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise BatchTooLargeError(
+                f"compressed payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}"
+            )
     prefix = BATCH_HEADER.pack(
         BATCH_MAGIC,
         BATCH_VERSION,
-        (CONTROL_ATTRIBUTE if control else 0) | (TRANSACTIONAL_ATTRIBUTE if transactional else 0),
+        (CONTROL_ATTRIBUTE if control else 0)
+        | (TRANSACTIONAL_ATTRIBUTE if transactional else 0)
+        | codec << CODEC_SHIFT,
         0,
         0,
         len(payload),
@@ -222,10 +266,17 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
         raise BatchFramingError(f"unsupported batch version {version}")
     if attributes & ~KNOWN_ATTRIBUTES:
         raise BatchFramingError(f"unsupported batch attributes {attributes:#x}")
+    codec = codec_of((attributes & CODEC_MASK) >> CODEC_SHIFT)
     header = BatchHeader._make((*fields, attributes))
     if header.record_count < 1:
         raise BatchFramingError("a batch needs at least one record")
-    if header.payload_bytes < header.record_count * RECORD_HEADER_BYTES:
+    if codec is not Codec.NONE:
+        # (the records' own length is checked once decompressed: see verify_records)
+        if header.payload_bytes <= RECORDS_BYTES_LENGTH:
+            raise BatchFramingError(
+                f"{header.payload_bytes} payload bytes cannot hold compressed records"
+            )
+    elif header.payload_bytes < header.record_count * RECORD_HEADER_BYTES:
         raise BatchFramingError(
             f"{header.payload_bytes} payload bytes cannot hold {header.record_count} records"
         )
@@ -241,7 +292,10 @@ def verify_batch(
 
     Raises BatchTooLargeError, BatchFramingError or BatchChecksumError, and
     MalformedRecordsError (a BatchFramingError) when the checksum holds but the records do not
-    (`verify_records`). `check_records=False` checks the header and checksum only: for Raft
+    (`verify_records`), or when compressed records do not decompress to at most
+    `max_batch_bytes` less the header (the bound of an uncompressed batch's records: a
+    decompression bomb is refused without ever being expanded past it).
+    `check_records=False` checks the header and checksum only: for Raft
     replication, which must store what its leader committed (the leader checked the records
     when the batch entered the cluster; a batch stored before appends checked them must still
     reach every replica).
@@ -260,16 +314,25 @@ def verify_batch(
     if header_checksum(view[:CHECKSUM_OFFSET], digest) != header.checksum:
         raise BatchChecksumError(f"checksum mismatch in batch at index {header.base_index}")
     if check_records:
-        verify_records(header, view[BATCH_HEADER_BYTES:])
+        verify_records(
+            header,
+            view[BATCH_HEADER_BYTES:],
+            max_records_bytes=max_batch_bytes - BATCH_HEADER_BYTES,
+        )
     return header, digest
 
 
-def verify_records(header: BatchHeader, payload: Buffer) -> None:
-    """Check the records section `payload` of the batch whose header is `header` against the
-    rules of `laminar.log.records` (one walk in C). Raises MalformedRecordsError, which says
-    where the batch's indexes end (`next_index`) so that a reader can go on after it."""
+def verify_records(
+    header: BatchHeader, payload: Buffer, *, max_records_bytes: int = MAX_PAYLOAD_BYTES
+) -> Buffer:
+    """Check the records section `payload` (as stored) of the batch whose header is `header`
+    against the rules of `laminar.log.records` (one walk in C), and return it decompressed (or
+    `payload` itself, not compressed). Compressed records may take at most
+    `max_records_bytes` decompressed. Raises MalformedRecordsError, which says where the
+    batch's indexes end (`next_index`) so that a reader can go on after it."""
+    records = records_section(header, payload, max_records_bytes)
     problem = records_problem(
-        payload, header.record_count, header.first_timestamp_ms, header.max_timestamp_ms
+        records, header.record_count, header.first_timestamp_ms, header.max_timestamp_ms
     )
     if problem is not None:
         raise MalformedRecordsError(
@@ -277,6 +340,51 @@ def verify_records(header: BatchHeader, payload: Buffer) -> None:
             base_index=header.base_index,
             next_index=header.next_index,
         )
+    return records
+
+
+def records_section(
+    header: BatchHeader, payload: Buffer, max_records_bytes: int = MAX_PAYLOAD_BYTES
+) -> Buffer:
+    """The records section of a batch from its stored payload: decompressed, within
+    `max_records_bytes`, when the header names a codec; else `payload` itself (unchecked:
+    `verify_records` checks). Raises MalformedRecordsError for compressed records that do not
+    decompress within bounds."""
+    if not header.is_compressed:
+        return payload
+    try:
+        return decompress(header.codec, payload, max_records_bytes)
+    except DecompressionError as e:
+        raise MalformedRecordsError(
+            f"malformed records in batch {header.base_index}: {e}",
+            base_index=header.base_index,
+            next_index=header.next_index,
+        ) from e
+
+
+def records_bytes(batch: Buffer) -> int:
+    """The length of a (framed) batch's records section decompressed: `payload_bytes` for a
+    batch that is not compressed, else what its compressed section declares."""
+    header = parse_header(batch)
+    if not header.is_compressed:
+        return header.payload_bytes
+    return declared_bytes(memoryview(batch)[BATCH_HEADER_BYTES : header.batch_bytes])
+
+
+def decompressed_batch(batch: Buffer) -> Buffer:
+    """Verify `batch` and return it as if it had been sent uncompressed: the same records and
+    header fields, no codec, the checksum redone (`batch` itself when it is not compressed).
+    For readers that work on the bytes of a records section (the Spark source's columns)."""
+    header, _ = verify_batch(batch, BATCH_HEADER_BYTES + MAX_PAYLOAD_BYTES, check_records=False)
+    view = memoryview(batch)
+    records = verify_records(header, view[BATCH_HEADER_BYTES:])
+    if not header.is_compressed:
+        return batch
+    prefix = bytearray(view[:CHECKSUM_OFFSET])
+    struct.pack_into("<H", prefix, ATTRIBUTES_OFFSET, header.attributes & ~CODEC_MASK)
+    struct.pack_into("<I", prefix, PAYLOAD_BYTES_OFFSET, len(records))
+    checksum = header_checksum(prefix, payload_hash(records))
+    return b"".join((prefix, checksum.to_bytes(8, "little"), records))
 
 
 def stamp_header(header_bytes: Buffer, base_index: int, term: int, digest: int) -> bytes:
@@ -313,10 +421,13 @@ def decode_batch(batch: Buffer) -> list[StoredRecord]:
 def iter_records(batch: Buffer) -> Iterator[RecordTuple]:
     """Verify one batch, then yield its records as (index, timestamp_ms, key, value, headers)
     tuples: the one record walker, for callers that build their own record objects."""
-    header, _ = verify_batch(batch, max_batch_bytes=BATCH_HEADER_BYTES + MAX_PAYLOAD_BYTES)
-    view = memoryview(batch)
-    pos = BATCH_HEADER_BYTES
-    end = header.batch_bytes
+    header, _ = verify_batch(
+        batch, max_batch_bytes=BATCH_HEADER_BYTES + MAX_PAYLOAD_BYTES, check_records=False
+    )
+    # (checked by the C walker, and decompressed first when compressed)
+    view = memoryview(verify_records(header, memoryview(batch)[BATCH_HEADER_BYTES:]))
+    pos = 0
+    end = len(view)
     base, first_ms = header.base_index, header.first_timestamp_ms
     unpack_record = RECORD_HEADER.unpack_from
     unpack_field = HEADER_FIELD.unpack_from

@@ -29,6 +29,12 @@ class MalformedRecordsError(BatchFramingError):
         self.next_index = next_index
 
 
+class DecompressionError(BatchFramingError):
+    """A compressed records section cannot be decompressed within its bounds: damaged, over the
+    limit, or not the length it declares (`batch.verify_records` turns it into a
+    MalformedRecordsError, with the batch's indexes)."""
+
+
 class BatchChecksumError(BatchError):
     """The batch's xxh3-64 checksum does not match its bytes."""
 

@@ -34,6 +34,7 @@ from .batch import (
     BatchHeader,
     Buffer,
     header_checksum,
+    iter_records,
     parse_header,
     stamp_header,
     verify_batch,
@@ -51,11 +52,13 @@ from .errors import (
     IndexOutOfRangeError,
     LogClosedError,
     LogError,
+    MalformedRecordsError,
     NotBatchBoundaryError,
     SegmentError,
     StorageError,
     StoreError,
 )
+from .index import NO_TIMESTAMP_MS
 from .segment import (
     PendingBatches,
     ReadResult,
@@ -354,7 +357,10 @@ class SegmentedLog:
         stamp_term = header.term if term is None else term
         stamped = stamp_header(batch, base_index, stamp_term, digest)
         active.append(
-            (stamped, memoryview(batch)[BATCH_HEADER_BYTES:]), header.record_count, stamp_term
+            (stamped, memoryview(batch)[BATCH_HEADER_BYTES:]),
+            header.record_count,
+            stamp_term,
+            batch_timestamp(header),
         )
         return AppendResult(base_index, header.record_count)
 
@@ -390,14 +396,14 @@ class SegmentedLog:
         unchanged)."""
         self._check_writable()
         limit = self.config.batch_limit_bytes
-        planned: list[tuple[tuple[Buffer, Buffer], int, int]] = []
+        planned: list[tuple[tuple[Buffer, Buffer], int, int, int]] = []
         results: list[AppendResult] = []
         next_index = self.next_index
         for batch, term in batches:
             header, digest = verify_batch(batch, limit, check_records=check_records)
             stamped = stamp_header(batch, next_index, term, digest)
             parts = (stamped, memoryview(batch)[BATCH_HEADER_BYTES:])
-            planned.append((parts, header.record_count, term))
+            planned.append((parts, header.record_count, term, batch_timestamp(header)))
             results.append(AppendResult(next_index, header.record_count))
             next_index += header.record_count
         self._write = LogWrite(self, planned, results, self.clock_ms())
@@ -495,6 +501,26 @@ class SegmentedLog:
                     self._report(error)
                     raise error from e
 
+    def batch_base_back(self, index: int, batches: int) -> int:
+        """The base index of the batch `batches` batches before the one holding `index` (or
+        before the log's end, when `index` is past it); the log start when there are fewer:
+        how far back a bounded walk of batch headers may start (segment indexes only)."""
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        if index <= self.start_index:
+            return self.start_index
+        number = bisect_right(self._bases, index) - 1
+        segment = self._segments[number]
+        slot = segment.slot_of(index) if index < segment.next_index else len(segment.index)
+        while slot < batches:
+            batches -= slot
+            number -= 1
+            if number < 0:
+                return self.start_index
+            segment = self._segments[number]
+            slot = len(segment.index)
+        return segment.batch_range(slot - batches)[0]
+
     def batch_location(self, index: int) -> tuple[str, int, int]:
         """(store file name, first byte, end byte) of the batch holding `index`, as stored
         (for tools that inspect or damage a log on purpose)."""
@@ -512,6 +538,42 @@ class SegmentedLog:
         except CorruptBatchError as e:
             self._report(e)
             raise
+
+    def index_at_time(
+        self, timestamp_ms: int, end_index: int | None = None
+    ) -> tuple[int, int] | None:
+        """(index, timestamp) of the first record, in log order, whose timestamp is at or after
+        `timestamp_ms`, among the records below `end_index` (default: the log's end); None
+        when there is none (Kafka's offsets-for-times).
+
+        Record timestamps are the producers' and may go back and forth. Each segment's time
+        index keeps their running maximum (`SegmentIndex.max_timestamps`), so the first batch
+        whose maximum reaches `timestamp_ms` holds the answer (every record before it is
+        earlier) and its records say which one. The work is bounded: a look at each segment's
+        maximum, one bisect, one batch read (verified: CorruptBatchError if it is damaged).
+        A batch whose records cannot be walked (stored before appends checked records)
+        answers its first index."""
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        limit = self.next_index if end_index is None else min(end_index, self.next_index)
+        for segment in self._segments:
+            if segment.base_index >= limit:
+                return None
+            slot = segment.index.slot_at_time(timestamp_ms)
+            if slot is None:
+                continue
+            base = segment.batch_range(slot)[0]
+            if base >= limit:
+                return None
+            batch = self.read(base).data
+            try:
+                found = next((r[:2] for r in iter_records(batch) if r[1] >= timestamp_ms), None)
+            except MalformedRecordsError:
+                found = (base, parse_header(batch).max_timestamp_ms)
+            if found is None or found[0] >= limit:
+                return None
+            return found[0], found[1]
+        return None
 
     # ---- truncation and retention ----------------------------------------------------------
 
@@ -643,12 +705,13 @@ class LogWrite:
     def __init__(
         self,
         log: SegmentedLog,
-        batches: list[tuple[tuple[Buffer, Buffer], int, int]],
+        batches: list[tuple[tuple[Buffer, Buffer], int, int, int]],
         results: list[AppendResult],
         now_ms: int,
     ) -> None:
         self._log = log
-        self._batches = batches  # ((stamped header, payload), record count, term)
+        #: ((stamped header, payload), record count, term, largest record timestamp)
+        self._batches = batches
         #: where each batch lands (known when planned)
         self.results = results
         self._now_ms = now_ms  # the clock of its rolls, read when planned
@@ -665,13 +728,14 @@ class LogWrite:
         assert not self._written, "written twice"
         self._written = True
         log = self._log
-        for parts, record_count, term in self._batches:
+        for parts, record_count, term, timestamp_ms in self._batches:
             segment, pending = self._extents[-1]
             empty = pending.next_index == segment.base_index
             if log._roll_due(segment, pending.size, empty, self._now_ms):
                 segment, pending = self._roll(segment, pending)
             segment.write_at(pending.size, parts)
-            pending.added.append((pending.next_index - segment.base_index, pending.size, term))
+            relative_index = pending.next_index - segment.base_index
+            pending.added.append((relative_index, pending.size, term, timestamp_ms))
             pending.size += sum(len(part) for part in parts)
             pending.next_index += record_count
 
@@ -785,7 +849,8 @@ class StreamAppend:
         segment = self._segment
         try:
             payload = segment.store.read(self._position + BATCH_HEADER_BYTES, header.payload_bytes)
-            verify_records(header, payload)
+            limit = self._log.config.batch_limit_bytes - BATCH_HEADER_BYTES
+            verify_records(header, payload, max_records_bytes=limit)  # (compressed: within it)
         except StoreError as e:
             self.abort()
             raise SegmentError(f"cannot read back the streamed batch: {e}") from e
@@ -799,7 +864,9 @@ class StreamAppend:
         except SegmentError:
             self.abort()
             raise
-        segment.commit_streamed(self._position, header.record_count, self._term)
+        segment.commit_streamed(
+            self._position, header.record_count, self._term, batch_timestamp(header)
+        )
         self._finish()
         return AppendResult(base_index, header.record_count)
 
@@ -813,6 +880,12 @@ class StreamAppend:
     def _finish(self) -> None:
         self._done = True
         self._log._stream = None
+
+
+def batch_timestamp(header: BatchHeader) -> int:
+    """What a batch adds to its segment's time index: its largest record timestamp, or
+    NO_TIMESTAMP_MS for a control batch (no records of users)."""
+    return NO_TIMESTAMP_MS if header.is_control else header.max_timestamp_ms
 
 
 def _sync_directory(directory: Directory) -> None:

@@ -38,6 +38,7 @@ from ..log.batch import (
     StoredRecord,
     decode_batch,
     parse_header,
+    records_bytes,
     verify_records,
 )
 from ..log.errors import IndexOutOfRangeError, MalformedRecordsError
@@ -95,8 +96,11 @@ class StoredBatch:
 
     @property
     def record_bytes(self) -> int:
-        """The average size of its records (what an acquire counts against max_bytes)."""
-        return self.header.payload_bytes // self.header.record_count
+        """The average size of its records (what an acquire counts against max_bytes): as an
+        answer carries them, decompressed."""
+        header = self.header
+        size = records_bytes(self.data) if header.is_compressed else header.payload_bytes
+        return size // header.record_count
 
     def record(self, index: int) -> StoredRecord:
         """The record at `index`; raises MalformedRecordsError for a malformed batch."""
@@ -488,7 +492,10 @@ class ConsumerGroups:
             return None
         batch = StoredBatch(header, data[: header.batch_bytes])
         try:  # one C walk: what cannot be decoded is never leased
-            verify_records(header, memoryview(batch.data)[BATCH_HEADER_BYTES:])
+            if header.is_compressed:  # (decoded now: one decompression checks and decodes)
+                batch.record(index)
+            else:
+                verify_records(header, memoryview(batch.data)[BATCH_HEADER_BYTES:])
         except MalformedRecordsError as e:
             batch.malformed = e
         self._batches[header.base_index] = batch
@@ -528,13 +535,13 @@ class ConsumerGroups:
     def _settled(self, group: str, _: asyncio.Future[Result]) -> None:
         self._expiring.discard(group)
 
-    def dead_letters(self) -> list[tuple[str, int, DeadLetter]]:
-        """(group, index, dead letter) waiting for their dead-letter append, by group, then
-        in the order of their sequence numbers."""
-        out: list[tuple[str, int, DeadLetter]] = []
+    def dead_letters(self) -> list[tuple[str, int, DeadLetter, int]]:
+        """(group, index, dead letter, the group's incarnation) waiting for their dead-letter
+        append, by group, then in the order of their sequence numbers."""
+        out: list[tuple[str, int, DeadLetter, int]] = []
         for name, group in sorted(self.state.groups.items()):
             ordered = sorted(group.dead_pending.items(), key=lambda item: item[1].sequence)
-            out.extend((name, index, letter) for index, letter in ordered)
+            out.extend((name, index, letter, group.incarnation) for index, letter in ordered)
         return out
 
 
