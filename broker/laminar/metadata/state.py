@@ -219,8 +219,10 @@ def _check_assignment(assignment: object, partitions: int, replication_factor: i
             _check_node(node, WORKER_NODE_ID)  # (a broker's worker)
 
 
-def validate(command: Command) -> None:
-    """Checks that need no state (the API runs them before proposing). MetadataError."""
+def validate(command: Command, *, unassigned: bool = False) -> None:
+    """Checks that need no state (the API runs them before proposing). MetadataError.
+    `unassigned`: a topic's partitions may come without their assignment yet (a proposal
+    forwarded to the metadata leader, which makes it: `NodeCore.propose_metadata`)."""
     if isinstance(command, TXN_COMMANDS):
         try:
             txn.validate(command)
@@ -231,7 +233,8 @@ def validate(command: Command) -> None:
         _check_int("partitions", command.partitions, 1, MAX_PARTITIONS)
         _check_int("replication_factor", command.replication_factor, 1, MAX_REPLICATION_FACTOR)
         _check_config(command.config)
-        _check_assignment(command.assignment, command.partitions, command.replication_factor)
+        if not (unassigned and command.assignment == ()):
+            _check_assignment(command.assignment, command.partitions, command.replication_factor)
     elif isinstance(command, AlterTopic):
         _check_topic_name(command.name)
         if command.partitions is not None:
@@ -249,12 +252,12 @@ def validate(command: Command) -> None:
             raise MetadataError("invalid", "draining must be true or false")
 
 
-def validate_proposal(command: Command) -> None:
+def validate_proposal(command: Command, *, unassigned: bool = False) -> None:
     """`validate`, and the checks that only what a client proposes now must pass (entries
     committed before them must still apply as they did). MetadataError."""
     if isinstance(command, CreateTopic | AlterTopic) and isinstance(command.config, Mapping):
         _check_config_values(command.config)  # first: LogConfig's own errors name no key
-    validate(command)
+    validate(command, unassigned=unassigned)
 
 
 def encode_command(command: Command) -> bytes:
@@ -271,6 +274,23 @@ def _tuples(assignment: object) -> object:
 
 def decode_command(data: bytes) -> Command:
     """Parse and validate a command; MetadataError("invalid") for anything malformed."""
+    command = _parse_command(data)
+    validate(command)
+    return command
+
+
+def decode_proposal(data: bytes) -> Command:
+    """A command another broker forwarded to the metadata leader to propose
+    (laminar.server.forward): as `decode_command`, but a new topic comes without its
+    assignment, which the leader makes as it proposes it; checked as a proposal
+    (`validate_proposal`), so that its refusal is the one the leader gives its own callers.
+    MetadataError("invalid")."""
+    command = _parse_command(data)
+    validate_proposal(command, unassigned=True)
+    return command
+
+
+def _parse_command(data: bytes) -> Command:
     try:
         document = json.loads(data)
         kind = _KINDS[document.pop("op")]
@@ -282,7 +302,6 @@ def decode_command(data: bytes) -> Command:
         command: Command = kind(**document)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MetadataError("invalid", f"malformed metadata command: {e}") from e
-    validate(command)
     return command
 
 

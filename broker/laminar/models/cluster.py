@@ -264,3 +264,25 @@ class Handoff:
     def from_json(cls, obj: Any) -> Self:
         obj = json_object(obj)
         return cls(string(obj, "node"), integer(obj, "leading"))
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataCommitted:
+    """(Brokers only) `POST /v1/metadata/commands`: the metadata log index at which the
+    metadata leader committed and applied a forwarded command (laminar.server.forward); the
+    broker that forwarded it waits until it has applied that far itself."""
+
+    SCHEMA: ClassVar[str] = "#/components/schemas/MetadataCommitted"
+
+    index: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        obj = json_object(obj)
+        index = integer(obj, "index")
+        if index < 0:
+            raise ModelError(f"index must be a non-negative integer, not {index}")
+        return cls(index)
