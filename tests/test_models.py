@@ -31,25 +31,35 @@ from laminar.models import (
     CreateTopicRequest,
     ErrorBody,
     GroupDescription,
+    GroupReset,
+    GroupSummary,
     Handoff,
     HostedPartition,
     JsonModel,
     Member,
+    MetadataCommitted,
     ModelError,
     NodeAdminState,
     NodePartitions,
     NodeTls,
+    PartitionGroups,
     PartitionList,
+    PartitionOffsets,
     PartitionState,
     ReadResult,
     RejectRequest,
     RenewRequest,
+    ResetGroupRequest,
     Settled,
     SettleRequest,
     TooLargeError,
     TopicDescription,
+    TopicGroupDescription,
+    TopicGroupReset,
+    TopicGroups,
     TopicInfo,
     TopicList,
+    TopicOffsets,
     TxnDescription,
     TxnEnded,
     TxnEndRequest,
@@ -76,6 +86,8 @@ HOSTED = HostedPartition("t", 0, "leader", "n1", 4, ("n1", "n2"), ("n3",), ("n1"
 TOPIC = TopicInfo("t", 2, 3, {"retention_ms": 60_000, "fsync": "never"})
 MESSAGE = AcquiredMessage(TEXT, 2, 1_700_000_030_000)
 COMPONENT = "#/components/schemas/"
+GROUP = GroupDescription("t", 0, "billing", 17, 2, 40, 0, 1200, 3, 59, 42, True)
+RESET = GroupReset("t", 0, "billing", 59, 3, 61)
 
 #: Each model's samples, with the schema each must match when it is not the model's own
 #: (`SCHEMA`): between them they write every property their schemas have.
@@ -147,6 +159,7 @@ SAMPLES: dict[type[Any], list[tuple[Any, str | None]]] = {
     TxnEnded: [(TxnEnded("t", True, True, 2), None), (TxnEnded("t", False, False, 9), None)],
     TxnMarkerRequest: [(TxnMarkerRequest(1 << 16 | 1, False), None)],
     Handoff: [(Handoff("n1", 0), None)],
+    MetadataCommitted: [(MetadataCommitted(0), None), (MetadataCommitted(17), None)],
     AcquireRequest: [
         (AcquireRequest(), None),
         (AcquireRequest("web-1:42", 100, 30_000, 1000, 1 << 20), None),
@@ -169,7 +182,30 @@ SAMPLES: dict[type[Any], list[tuple[Any, str | None]]] = {
         (Settled((17,), (19,)), None),
         (Settled((17,), (), 1_700_000_090_000), COMPONENT + "RenewResult"),
     ],
-    GroupDescription: [(GroupDescription("t", 0, "billing", 17, 2, 40, 0, 1200, 3, 59), None)],
+    GroupDescription: [
+        (GroupDescription("t", 0, "billing", 17, 2, 40, 0, 1200, 3, 59), None),
+        (GROUP, None),
+    ],
+    ResetGroupRequest: [
+        (ResetGroupRequest("earliest", force=True, partitions=(0, 2)), None),
+        (ResetGroupRequest(index=17), None),
+        (ResetGroupRequest(timestamp_ms=1_767_268_800_000), None),
+    ],
+    GroupReset: [(RESET, None), (GroupReset("t", 1, "billing", None, 0, 12), None)],
+    TopicGroupReset: [(TopicGroupReset("t", "billing", (RESET,)), None)],
+    PartitionGroups: [
+        (PartitionGroups("t", 0, (GROUP,)), None),
+        (PartitionGroups("t", 1, ()), None),
+    ],
+    GroupSummary: [(GroupSummary("billing", (0, 1), 42), None)],
+    TopicGroups: [(TopicGroups("t", (GroupSummary("billing", (0, 1), 42),)), None)],
+    TopicGroupDescription: [(TopicGroupDescription("t", "billing", 42, (GROUP,)), None)],
+    PartitionOffsets: [
+        (PartitionOffsets("t", 0, 0, 120), None),
+        (PartitionOffsets("t", 0, 0, 120, 1_767_268_800_000, 57, 1_767_268_800_250), None),
+        (PartitionOffsets("t", 1, 3, 3, 1_767_268_800_000), None),  # none that late
+    ],
+    TopicOffsets: [(TopicOffsets("t", (PartitionOffsets("t", 0, 0, 120),)), None)],
     ErrorBody: [
         (ErrorBody("not_found", "no topic t"), None),
         (
@@ -273,6 +309,11 @@ EXAMPLES = {
     ("consumer", "messages"): AcquireResult,
     ("done", "refused"): Settled,
     ("cursor", "dead_letter_pending"): GroupDescription,
+    ("to", "force"): ResetGroupRequest,
+    ("group", "partitions"): TopicGroupReset,
+    ("group", "lag", "partitions"): TopicGroupDescription,
+    ("groups",): TopicGroups,
+    ("record_timestamp_ms",): PartitionOffsets,
 }
 
 

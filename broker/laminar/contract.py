@@ -93,6 +93,10 @@ MAX_WAIT_MS = 60_000
 #: How long a handoff (`POST /v1/nodes/{id}/handoff`) waits for the leaderships to move
 #: before it answers how many are left; a client's deadline for it must exceed this.
 HANDOFF_TIMEOUT_S = 10.0
+#: `POST /v1/topics?wait_for_leaders=false`: answered once the topic is created, before its
+#: partitions have leaders (by default the answer waits, up to the request timeout, until
+#: every partition has one: the first append need not meet a 503).
+WAIT_FOR_LEADERS = "wait_for_leaders"
 #: Shared queues (docs/api.md, "Shared queues"): an acquire's messages and bytes, the leases,
 #: the indexes of one accept, release, reject or renew, and a reject's reason.
 DEFAULT_ACQUIRE = 100
@@ -120,7 +124,8 @@ class Route:
     path: str
     #: its `operationId` in openapi.yaml
     operation: str
-    #: the server's handler: a method of `Api`, or of `GroupsApi` ("groups.<name>")
+    #: the server's handler: a method of `Api`, or of a part of it ("groups.<name>": of
+    #: `GroupsApi`; "topic_groups.": `TopicGroupsApi`; "offsets.": `OffsetsApi`; ...)
     handler: str
     #: what authorization checks (laminar.credentials); None: open, no token needed
     access: Action | None
@@ -149,6 +154,7 @@ _NODE = "/v1/nodes/{node}"
 _TOPIC = "/v1/topics/{topic}"
 _RECORDS = _TOPIC + "/partitions/{partition}/records"
 _GROUP = _TOPIC + "/partitions/{partition}/groups/{group}"
+_TOPIC_GROUP = _TOPIC + "/groups/{group}"
 _TXN = "/v1/transactions/{txn_id}"
 
 HEALTHZ = Route("GET", "/healthz", "healthz", "healthz", None)
@@ -180,6 +186,35 @@ ACCEPT = Route("POST", _GROUP + "/accept", "acceptMessages", "groups.settle", Ac
 RELEASE = Route("POST", _GROUP + "/release", "releaseMessages", "groups.settle", Action.CONSUME)
 REJECT = Route("POST", _GROUP + "/reject", "rejectMessages", "groups.settle", Action.CONSUME)
 RENEW = Route("POST", _GROUP + "/renew", "renewLeases", "groups.settle", Action.CONSUME)
+#: Consumer group admin (docs/api.md, "Consumer group admin"): on one partition (its leader
+#: serves them) and across a topic's partitions (any broker, asking each leader in turn).
+LIST_PARTITION_GROUPS = Route(
+    "GET", _TOPIC + "/partitions/{partition}/groups", "listPartitionGroups", "groups.list",
+    Action.CONSUME,
+)  # fmt: skip
+RESET_PARTITION_GROUP = Route(
+    "POST", _GROUP + "/reset", "resetPartitionGroup", "groups.reset", Action.ADMIN
+)
+DELETE_PARTITION_GROUP = Route(
+    "DELETE", _GROUP, "deletePartitionGroup", "groups.delete", Action.ADMIN
+)
+LIST_GROUPS = Route("GET", _TOPIC + "/groups", "listGroups", "topic_groups.list", Action.CONSUME)
+DESCRIBE_TOPIC_GROUP = Route(
+    "GET", _TOPIC_GROUP, "describeTopicGroup", "topic_groups.describe", Action.CONSUME
+)
+RESET_GROUP = Route(
+    "POST", _TOPIC_GROUP + "/reset", "resetGroup", "topic_groups.reset", Action.ADMIN
+)
+DELETE_GROUP = Route("DELETE", _TOPIC_GROUP, "deleteGroup", "topic_groups.delete", Action.ADMIN)
+#: Offsets for times (docs/api.md, "Offsets for times"): a partition's log start and end,
+#: and the first record at or after a time; served by any replica, up to its commit.
+PARTITION_OFFSETS = Route(
+    "GET", _TOPIC + "/partitions/{partition}/offsets", "getPartitionOffsets",
+    "offsets.partition", Action.DESCRIBE,
+)  # fmt: skip
+TOPIC_OFFSETS = Route(
+    "GET", _TOPIC + "/offsets", "getTopicOffsets", "offsets.topic", Action.DESCRIBE
+)
 INIT_TXN = Route("POST", _TXN, "initTransactions", "txns.init", Action.TRANSACT)
 DESCRIBE_TXN = Route("GET", _TXN, "describeTransactions", "txns.describe", Action.TRANSACT)
 ADD_TXN_PARTITIONS = Route(
@@ -189,6 +224,12 @@ END_TXN = Route("POST", _TXN + "/end", "endTransaction", "txns.end", Action.TRAN
 WRITE_TXN_MARKER = Route(
     "POST", _RECORDS.removesuffix("/records") + "/markers", "writeTransactionMarker",
     "txns.marker", Action.INTERNAL,
+)  # fmt: skip
+#: (Brokers only) a metadata write forwarded by the broker that took it to the metadata
+#: leader (laminar.server.forward): the command as the metadata log stores it.
+PROPOSE_METADATA = Route(
+    "POST", "/v1/metadata/commands", "proposeMetadataCommand", "metadata.propose",
+    Action.INTERNAL,
 )  # fmt: skip
 
 #: Every route the broker serves, in the order it registers them.
@@ -218,11 +259,21 @@ ROUTES: tuple[Route, ...] = (
     RELEASE,
     REJECT,
     RENEW,
+    LIST_PARTITION_GROUPS,
+    RESET_PARTITION_GROUP,
+    DELETE_PARTITION_GROUP,
+    LIST_GROUPS,
+    DESCRIBE_TOPIC_GROUP,
+    RESET_GROUP,
+    DELETE_GROUP,
+    PARTITION_OFFSETS,
+    TOPIC_OFFSETS,
     INIT_TXN,
     DESCRIBE_TXN,
     ADD_TXN_PARTITIONS,
     END_TXN,
     WRITE_TXN_MARKER,
+    PROPOSE_METADATA,
 )
 #: The queue commands that settle held messages, by the last segment of their path.
 SETTLE_ROUTES = {"accept": ACCEPT, "release": RELEASE, "reject": REJECT, "renew": RENEW}

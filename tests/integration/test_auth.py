@@ -50,6 +50,10 @@ MARKERS = "/v1/topics/{topic}/partitions/{partition}/markers"
 GROUP = "/v1/topics/{topic}/partitions/{partition}/groups/{group}"
 RECORDS = "/v1/topics/{topic}/partitions/{partition}/records"
 SETTLE = {"consumer": "c", "indexes": [0]}
+PARTITION_GROUPS = "/v1/topics/{topic}/partitions/{partition}/groups"
+TOPIC_GROUP = "/v1/topics/{topic}/groups/{group}"
+OFFSETS = "/v1/topics/{topic}/partitions/{partition}/offsets"
+RESET = {"to": "latest"}
 #: Every /v1 route: what it does, and a request for it (in this order: the drain is undone).
 CASES: list[tuple[str, str, str, str, Any]] = [
     ("GET", "/v1/cluster", ANY, "/v1/cluster", None),
@@ -76,12 +80,24 @@ CASES: list[tuple[str, str, str, str, Any]] = [
     ("POST", GROUP + "/release", CONSUME, "/v1/topics/t/partitions/0/groups/g/release", SETTLE),
     ("POST", GROUP + "/reject", CONSUME, "/v1/topics/t/partitions/0/groups/g/reject", SETTLE),
     ("POST", GROUP + "/renew", CONSUME, "/v1/topics/t/partitions/0/groups/g/renew", SETTLE),
+    # consumer group admin (a reset and a delete are an admin's) and offsets for times
+    ("GET", PARTITION_GROUPS, CONSUME, "/v1/topics/t/partitions/0/groups", None),
+    ("POST", GROUP + "/reset", ADMIN, "/v1/topics/t/partitions/0/groups/g/reset", RESET),
+    ("DELETE", GROUP, ADMIN, "/v1/topics/t/partitions/0/groups/g-none", None),
+    ("GET", TOPIC_GROUP.removesuffix("/{group}"), CONSUME, "/v1/topics/t/groups", None),
+    ("GET", TOPIC_GROUP, CONSUME, "/v1/topics/t/groups/g", None),
+    ("POST", TOPIC_GROUP + "/reset", ADMIN, "/v1/topics/t/groups/g/reset", RESET),
+    ("DELETE", TOPIC_GROUP, ADMIN, "/v1/topics/t/groups/g-none", None),
+    ("GET", OFFSETS, DESCRIBE, "/v1/topics/t/partitions/0/offsets?timestamp_ms=0", None),
+    ("GET", "/v1/topics/{topic}/offsets", DESCRIBE, "/v1/topics/t/offsets", None),
     # transactional ids are scoped as topics are: "t-txn" is in the writer's "t*"
     ("POST", TXN, TRANSACT, "/v1/transactions/t-txn", {}),
     ("GET", TXN, TRANSACT, "/v1/transactions/t-txn", None),
     ("POST", TXN + "/partitions", TRANSACT, "/v1/transactions/t-txn/partitions", ADDED),
     ("POST", TXN + "/end", TRANSACT, "/v1/transactions/t-txn/end", ENDED),
     ("POST", MARKERS, INTERNAL, "/v1/topics/t/partitions/0/markers", ENDED),
+    # a metadata write another broker forwards to the metadata leader (server/forward.py)
+    ("POST", "/v1/metadata/commands", INTERNAL, "/v1/metadata/commands", {"op": "delete_topic"}),
 ]
 OPEN = ["/healthz", "/readyz", "/metrics"]
 #: Who may, and who may not, do each kind of request (the principals of `Secured`).

@@ -146,7 +146,13 @@ def test_cursor_skips_control_entries_and_compacts_done_indexes() -> None:
 
 def test_groups_are_independent_and_start_at_the_log_start() -> None:
     state = state_with(2)
-    state.apply(Expire("other", 0))  # any command creates its group
+    # a consumer's command creates its group (even one that changes nothing else) ...
+    assert state.apply(Release("other", "a", (1,), 0)).refused == [1]
+    # ... but the leader's own Expire or DeadLettered does not: a late one (after a delete)
+    # must not bring a deleted group back
+    state.apply(Expire("gone", 0))
+    state.apply(DeadLettered("gone", (1,)))
+    assert "gone" not in state.groups
     acquire(state, "a", 2, now=0)
     state.apply(Accept(G, "a", (1, 2)))
     assert state.available("other", 10, 0) == [1, 2]

@@ -248,6 +248,11 @@ def test_the_json_examples_of_the_spec_file_validate(doc: dict[str, Any]) -> Non
         ("consumer", "messages"): "AcquireResult",
         ("done", "refused"): "SettleResult",
         ("cursor", "dead_letter_pending"): "GroupDescription",
+        ("to", "force"): "ResetGroupRequest",
+        ("group", "partitions"): "TopicGroupReset",
+        ("group", "lag", "partitions"): "TopicGroupDescription",
+        ("groups",): "TopicGroups",
+        ("record_timestamp_ms",): "PartitionOffsets",
     }
     seen = set()
     for example in json_examples(API_SPEC.read_text()):

@@ -23,7 +23,8 @@ What it does for every call:
   straight to the leader. Reads go to the in-sync replicas of the partition ranked by weighted
   rendezvous hashing (`rank(partition_key(topic, p), ...)`, the brokers' own placement
   function), so that the read load of many partitions spreads over all replicas, the leader and
-  then any broker being the fallbacks. Metadata writes go to the last known metadata leader.
+  then any broker being the fallbacks. Metadata writes go to the last known metadata leader
+  (any other broker forwards them to it, which costs a hop).
   The cache is corrected by every 307 (`Location`), and dropped on 503 and on connection
   failures, to be fetched again (at most every `ROUTE_REFRESH_S` per topic). Routing is only an
   optimisation: every broker answers every call, by redirect if need be.
@@ -83,6 +84,7 @@ from laminar.log.batch import (
     records_from,
 )
 from laminar.log.errors import BatchError, MalformedRecordsError
+from laminar.log.records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 from laminar.models import (
     ABSENT,
     AcquireRequest,
@@ -105,6 +107,16 @@ from laminar.models import (
     TxnPartitionsRequest,
     TxnProducerInfo,
     WeightRequest,
+)
+from laminar.models.group_admin import (
+    GroupReset,
+    PartitionGroups,
+    PartitionOffsets,
+    ResetGroupRequest,
+    TopicGroupDescription,
+    TopicGroupReset,
+    TopicGroups,
+    TopicOffsets,
 )
 from laminar.placement import Candidate, partition_key, rank
 from laminar.tls import client_context
@@ -347,6 +359,35 @@ def _check_indexes(indexes: Sequence[int]) -> tuple[int, ...]:
     return checked
 
 
+def _reset_request(
+    to: str | None,
+    index: int | None,
+    timestamp_ms: int | None,
+    force: bool,
+    partitions: Sequence[int] | None,
+) -> ResetGroupRequest:
+    """The body of a reset, checked as the broker checks it (ValueError)."""
+    wanted = ResetGroupRequest(
+        to, index, timestamp_ms, force, None if partitions is None else tuple(partitions)
+    )
+    try:
+        return ResetGroupRequest.from_json(wanted.to_json())
+    except ModelError as e:
+        raise ValueError(str(e)) from e
+
+
+def _offsets_query(timestamp_ms: int | None, isolation: str | None) -> dict[str, int | str]:
+    query: dict[str, int | str] = {}
+    if timestamp_ms is not None:
+        _check_range("timestamp_ms", timestamp_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+        query["timestamp_ms"] = timestamp_ms
+    if isolation is not None:
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {list(ISOLATIONS)}")
+        query["isolation"] = isolation
+    return query
+
+
 def _json_object(answer: _Answer) -> Mapping[str, Any]:
     data = answer.json()
     if not isinstance(data, Mapping):
@@ -557,16 +598,26 @@ class AsyncClient:
         partitions: int = 1,
         replication_factor: int | None = None,
         config: Mapping[str, Any] | None = None,
+        *,
+        wait_for_leaders: bool = True,
     ) -> TopicDescription:
-        """`POST /v1/topics` → the new topic's description. Raises Conflict if it exists."""
+        """`POST /v1/topics` → the new topic's description. Raises Conflict if it exists.
+
+        The broker answers once every partition has a leader (at most its request timeout
+        after the commit: a partition still electing then has `leader` None), so that the
+        first append finds one; `wait_for_leaders=False` has it answer as soon as the topic is
+        created, as Kafka's CreateTopics does (`wait_for_leaders()` waits later)."""
         body = CreateTopicRequest(
             name,
             partitions,
             ABSENT if replication_factor is None else replication_factor,
             ABSENT if config is None else dict(config),
         ).to_json()
+        query = None if wait_for_leaders else {contract.WAIT_FOR_LEADERS: "false"}
         try:
-            answer = await self._call(*contract.CREATE_TOPIC.at(), json_body=body, target=_META)
+            answer = await self._call(
+                *contract.CREATE_TOPIC.at(), query=query, json_body=body, target=_META
+            )
         except Conflict as e:
             if e.ambiguous:  # an earlier attempt of ours created it
                 return await self.describe_topic(name)
@@ -588,7 +639,8 @@ class AsyncClient:
 
     async def wait_for_leaders(self, name: str, timeout_s: float = 60) -> TopicDescription:
         """Describe `name` until every partition has a leader (a new topic's elections take a
-        moment); raises `Unavailable` after `timeout_s`."""
+        moment: `create_topic` waits for them itself, unless told not to or its wait ran out);
+        raises `Unavailable` after `timeout_s`."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             described = await self.describe_topic(name)
@@ -642,6 +694,7 @@ class AsyncClient:
         producer_id: int | None = None,
         sequence: int | None = None,
         timeout_s: float | None = None,
+        compression: str | None = None,
     ) -> AppendResult:
         """Append one batch and return once it is committed.
 
@@ -653,9 +706,13 @@ class AsyncClient:
         the original index). Without one it is retried only when the broker certainly did not
         take it (503, 429, no connection): a 504 (`timeout` or `outcome_unknown`: it may or may
         not be written) or a connection lost after sending raises at once, with
-        `error.ambiguous = True` (see the module doc).
+        `error.ambiguous = True` (see the module doc). `compression` ("zstd", "lz4") compresses
+        the records encoded here; an encoded batch carries its own codec
+        (`encode_batch(..., compression=...)`).
         """
         if isinstance(records, bytes | bytearray | memoryview):
+            if compression not in (None, "none"):
+                raise ValueError("an encoded batch carries its own codec: encode it compressed")
             data = bytes(records)
             header = parse_header(data)
             if producer_id is not None and producer_id != header.producer_id:
@@ -667,7 +724,12 @@ class AsyncClient:
             if not records:
                 raise ValueError("an append needs at least one record")
             _check_producer(producer_id, sequence)
-            data = encode_batch(records, producer_id=producer_id or 0, producer_seq=sequence or 0)
+            data = encode_batch(
+                records,
+                producer_id=producer_id or 0,
+                producer_seq=sequence or 0,
+                compression=compression,
+            )
             idempotent = producer_id is not None
         answer = await self._call(
             *contract.APPEND_RECORDS.at(topic=topic, partition=int(partition)),
@@ -1037,6 +1099,125 @@ class AsyncClient:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise _corrupt(answer, e) from e
+
+    # ------------------------------------------------------------------ consumer group admin
+
+    async def list_groups(self, topic: str) -> TopicGroups:
+        """`GET /v1/topics/{topic}/groups`: the consumer groups of the topic, each with the
+        partitions it is on and its lag over them (Kafka's list groups)."""
+        answer = await self._call(*contract.LIST_GROUPS.at(topic=topic))
+        return _answer_as(answer, TopicGroups)
+
+    async def describe_topic_group(self, topic: str, group: str) -> TopicGroupDescription:
+        """`GET /v1/topics/{topic}/groups/{group}`: the group on every partition it is on
+        (cursor, acquired, pending, dead-lettered, lag), and its lag over them; NotFound when
+        it is on none."""
+        check_group(group)
+        answer = await self._call(*contract.DESCRIBE_TOPIC_GROUP.at(topic=topic, group=group))
+        return _answer_as(answer, TopicGroupDescription)
+
+    async def reset_group(
+        self,
+        topic: str,
+        group: str,
+        *,
+        to: Literal["earliest", "latest"] | None = None,
+        index: int | None = None,
+        timestamp_ms: int | None = None,
+        force: bool = False,
+        partitions: Sequence[int] | None = None,
+    ) -> TopicGroupReset:
+        """Move the group's cursor on `partitions` (None: every one) to exactly one of: `to`
+        ("earliest": the log start, "latest": the end), `index`, `timestamp_ms` (the first
+        record at or after it, else the end). Refused (Conflict) while the group holds
+        messages or moves dead letters, unless `force` (they are dropped). Admin only.
+        Repeating it is harmless, so it is retried like a read."""
+        check_group(group)
+        wanted = _reset_request(to, index, timestamp_ms, force, partitions)
+        answer = await self._call(
+            *contract.RESET_GROUP.at(topic=topic, group=group), json_body=wanted.to_json()
+        )
+        return _answer_as(answer, TopicGroupReset)
+
+    async def delete_group(self, topic: str, group: str, *, force: bool = False) -> None:
+        """Delete the group on every partition of the topic (NotFound when it is on none);
+        refused (Conflict) while it is busy unless `force`. Admin only."""
+        check_group(group)
+        query = {"force": "true"} if force else None
+        await self._call(*contract.DELETE_GROUP.at(topic=topic, group=group), query=query)
+
+    async def partition_groups(self, topic: str, partition: int) -> PartitionGroups:
+        """`GET .../partitions/{p}/groups`: every group on one partition, described."""
+        answer = await self._call(
+            *contract.LIST_PARTITION_GROUPS.at(topic=topic, partition=int(partition)),
+            target=_Target("leader", topic, partition),
+        )
+        return _answer_as(answer, PartitionGroups)
+
+    async def reset_partition_group(
+        self, topic: str, partition: int, group: str, wanted: ResetGroupRequest
+    ) -> GroupReset:
+        """`POST .../partitions/{p}/groups/{group}/reset`: `reset_group` on one partition."""
+        check_group(group)
+        answer = await self._call(
+            *contract.RESET_PARTITION_GROUP.at(topic=topic, partition=int(partition), group=group),
+            json_body=wanted.to_json(),
+            target=_Target("leader", topic, partition),
+        )
+        return _answer_as(answer, GroupReset)
+
+    async def delete_partition_group(
+        self, topic: str, partition: int, group: str, *, force: bool = False
+    ) -> None:
+        """`DELETE .../partitions/{p}/groups/{group}`: `delete_group` on one partition."""
+        check_group(group)
+        await self._call(
+            *contract.DELETE_PARTITION_GROUP.at(topic=topic, partition=int(partition), group=group),
+            query={"force": "true"} if force else None,
+            target=_Target("leader", topic, partition),
+        )
+
+    # ------------------------------------------------------------------ offsets for times
+
+    async def partition_offsets(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        timestamp_ms: int | None = None,
+        isolation: str | None = None,
+    ) -> PartitionOffsets:
+        """The partition's log start and end and, with `timestamp_ms`, the index of its first
+        record whose timestamp is at or after it (`index` None: no record that late)."""
+        query = _offsets_query(timestamp_ms, isolation)
+        answer = await self._call(
+            *contract.PARTITION_OFFSETS.at(topic=topic, partition=int(partition)),
+            query=query or None,
+            target=_Target("leader", topic, partition),
+        )
+        return _answer_as(answer, PartitionOffsets)
+
+    async def topic_offsets(
+        self, topic: str, *, timestamp_ms: int | None = None, isolation: str | None = None
+    ) -> TopicOffsets:
+        """`partition_offsets` of every partition of the topic, in one call."""
+        query = _offsets_query(timestamp_ms, isolation)
+        answer = await self._call(*contract.TOPIC_OFFSETS.at(topic=topic), query=query or None)
+        return _answer_as(answer, TopicOffsets)
+
+    async def offsets_for_times(
+        self, topic: str, timestamp_ms: int, *, isolation: str | None = None
+    ) -> dict[int, tuple[int, int] | None]:
+        """As Kafka's `offsets_for_times`: per partition, (index, timestamp) of the first
+        record whose timestamp is at or after `timestamp_ms` (ms since the epoch), or None
+        when the partition has no record that late."""
+        found = await self.topic_offsets(topic, timestamp_ms=timestamp_ms, isolation=isolation)
+        return {
+            p.partition: None
+            if p.index is None or p.record_timestamp_ms is None
+            else (p.index, p.record_timestamp_ms)
+            for p in found.partitions
+        }
 
     async def _settle(
         self,

@@ -3,8 +3,9 @@ cluster status and node administration, all through `AsyncClient` (docs/api.md).
 
 `add_commands(subparsers)` adds `topic`, `produce`, `consume`, `queue`, `cluster`, `node` and
 `txn` to the `laminar` parser; `run(args)` runs one of them and returns its exit status (None when
-`args.command` is not one of these). Every command takes `--brokers URL,...` (default
-`$LAMINAR_BROKERS`, else the context's, else http://127.0.0.11:7070), `--token-file` (default
+`args.command` is not one of these). Every command takes `--brokers URL,...` (any one that answers
+will do; default `$LAMINAR_BROKERS`, else the context's, else DEFAULT_BROKERS of
+laminar.client.config: local-cluster's three, https://127.0.0.11-13:7070), `--token-file` (default
 `$LAMINAR_TOKEN`, `$LAMINAR_TOKEN_FILE`, else the context's), `--context NAME` (of the client
 configuration file, laminar.client.config, which says the precedence),
 `--ca-file` (for https:// brokers; default `$LAMINAR_CA_FILE`, else the system's CAs),
@@ -41,6 +42,7 @@ from laminar.contract import (
     MAX_WEIGHT,
 )
 from laminar.log.batch import StoredRecord
+from laminar.log.compression import CODEC_NAMES
 from laminar.metadata.state import config_type_problem
 from laminar.models import AcquiredMessage, Handoff, TopicList, TxnDescription, record_to_json
 from laminar.tls import TlsError, client_context
@@ -48,7 +50,7 @@ from laminar.txn.producer import TxnProducer
 
 from ..workers import broker_of
 from .client import AsyncClient, check_consumer, check_group
-from .config import ClientConfigError, resolve
+from .config import DEFAULT_BROKERS, ClientConfigError, resolve
 from .errors import Forbidden, LaminarError, NotFound, OutOfRange, Unauthorized
 from .group import Delivery, GroupConsumer
 from .models import (
@@ -63,7 +65,6 @@ from .models import (
 from .producer import Producer
 from .until_empty import EmptyWatch, until_end
 
-DEFAULT_BROKERS = "http://127.0.0.11:7070"
 BROKERS_ENV = "LAMINAR_BROKERS"
 TOKEN_ENV = "LAMINAR_TOKEN"
 TOKEN_FILE_ENV = "LAMINAR_TOKEN_FILE"
@@ -177,6 +178,12 @@ def _start(text: str) -> str | int:
         ) from None
 
 
+def _time(text: str) -> int:
+    from .group_commands import parse_time
+
+    return parse_time(text)
+
+
 def _config_item(text: str) -> tuple[str, Any]:
     """`key=value`: the value as JSON when it parses (numbers, null, true), else a string,
     checked to be of the key's type (as the broker checks it: a usage error here, before
@@ -197,14 +204,16 @@ def _config_item(text: str) -> tuple[str, Any]:
 # ---------------------------------------------------------------------------- the parsers
 
 
-def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the client commands to the `laminar` command's subparsers."""
-    connection = argparse.ArgumentParser(add_help=False)
-    group = connection.add_argument_group("connection")
+def add_connection_arguments(parser: argparse.ArgumentParser, *, timeout: bool = True) -> None:
+    """--brokers, --token-file, --context, --ca-file and (`timeout`) --timeout: how a command
+    finds the cluster (`connection` reads them)."""
+    group = parser.add_argument_group("connection")
     group.add_argument(
         "--brokers",
         metavar="URL,...",
-        help=f"broker API URLs (default: ${BROKERS_ENV}, else {DEFAULT_BROKERS})",
+        help=f"broker API URLs, comma-separated; any one that answers will do (default: "
+        f"${BROKERS_ENV}, else the context's, else local-cluster's three: "
+        "https://127.0.0.{11,12,13}:7070)",
     )
     group.add_argument(
         "--token-file",
@@ -224,13 +233,20 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="CA bundle (PEM) that https:// brokers' certificates are verified against "
         f"(default: ${CA_FILE_ENV}, else the system's CAs)",
     )
-    group.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="S",
-        help="give up on the cluster after this many seconds (default: %(default)s)",
-    )
+    if timeout:
+        group.add_argument(
+            "--timeout",
+            type=_seconds,
+            default=DEFAULT_TIMEOUT_S,
+            metavar="S",
+            help="give up on the cluster after this many seconds (default: %(default)s)",
+        )
+
+
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the client commands to the `laminar` command's subparsers."""
+    connection = argparse.ArgumentParser(add_help=False)
+    add_connection_arguments(connection)
 
     def leaf(
         parent: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -249,8 +265,10 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     topic = subparsers.add_parser("topic", help="create, list, describe, alter, delete topics")
     topics = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     create = leaf(topics, "create", _topic_create, "create a topic")
-    create.add_argument("name")
-    create.add_argument("--partitions", type=_positive_int, default=1, metavar="N")
+    create.add_argument("name", help="the topic")
+    create.add_argument(
+        "--partitions", type=_positive_int, default=1, metavar="N", help="partitions"
+    )
     create.add_argument(
         "--replication-factor",
         type=_positive_int,
@@ -266,11 +284,21 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KEY=VALUE",
         help="log settings, e.g. retention_ms=3600000 segment_bytes=1048576",
     )
+    create.add_argument(
+        "--no-wait-for-leaders",
+        dest="wait_for_leaders",
+        action="store_false",
+        help="answer once the topic is created, before its partitions have leaders (default: "
+        "once each has one, up to the broker's request timeout)",
+    )
     leaf(topics, "list", _topic_list, "list the topics")
+    from .group_commands import add_offsets_command
+
+    add_offsets_command(topics, leaf)
     describe = leaf(topics, "describe", _topic_describe, "show a topic's partitions")
-    describe.add_argument("name")
+    describe.add_argument("name", help="the topic")
     alter = leaf(topics, "alter", _topic_alter, "add partitions or change the config")
-    alter.add_argument("name")
+    alter.add_argument("name", help="the topic")
     alter.add_argument("--partitions", type=_positive_int, metavar="N", help="new count (grow)")
     alter.add_argument(
         "--config",
@@ -282,7 +310,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="log settings to change (KEY=null: back to the default)",
     )
     delete = leaf(topics, "delete", _topic_delete, "delete a topic and its records")
-    delete.add_argument("name")
+    delete.add_argument("name", help="the topic")
 
     produce = leaf(
         subparsers,
@@ -291,7 +319,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "produce one record per input line (the newline stripped), idempotently",
         "print one JSON line per record: its input line, partition and index (or error)",
     )
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic")
     produce.add_argument(
         "--file", metavar="F", help="read the lines from F (default: stdin; '-' is stdin)"
     )
@@ -312,6 +340,13 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="MS",
         help="how long a batch waits for more records (default: %(default)s)",
     )
+    produce.add_argument(
+        "--compression",
+        choices=CODEC_NAMES,
+        default="none",
+        help="compress each batch's records (the broker stores them compressed; consumers "
+        "decompress) (default: %(default)s)",
+    )
 
     consume = leaf(
         subparsers,
@@ -320,7 +355,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "print records: 'partition index key value' lines ('-' for no key), or JSON lines",
         "print one JSON object per record (as the API's JSON reads, plus its partition)",
     )
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="the topic")
     consume.add_argument(
         "--partition",
         type=_non_negative_int,
@@ -335,7 +370,15 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         type=_start,
         default="earliest",
         metavar="earliest|latest|INDEX",
-        help="where to start in each partition (default: earliest)",
+        help="where to start in each partition (default: %(default)s)",
+    )
+    consume.add_argument(
+        "--from-timestamp",
+        type=_time,
+        metavar="TIME",
+        help="instead of --from: start each partition at its first record at or after TIME "
+        "(ms since the epoch, or ISO-8601: 2026-01-31T12:00:00Z; no offset: local time), or "
+        "at its end when none is that late",
     )
     consume.add_argument(
         "--to",
@@ -366,14 +409,14 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     describe_txn = leaf(
         txns, "describe", _txn_describe, "a transactional id's producer, phase and partitions"
     )
-    describe_txn.add_argument("id")
+    describe_txn.add_argument("id", help="the transactional id")
     fence = leaf(
         txns,
         "fence",
         _txn_fence,
         "start the id anew: every running instance is fenced, the transaction it left open aborted",
     )
-    fence.add_argument("id")
+    fence.add_argument("id", help="the transactional id")
 
     cluster = subparsers.add_parser("cluster", help="cluster status")
     clusters = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
@@ -384,9 +427,9 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     drain = leaf(
         nodes, "drain", _node_drain, "move every replica off the broker (or worker: <broker>~<w>)"
     )
-    drain.add_argument("id")
+    drain.add_argument("id", help="the broker's node id (a worker: <broker>~<w>)")
     undrain = leaf(nodes, "undrain", _node_undrain, "let the broker host replicas again")
-    undrain.add_argument("id")
+    undrain.add_argument("id", help="the broker's node id")
     handoff = leaf(
         nodes, "handoff", _node_handoff, "the broker hands its leaderships over (before it stops)"
     )
@@ -395,7 +438,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="the broker's node id (default: $LAMINAR_NODE_ID)",
     )  # fmt: skip
     weight = leaf(nodes, "weight", _node_weight, "set the broker's placement weight")
-    weight.add_argument("id")
+    weight.add_argument("id", help="the broker's node id")
     weight.add_argument("weight", type=_weight, help="0..1000000 (0: hosts nothing)")
 
 
@@ -407,9 +450,12 @@ def _add_queue_commands(
         "queue", help="shared queues: consumer groups acquiring and settling messages"
     )
     queues = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    from .group_commands import add_queue_admin_commands
+
+    add_queue_admin_commands(queues, leaf)
     describe = leaf(queues, "describe", _queue_describe, "show a consumer group per partition")
-    describe.add_argument("topic")
-    describe.add_argument("group")
+    describe.add_argument("topic", help="the topic")
+    describe.add_argument("group", help="the consumer group")
     describe.add_argument(
         "--partition",
         "-p",
@@ -429,8 +475,8 @@ def _add_queue_commands(
         " that existed when it started is taken or settled, or with --follow until Ctrl-C",
         "print one JSON object per message (as the API's acquire shows it, plus its partition)",
     )
-    consume.add_argument("topic")
-    consume.add_argument("group")
+    consume.add_argument("topic", help="the topic")
+    consume.add_argument("group", help="the consumer group")
     consume.add_argument(
         "--count",
         type=_positive_int,
@@ -489,15 +535,22 @@ def _add_queue_commands(
             help_text,
             'print {"done": [...], "refused": [...]}',
         )
-        command.add_argument("topic")
-        command.add_argument("group")
+        command.add_argument("topic", help="the topic")
+        command.add_argument("group", help="the consumer group")
         command.add_argument(
-            "--partition", "-p", type=_non_negative_int, required=True, metavar="P"
+            "--partition",
+            "-p",
+            type=_non_negative_int,
+            required=True,
+            metavar="P",
+            help="the partition of the messages",
         )
         command.add_argument(
             "--consumer", required=True, metavar="ID", help="the consumer holding them"
         )
-        command.add_argument("indexes", type=_non_negative_int, nargs="+", metavar="INDEX")
+        command.add_argument(
+            "indexes", type=_non_negative_int, nargs="+", metavar="INDEX", help="their indexes"
+        )
         if action == "reject":
             command.add_argument(
                 "--reason", type=_reason, metavar="TEXT", help="(default: rejected)"
@@ -516,18 +569,8 @@ def run(args: argparse.Namespace) -> int | None:
     parser: argparse.ArgumentParser = getattr(args, _PARSER)
     brokers: list[str] = []
     try:
-        try:  # explicit options, else the environment, else a context (laminar.client.config)
-            settings = resolve(
-                brokers=args.brokers,
-                token_file=args.token_file,
-                context=args.context,
-                ca_file=getattr(args, "ca_file", None),
-            )
-        except ClientConfigError as e:
-            raise CommandError(str(e)) from None
-        brokers = parse_brokers(",".join(settings.brokers) or DEFAULT_BROKERS)
-        args.ca_file = settings.ca_file  # (ca_file_of checks it)
-        return asyncio.run(_main(handler, args, brokers, settings.token))
+        brokers, token = connection(args)
+        return asyncio.run(_main(handler, args, brokers, token))
     except UsageError as e:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
@@ -555,6 +598,26 @@ def run(args: argparse.Namespace) -> int | None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0 if _ends_by_interrupt(args) else EXIT_ERROR
+
+
+def connection(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The brokers and the token of the options `add_connection_arguments` added: each from
+    the options, else the environment, else a context (laminar.client.config), the brokers
+    else DEFAULT_BROKERS; `args.ca_file` becomes the CA file found. Raises UsageError (a bad
+    URL) or CommandError (an unreadable token, CA or configuration file)."""
+    try:
+        settings = resolve(
+            brokers=args.brokers,
+            token_file=args.token_file,
+            context=args.context,
+            ca_file=getattr(args, "ca_file", None),
+        )
+    except ClientConfigError as e:
+        raise CommandError(str(e)) from None
+    brokers = parse_brokers(",".join(settings.brokers or DEFAULT_BROKERS))
+    args.ca_file = settings.ca_file
+    ca_file_of(args)  # (a clear error now for a CA file that cannot be used)
+    return brokers, settings.token
 
 
 def _ends_by_interrupt(args: argparse.Namespace) -> bool:
@@ -672,6 +735,7 @@ async def _topic_create(client: AsyncClient, args: argparse.Namespace) -> int:
         partitions=args.partitions,
         replication_factor=args.replication_factor,
         config=_config(args.config) if args.config else None,
+        wait_for_leaders=args.wait_for_leaders,
     )
     if args.json:
         _print_json(description.to_json())
@@ -865,6 +929,7 @@ async def _produce(client: AsyncClient, args: argparse.Namespace) -> int:
         linger_ms=args.linger_ms,
         partitions=count,
         delivery_timeout_s=args.timeout,
+        compression=args.compression,
     )
     line_no = 0
     stopped = False  # by a failure, before the end of the input
@@ -1055,6 +1120,8 @@ async def _follow(
 
 
 async def _consume(client: AsyncClient, args: argparse.Namespace) -> int:
+    if args.from_timestamp is not None and args.start != "earliest":
+        raise UsageError("give --from or --from-timestamp, not both")
     description = await client.describe_topic(args.topic)
     count = description.partitions
     partitions = sorted(set(args.partition)) if args.partition else list(range(count))
@@ -1064,7 +1131,12 @@ async def _consume(client: AsyncClient, args: argparse.Namespace) -> int:
     cursors: list[_Cursor] = []
     for p in partitions:
         state = description.partition(p)
-        if args.start == "earliest":
+        position: int | None
+        if args.from_timestamp is not None:
+            # the partition's first record at or after the time, else its end (as Kafka)
+            found = await client.partition_offsets(args.topic, p, timestamp_ms=args.from_timestamp)
+            position = found.end_index if found.index is None else found.index
+        elif args.start == "earliest":
             position = None if state is None else state.log_start
         elif args.start == "latest":
             if state is None:
@@ -1132,6 +1204,7 @@ _GROUP_COLUMNS = (
     ("dead_letter_pending", "DLQ PENDING"),
     ("accepted", "ACCEPTED"),
     ("dead_lettered", "DEAD-LETTERED"),
+    ("lag", "LAG"),
 )
 
 
@@ -1149,11 +1222,13 @@ async def _queue_describe(client: AsyncClient, args: argparse.Namespace) -> int:
         except NotFound:
             return None  # the group never used this partition
 
-    found = [d for d in await asyncio.gather(*map(describe, partitions)) if d is not None]
+    described = await asyncio.gather(*map(describe, partitions))
+    # (`exists` False: a partition the group is not on; None: a broker older than it)
+    found = [d for d in described if d is not None and d.exists is not False]
     if not found:
         raise CommandError(f"no group {args.group} on topic {args.topic}")
     rows = [
-        {"partition": d.partition, **{name: getattr(d, name) for name, _ in _GROUP_COLUMNS}}
+        {"partition": d.partition, **{name: getattr(d, name) or 0 for name, _ in _GROUP_COLUMNS}}
         for d in found
     ]
     if args.json:
@@ -1279,14 +1354,12 @@ async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
     topics: list[dict[str, Any]] = []
     for description in descriptions:
         leaders: Counter[str] = Counter()
-        leaderless = under_replicated = 0
+        leaderless = 0
         for state in description.partition_states:
             if state.leader:
                 leaders[state.leader] += 1
             else:
                 leaderless += 1
-            if len(state.in_sync) < len(state.replicas):
-                under_replicated += 1
             for node in {*state.replicas, *state.learners}:
                 hosted[node] += 1
         led.update(leaders)
@@ -1297,7 +1370,9 @@ async def _cluster_status(client: AsyncClient, args: argparse.Namespace) -> int:
                 "replication_factor": description.replication_factor,
                 "leaders": dict(sorted(leaders.items())),
                 "leaderless": leaderless,
-                "under_replicated": under_replicated,
+                # fewer in sync than the topic's replication factor (also a partition whose
+                # replica set shrank, or without a leader), as the metric and the console count
+                "under_replicated": len(description.under_replicated()),
             }
         )
     members = [

@@ -71,11 +71,11 @@ class SegmentRecovery:
 @dataclass(slots=True)
 class PendingBatches:
     """What a `LogWrite` adds to one segment until it publishes it: the batches (relative
-    index, position, term) and the segment's end after them."""
+    index, position, term, largest record timestamp) and the segment's end after them."""
 
     next_index: int
     size: int
-    added: list[tuple[int, int, int]] = field(default_factory=list)
+    added: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ class Segment:
             store.truncate(scan.end_position)
             segment._size = store.size
         segment.index = SegmentIndex.from_scan(
-            base_index, scan.positions, scan.base_indexes, scan.terms
+            base_index, scan.positions, scan.base_indexes, scan.terms, scan.timestamps
         )
         segment.next_index = scan.next_index
         recovery = SegmentRecovery(
@@ -236,11 +236,14 @@ class Segment:
                 raise SegmentError(f"cannot invalidate index of {self.base_index}: {e}") from e
         self._index_file_current = False
 
-    def append(self, parts: Sequence[Buffer], record_count: int, term: int) -> int:
-        """Append one stamped batch (header + payload parts) whose base index is next_index."""
+    def append(
+        self, parts: Sequence[Buffer], record_count: int, term: int, timestamp_ms: int
+    ) -> int:
+        """Append one stamped batch (header + payload parts) whose base index is next_index;
+        `timestamp_ms`: its largest record timestamp (NO_TIMESTAMP_MS for a control batch)."""
         position = self._size
         self.write_at(position, parts)
-        self.index.add(self.next_index - self.base_index, position, term)
+        self.index.add(self.next_index - self.base_index, position, term, timestamp_ms)
         self.next_index += record_count
         self._size = position + sum(len(part) for part in parts)
         return position
@@ -253,17 +256,22 @@ class Segment:
         except StoreError as e:
             raise SegmentError(f"write to segment {self.base_index} failed: {e}") from e
 
-    def commit_streamed(self, position: int, record_count: int, term: int) -> None:
-        self.index.add(self.next_index - self.base_index, position, term)
+    def commit_streamed(
+        self, position: int, record_count: int, term: int, timestamp_ms: int
+    ) -> None:
+        self.index.add(self.next_index - self.base_index, position, term, timestamp_ms)
         self.next_index += record_count
         self._size = self.store.size
 
-    def publish(self, added: Sequence[tuple[int, int, int]], next_index: int, size: int) -> None:
+    def publish(
+        self, added: Sequence[tuple[int, int, int, int]], next_index: int, size: int
+    ) -> None:
         """Make batches a `LogWrite` wrote (off the event loop) part of the segment: `added`
-        (relative index, position, term) each, ending at `next_index` and `size` bytes."""
+        (relative index, position, term, largest record timestamp) each, ending at
+        `next_index` and `size` bytes."""
         index = self.index
-        for relative_index, position, term in added:
-            index.add(relative_index, position, term)
+        for relative_index, position, term, timestamp_ms in added:
+            index.add(relative_index, position, term, timestamp_ms)
         self.next_index = next_index
         self._size = size
 
@@ -305,8 +313,8 @@ class Segment:
         index, next_index, size = self.index, self.next_index, self._size
         if pending is not None:
             index = index.copy()
-            for relative_index, position, term in pending.added:
-                index.add(relative_index, position, term)
+            for relative_index, position, term, timestamp_ms in pending.added:
+                index.add(relative_index, position, term, timestamp_ms)
             next_index, size = pending.next_index, pending.size
         created = False
         try:

@@ -24,6 +24,7 @@ from .batch import (
     payload_hash,
 )
 from .errors import BatchError, StorageError, StoreError
+from .index import NO_TIMESTAMP_MS
 from .storage import Storage
 
 STORE_MAGIC = b"LMQS"
@@ -45,6 +46,8 @@ class ScanResult:
     positions: list[int] = field(default_factory=list)
     base_indexes: list[int] = field(default_factory=list)
     terms: list[int] = field(default_factory=list)
+    #: each batch's largest record timestamp (NO_TIMESTAMP_MS: a control batch, a hole)
+    timestamps: list[int] = field(default_factory=list)
     next_index: int = 0
     end_position: int = STORE_HEADER_BYTES
     #: None when the scan reached the end of the store; else why the bytes after end_position
@@ -184,6 +187,7 @@ class Store:
                     header.term,
                     header.next_index,
                     position + header.batch_bytes,
+                    NO_TIMESTAMP_MS if header.is_control else header.max_timestamp_ms,
                 )
                 position += header.batch_bytes
                 continue
@@ -206,7 +210,9 @@ class Store:
                 result.stop_reason = reason
                 break
             result.corrupt_indexes.append(result.next_index)
-            self._add(result, position, result.next_index, 0, hole_next_index, hole_end)
+            self._add(
+                result, position, result.next_index, 0, hole_next_index, hole_end, NO_TIMESTAMP_MS
+            )
             position = hole_end
         self._read_ahead = (0, b"")
         return result
@@ -224,11 +230,18 @@ class Store:
 
     @staticmethod
     def _add(
-        result: ScanResult, position: int, base: int, term: int, next_index: int, end: int
+        result: ScanResult,
+        position: int,
+        base: int,
+        term: int,
+        next_index: int,
+        end: int,
+        timestamp_ms: int,
     ) -> None:
         result.positions.append(position)
         result.base_indexes.append(base)
         result.terms.append(term)
+        result.timestamps.append(timestamp_ms)
         result.next_index = next_index
         result.end_position = end
 

@@ -23,6 +23,7 @@ from ..log.batch import StoredRecord
 from .checks import (
     JsonObject,
     ModelError,
+    boolean,
     integer,
     integers,
     is_int,
@@ -272,7 +273,11 @@ class GroupDescription:
     finished; `acquired`: held now; `pending`: not handed out yet or free again;
     `dead_letter_pending`: rejected, not yet in the dead-letter topic; `accepted` and
     `dead_lettered`: totals; `end_index`: one past the last log index the leader's group state
-    has applied (the counts are of the messages below it)."""
+    has applied (the counts are of the messages below it); `lag`: the messages at or above
+    the cursor the group has not finished (pending + acquired + dead_letter_pending, Kafka's
+    consumer lag in records); `exists`: whether the group is there at all (a group nobody
+    used on this partition is described as it would start). `lag` and `exists` are None from
+    brokers older than them."""
 
     SCHEMA: ClassVar[str] = "#/components/schemas/GroupDescription"
 
@@ -286,11 +291,13 @@ class GroupDescription:
     accepted: int
     dead_lettered: int
     end_index: int
+    lag: int | None = None
+    exists: bool | None = None
     #: the JSON object this was read from (empty when made here): fields a newer broker adds
     raw: JsonObject = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "topic": self.topic,
             "partition": self.partition,
             "group": self.group,
@@ -302,6 +309,11 @@ class GroupDescription:
             "dead_lettered": self.dead_lettered,
             "end_index": self.end_index,
         }
+        if self.lag is not None:
+            out["lag"] = self.lag
+        if self.exists is not None:
+            out["exists"] = self.exists
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
@@ -317,5 +329,7 @@ class GroupDescription:
             accepted=integer(obj, "accepted"),
             dead_lettered=integer(obj, "dead_lettered"),
             end_index=integer(obj, "end_index"),
+            lag=optional_integer(obj, "lag"),
+            exists=None if obj.get("exists") is None else boolean(obj, "exists"),
             raw=obj,
         )

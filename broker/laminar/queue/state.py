@@ -25,6 +25,21 @@ A group's `cursor` is the first record index it has not finished; indexes below 
 memory (but its last settlements, a bounded number), and record ranges below every group's
 cursor are forgotten, so the state does not grow with history (`snapshot` is canonical JSON).
 A new group starts at `start_index`: the log start, or where the slowest existing group is.
+
+Two admin commands act on a group as a whole (docs/api.md, "Consumer group admin"):
+
+* `Reset` starts the group over at another cursor: everything below it counts as finished,
+  everything from it on as never handed out (delivery counts start again at 1). It is refused
+  while the group is busy (a message held under a lease that has not ended at the command's
+  `now_ms`, accepted in a transaction not ended yet, or dead-lettered and not yet in the
+  dead-letter topic), as Kafka refuses to reset a group with active members, unless `force`:
+  then what is held is dropped (its consumers' settles are refused, as after a lease ran out)
+  and so are the dead letters not yet moved. A rewind below `start_index` (whose record ranges
+  were forgotten) carries the record ranges it needs from the leader's log (`ranges`, down
+  from `known_from`): every replica learns the same ones.
+* `DeleteGroup` forgets the group (refused while busy unless `force`, as a reset). A group
+  made again later by the same name is a new incarnation (`Group.incarnation`, the log index
+  that made it), so that its dead letters are a new idempotent producer's.
 """
 
 from __future__ import annotations
@@ -159,13 +174,49 @@ class Expire:
 
 @dataclass(frozen=True, slots=True)
 class DeadLettered:
-    """The dead-letter appends of these indexes are committed: forget them."""
+    """The dead-letter appends of these indexes are committed: forget them. `sequences` (one
+    per index) and `incarnation` name the very dead letters appended, so that a confirmation
+    that comes after a forced reset or a delete (the group dropped them, and may have
+    dead-lettered the same index again since) forgets nothing else; entries written before
+    they were carried have neither, and match any."""
 
     group: str
     indexes: tuple[int, ...]
+    sequences: tuple[int, ...] = ()
+    incarnation: int | None = None
 
 
-QueueCommand = Acquire | Accept | Release | Reject | Renew | Expire | DeadLettered | Configure
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Start the group over at `cursor` (see the module doc); made if it does not exist.
+
+    `ranges`: the record ranges [base, end) of the log in [cursor, known_from), ascending, as
+    the proposing leader's log holds them (control batches and aborted transactions left
+    out). A replica that forgot ranges at or above `known_from` meanwhile (its groups moved
+    on) refuses the reset (`moved`): the leader asks again. Indexes below the replica's log
+    start are gone, for this group as for any."""
+
+    group: str
+    cursor: int
+    now_ms: int
+    force: bool = False
+    ranges: tuple[tuple[int, int], ...] = ()
+    known_from: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """Forget the group (refused while busy unless `force`; `not_found` if there is none)."""
+
+    group: str
+    now_ms: int
+    force: bool = False
+
+
+QueueCommand = (
+    Acquire | Accept | Release | Reject | Renew | Expire | DeadLettered | Configure | Reset
+    | DeleteGroup
+)  # fmt: skip
 _KINDS: dict[str, type[QueueCommand]] = {
     "acquire": Acquire,
     "renew": Renew,
@@ -175,6 +226,8 @@ _KINDS: dict[str, type[QueueCommand]] = {
     "reject": Reject,
     "expire": Expire,
     "dead_lettered": DeadLettered,
+    "reset": Reset,
+    "delete_group": DeleteGroup,
 }
 _NAMES = {kind: name for name, kind in _KINDS.items()}
 Settle = Accept | Release | Reject
@@ -190,9 +243,11 @@ def decode_command(data: bytes) -> QueueCommand:
     try:
         document = orjson.loads(data)
         kind = _KINDS[document.pop("kind")]
-        for key in ("indexes",):
+        for key in ("indexes", "sequences"):
             if key in document:
                 document[key] = tuple(document[key])
+        if "ranges" in document:
+            document["ranges"] = tuple(map(tuple, document["ranges"]))
         command = kind(**document)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise QueueError("invalid", f"malformed queue command: {e}") from e
@@ -223,8 +278,20 @@ def validate(command: QueueCommand) -> None:
         raise QueueError(
             "invalid", f"consumer id {command.consumer!r} must match {CONSUMER_ID.pattern}"
         )
+    if isinstance(command, Reset | DeleteGroup):
+        _check_admin(command)
+        return
     if isinstance(command, Acquire | Accept | Release | Reject | Renew | DeadLettered):
         _check_indexes(command.indexes)
+    if isinstance(command, DeadLettered) and (
+        not isinstance(command.sequences, tuple)
+        or (command.sequences and len(command.sequences) != len(command.indexes))
+        or not all(map(_is_index, command.sequences))
+        or not (command.incarnation is None or _is_index(command.incarnation))
+    ):
+        raise QueueError(
+            "invalid", "sequences must be one per index, and incarnation a log index or null"
+        )
     if isinstance(command, Acquire | Renew) and (
         not isinstance(command.lease_ms, int) or command.lease_ms < 1
     ):
@@ -241,6 +308,37 @@ def validate(command: QueueCommand) -> None:
         type(command.txn_producer_id) is int and 0 <= command.txn_producer_id < 2**64
     ):
         raise QueueError("invalid", "txn_producer_id must be an unsigned 64-bit integer")
+
+
+def _is_index(value: object) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _check_admin(command: Reset | DeleteGroup) -> None:
+    if not _is_index(command.now_ms):
+        raise QueueError("invalid", "now_ms must be a non-negative integer")
+    if type(command.force) is not bool:
+        raise QueueError("invalid", "force must be a boolean")
+    if isinstance(command, DeleteGroup):
+        return
+    if not _is_index(command.cursor) or not _is_index(command.known_from):
+        raise QueueError("invalid", "cursor and known_from must be record indexes")
+    ranges = command.ranges
+    if not isinstance(ranges, tuple) or len(ranges) > MAX_SCAN:
+        raise QueueError("invalid", f"ranges must be a list of at most {MAX_SCAN}")
+    low = command.cursor
+    for pair in ranges:
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or not all(map(_is_index, pair))
+            or not low <= pair[0] < pair[1] <= command.known_from
+        ):
+            raise QueueError(
+                "invalid",
+                f"ranges must be ascending [base, end) pairs in [cursor, known_from): {pair!r}",
+            )
+        low = pair[1]
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -292,6 +390,9 @@ class Group:
     next_dead_sequence: int = 0
     accepted_total: int = 0
     dead_lettered_total: int = 0
+    #: the log index of the command that made the group (0: made before groups had one), so
+    #: that a group deleted and made again is told apart (its dead-letter producer)
+    incarnation: int = 0
     #: derived from `acquired` (not in snapshots): messages held per consumer, and a lower
     #: bound of the lease deadlines (expiry scans only once it has passed)
     held: dict[str, int] = field(default_factory=dict, compare=False)
@@ -343,6 +444,12 @@ class Result:
     done: list[int] = field(default_factory=list)
     dead_lettered: list[int] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)
+    #: a Reset or DeleteGroup that changed nothing: why (`busy: ...`, `moved`, `not_found`)
+    refusal: str | None = None
+    #: a Reset or DeleteGroup: the group's cursor before it, and after (a delete: where a
+    #: group made again by the name would start); None when there was no group before
+    previous_cursor: int | None = None
+    cursor: int | None = None
     _granted: list[Granted] = field(default_factory=list)
     #: a run of new records granted (first, stop, deadline_ms), made Granted only if asked:
     #: the replicas that answer nobody never need them
@@ -369,6 +476,8 @@ class QueueState:
         self._slot = 0  # the range the last record lookup found
         self.start_index = start_index
         self.end_index = start_index  # one past the last applied log index
+        #: the log start as retention told this replica (`trim`): indexes below it are gone
+        self.log_start = start_index
         self.groups: dict[str, Group] = {}
         #: the partition's transactions: records of one still open are not handed out, and
         #: those of one aborted are dropped (`drop_records`)
@@ -417,6 +526,7 @@ class QueueState:
 
     def trim(self, start_index: int) -> None:
         """Retention removed everything below `start_index`: those messages are gone."""
+        self.log_start = max(self.log_start, start_index)
         if start_index <= self.start_index:
             return
         self.start_index = start_index
@@ -436,6 +546,25 @@ class QueueState:
                     group.unhold(index)
                     group.txn_pending.pop(index, None)
             self._advance(group)
+
+    @property
+    def known_from(self) -> int:
+        """Every record range at or after this index is known here (`_prune` keeps the range
+        that holds `start_index` whole, so this may lie below it)."""
+        if self._bases and self._bases[0] < self.start_index:
+            return self._bases[0]
+        return self.start_index
+
+    def record_ranges(self, first: int, end: int, limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` of the known record ranges within [first, end), clipped to it."""
+        slot = max(0, bisect_right(self._bases, first) - 1)
+        out: list[tuple[int, int]] = []
+        for base, stop in zip(self._bases[slot:], self._ends[slot:], strict=True):
+            if base >= end or len(out) >= limit:
+                break
+            if stop > first:
+                out.append((max(base, first), min(stop, end)))
+        return out
 
     def is_record(self, index: int) -> bool:
         slot = self._slot
@@ -463,7 +592,9 @@ class QueueState:
         """The group (created at the log start on first use)."""
         found = self.groups.get(name)
         if found is None:
-            found = self.groups[name] = Group(self.start_index, frontier=self.start_index)
+            found = self.groups[name] = Group(
+                self.start_index, frontier=self.start_index, incarnation=self.end_index - 1
+            )
             self._advance(found)
         return found
 
@@ -537,6 +668,16 @@ class QueueState:
                         count = group.deliveries[index]
                         self._dead_letter(group, index, "max_deliveries", count, result)
             return result
+        if isinstance(command, Reset):
+            self._reset(command, result)
+            self._prune()
+            return result
+        if isinstance(command, DeleteGroup):
+            self._delete(command, result)
+            self._prune()
+            return result
+        if isinstance(command, DeadLettered | Expire) and command.group not in self.groups:
+            return result  # (late: the group was deleted) nothing to confirm or expire
         group = self.group(command.group)
         if isinstance(command, Accept) and command.txn_producer_id:
             self._txn_accept(group, command, result)
@@ -662,14 +803,94 @@ class QueueState:
         elif isinstance(command, Expire):
             self._expire(group, command.now_ms, result)
         else:
-            for index in command.indexes:
-                if group.dead_pending.pop(index, None) is not None:
+            if command.incarnation not in (None, group.incarnation):
+                return result  # another incarnation's: this group has none of them
+            sequences = command.sequences or (None,) * len(command.indexes)
+            for index, sequence in zip(command.indexes, sequences, strict=True):
+                letter = group.dead_pending.get(index)
+                if letter is not None and sequence in (None, letter.sequence):
+                    del group.dead_pending[index]
                     group.done.add(index)
                     group.dead_lettered_total += 1
                     result.done.append(index)
         self._advance(group)
         self._prune()
         return result
+
+    def busy(self, name: str, now_ms: int) -> str | None:
+        """Why a reset or delete of the group at `now_ms` needs `force` (None: it does not):
+        messages held under leases not ended by then, accepted in an open transaction, or
+        dead-lettered and not yet in the dead-letter topic."""
+        group = self.groups.get(name)
+        if group is None:
+            return None
+        held = sum(1 for h in group.acquired.values() if h.deadline_ms > now_ms)
+        pinned, dead = len(group.txn_pending), len(group.dead_pending)
+        parts = []
+        if held:
+            parts.append(
+                "1 message held under a lease"
+                if held == 1
+                else f"{held} messages held under leases"
+            )
+        if pinned:
+            parts.append(
+                "1 message accepted in an open transaction"
+                if pinned == 1
+                else f"{pinned} messages accepted in open transactions"
+            )
+        if dead:
+            parts.append(
+                "1 dead letter not yet moved" if dead == 1 else f"{dead} dead letters not yet moved"
+            )
+        return ", ".join(parts) or None
+
+    def _reset(self, command: Reset, result: Result) -> None:
+        name = command.group
+        old = self.groups.get(name)
+        result.previous_cursor = None if old is None else old.cursor
+        if not command.force and (why := self.busy(name, command.now_ms)) is not None:
+            result.refusal = f"busy: {why}"
+            return
+        target = max(min(command.cursor, self.end_index), self.log_start)
+        low = self.known_from
+        if target < low:
+            # the ranges below were forgotten: the command brings them, unless more were
+            # forgotten since it was proposed (below the log start they are gone anyway)
+            if max(command.known_from, self.log_start) < low:
+                result.refusal = "moved"
+                return
+            learned = [(max(b, target), min(e, low)) for b, e in command.ranges]
+            learned = [(b, e) for b, e in learned if b < e]
+            if learned and self._bases and learned[-1][1] == self._bases[0]:
+                self._bases[0] = learned.pop()[0]  # one range, as appending makes it
+            self._bases[:0] = [b for b, _ in learned]
+            self._ends[:0] = [e for _, e in learned]
+            self._slot = 0
+        self.start_index = min(self.start_index, target)
+        fresh = Group(target, frontier=target)
+        if old is not None:
+            fresh.next_dead_sequence = old.next_dead_sequence  # (the producer's sequences)
+            fresh.accepted_total = old.accepted_total
+            fresh.dead_lettered_total = old.dead_lettered_total
+            fresh.incarnation = old.incarnation
+        else:
+            fresh.incarnation = self.end_index - 1
+        self.groups[name] = fresh
+        self._advance(fresh)
+        result.cursor = fresh.cursor
+
+    def _delete(self, command: DeleteGroup, result: Result) -> None:
+        group = self.groups.get(command.group)
+        if group is None:
+            result.refusal = "not_found"
+            return
+        result.previous_cursor = group.cursor
+        if not command.force and (why := self.busy(command.group, command.now_ms)) is not None:
+            result.refusal = f"busy: {why}"
+            return
+        del self.groups[command.group]
+        result.cursor = self.start_index
 
     def _prune(self) -> None:
         """Forget record ranges below every group's cursor: memory follows the backlog, not
@@ -803,6 +1024,8 @@ class QueueState:
         in_flight = len(group.done) + len(group.acquired) + len(group.dead_pending)
         return {
             "cursor": group.cursor,
+            # (Kafka's consumer lag, in records: what the metric laminar_group_lag says)
+            "lag": max(0, records - in_flight) + len(group.acquired) + len(group.dead_pending),
             "acquired": len(group.acquired),
             "pending": max(0, records - in_flight),
             "dead_letter_pending": len(group.dead_pending),
@@ -834,6 +1057,8 @@ class QueueState:
                 "accepted_total": g.accepted_total,
                 "dead_lettered_total": g.dead_lettered_total,
             }
+            if g.incarnation:
+                groups[name]["incarnation"] = g.incarnation
             if g.txn_pending:
                 groups[name]["txn_pending"] = sorted(
                     [i, n, e] for i, (n, e) in g.txn_pending.items()
@@ -842,6 +1067,7 @@ class QueueState:
             "version": SNAPSHOT_VERSION,
             "start_index": self.start_index,
             "end_index": self.end_index,
+            "log_start": self.log_start,
             "max_deliveries": self.config.max_deliveries,
             "ranges": [[b, e] for b, e in zip(self._bases, self._ends, strict=True)],
             "groups": groups,
@@ -857,6 +1083,7 @@ class QueueState:
         config = replace(config or QueueConfig(), max_deliveries=document["max_deliveries"])
         state = cls(config, start_index=document["start_index"])
         state.end_index = document["end_index"]
+        state.log_start = document.get("log_start", state.start_index)
         if "transactions" in document:  # (none before transactions: a fresh state)
             state.txns = PartitionTxns.from_document(document["transactions"])
         else:
@@ -877,6 +1104,7 @@ class QueueState:
                 accepted_total=g["accepted_total"],
                 dead_lettered_total=g["dead_lettered_total"],
                 txn_pending={i: (n, e) for i, n, e in g.get("txn_pending", [])},
+                incarnation=g.get("incarnation", 0),
             )
             for index, consumer, deadline, deliveries in g["acquired"]:
                 group.hold(index, Holding(consumer, deadline, deliveries))

@@ -41,6 +41,7 @@ from ..contract import (
     NEXT_INDEX_HEADER,
     ROUTES,
     TOPIC_NAME,
+    WAIT_FOR_LEADERS,
     WORKER_NODE_ID,
 )
 from ..credentials import internal_token
@@ -107,6 +108,7 @@ from ..workers import worker_ids
 from . import request_context, tracing
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .deadlines import Deadlines
+from .forward import MetadataForwarder
 from .groups_api import GroupsApi
 from .http import (
     ApiError,
@@ -122,7 +124,9 @@ from .http import (
 )
 from .metrics import BrokerMetrics, merge_workers
 from .node import Broker
+from .offsets_api import OffsetsApi
 from .streams import serve_stream
+from .topic_groups import TopicGroupsApi
 from .txns_api import TxnsApi, check_transactional
 
 log = logging.getLogger(__name__)
@@ -142,6 +146,9 @@ STATUS_REFRESH_S = 1.0
 #: How long a request for a partition hosted elsewhere looks for its leader in fresh status
 #: reports before it is answered 503.
 LEADER_LOOKUP_S = 2.0
+#: How often a topic creation waiting for its partitions' leaders looks again when no peer's
+#: report came in meanwhile (this broker's own replicas' elections send no report to itself).
+LEADER_POLL_S = 0.1
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
 #: metadata leader, that it has applied all the committed metadata (then: 404), and how long
 #: /readyz waits for the same.
@@ -199,6 +206,8 @@ class Api:
         self._collector: asyncio.Task[None] | None = None
         self._driving: asyncio.Task[None] | None = None
         self.txns = TxnsApi(self)
+        #: metadata writes taken here while another broker leads the metadata (forward.py)
+        self.forwarding = MetadataForwarder(self)
 
     # ---- application -----------------------------------------------------------------------
 
@@ -212,7 +221,14 @@ class Api:
         app[BROKER_KEY] = self.broker
         r = app.router
         # every route of the contract, to its handler: a method of this Api or of GroupsApi
-        owners: dict[str, object] = {"": self, "groups": GroupsApi(self), "txns": self.txns}
+        owners: dict[str, object] = {
+            "": self,
+            "groups": GroupsApi(self),
+            "topic_groups": TopicGroupsApi(self),
+            "offsets": OffsetsApi(self),
+            "txns": self.txns,
+            "metadata": self.forwarding,
+        }
         for route in ROUTES:
             owner, _, name = route.handler.rpartition(".")
             handler: Handler = getattr(owners[owner], name)
@@ -241,6 +257,7 @@ class Api:
                     await task
         if self._session is not None:
             await self._session.close()
+        await self.forwarding.close()
         self._decoding.shutdown(wait=False, cancel_futures=True)
         self.commits.close()
 
@@ -400,6 +417,11 @@ class Api:
         such partition (503 while this broker cannot tell)."""
         return await self._partition(request)
 
+    async def topic_of(self, name: str) -> Topic:
+        """Topic `name`: 400 if the name is malformed, 404 if there is no such topic (503
+        while this broker cannot tell)."""
+        return await self._topic(self._valid_topic_name(name))
+
     async def leader_elsewhere(self, request: web.Request, group: str) -> ApiError:
         """The redirect (or 503) for a request about Raft `group`, which this broker does not
         host, to the group's leader."""
@@ -475,15 +497,23 @@ class Api:
         return ApiError(status, code, str(e))
 
     async def propose_metadata(self, request: web.Request, command: Any) -> int:
-        """Commit `command` through the metadata group (here, its leader; else 307): its
-        index once applied; its refusals and timeouts as HTTP errors."""
+        """Commit `command` through the metadata group: here when this broker leads it, else
+        forwarded to the leader (server/forward.py, never a 307); its index once applied
+        here; its refusals and timeouts as HTTP errors."""
         return await self._metadata(request, command)
 
-    async def _metadata(self, request: web.Request, command: Any) -> int:
+    async def _metadata(self, _: web.Request, command: Any) -> int:
+        try:
+            return await self.propose_here(command)
+        except NotLeader as e:
+            leader = e.leader
+        return await self.forwarding.forward(command, leader)
+
+    async def propose_here(self, command: Any) -> int:
+        """Commit `command` through the metadata group, which this broker must lead (else
+        NotLeader): its index once applied; its refusals and timeouts as HTTP errors."""
         try:
             return await self.broker.waits.propose_metadata(command, self.timeout_s)
-        except NotLeader as e:
-            raise self._redirect(request, e.leader, "the cluster metadata") from e
         except MetadataError as e:
             raise self._meta_error(e) from e
         except TimeoutError as e:
@@ -648,6 +678,11 @@ class Api:
         return json_response(TopicList(tuple(self._topic_info(n) for n in names)).to_json())
 
     async def create_topic(self, request: web.Request) -> web.Response:
+        """Create the topic; answer 201 once every partition has a leader known here (at most
+        the request timeout after the commit: then 201 all the same, the partitions still
+        electing without one), or, with `?wait_for_leaders=false`, as soon as it is created
+        (as Kafka's CreateTopics, whose leaders are elected after it answers)."""
+        wait = _query_choice(request.query, WAIT_FOR_LEADERS, ("true", "false")) == "true"
         wanted = parsed(CreateTopicRequest, await self._json(request))
         replication_factor = wanted.replication_factor
         if replication_factor is ABSENT:
@@ -660,7 +695,26 @@ class Api:
             {} if wanted.config is ABSENT else wanted.config,
         )
         await self._metadata(request, command)
+        if wait:
+            await self._leaders_known(command.name, self.timeout_s)
         return json_response((await self.describe(command.name)).to_json(), status=201)
+
+    async def _leaders_known(self, name: str, timeout_s: float) -> bool:
+        """Wait until every partition of topic `name` has a leader in this broker's partition
+        status table (a leader's report goes out the moment it is elected; this broker's own
+        elections show at its next look, every LEADER_POLL_S); False if not within
+        `timeout_s` (or the topic went meanwhile)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (topic := self.broker.core.state.topics.get(name)) is not None:
+            leaders = view_leaders(self.cluster_view())
+            if all(f"{name}/{p}" in leaders for p in range(topic.partitions)):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self.broker.status.merged(min(remaining, LEADER_POLL_S))
+        return False
 
     async def describe_topic(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -794,7 +848,14 @@ class Api:
             limit = replica.log.config.batch_limit_bytes
             if request.content_type == BATCH_TYPE:
                 try:
-                    header, _ = verify_batch(body, limit)
+                    # a compressed batch is decompressed to check its records: in a worker
+                    # thread for all but small bodies (the codecs let go of the GIL)
+                    compressed = parse_header(body).is_compressed
+                    header, _ = await self._decode(
+                        lambda data: verify_batch(data, limit),
+                        body,
+                        INLINE_APPEND_BYTES if compressed else len(body),
+                    )
                 except BatchTooLargeError as e:
                     raise ApiError(413, "payload_too_large", str(e)) from e
                 except BatchError as e:
@@ -952,9 +1013,11 @@ class Api:
         cut = False
         for batch in split_batches(data):
             header = parse_header(batch)
-            if not header.is_control:
+            if not (header.is_control or header.is_compressed):
                 # one C walk per batch: a binary reader must not be handed records it cannot
-                # decode (stored before appends checked them)
+                # decode (stored before appends checked them). A compressed batch is served as
+                # stored, never decompressed here: appends have checked records since before
+                # batches could be compressed, so its leader checked it
                 try:
                     verify_records(header, batch[BATCH_HEADER_BYTES:])
                 except MalformedRecordsError:

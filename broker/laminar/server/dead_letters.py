@@ -3,9 +3,11 @@
 The partition leader runs one `DeadLetterMover` task while its groups have dead letters
 pending. Each goes to the same partition number of `<topic>.dlq` (created on demand with the
 topic's partition count and replication factor) as one record appended by an idempotent
-producer: the producer id is derived from (topic, partition, group), the sequence is the dead
-letter's own (assigned by the group's state machine, in order). Only after the append is
-committed does the leader propose `DeadLettered`, which makes the group forget the message.
+producer: the producer id is derived from (topic, partition, group, the group's incarnation:
+a group deleted and made again starts its sequences again, as a producer of its own), the
+sequence is the dead letter's own (assigned by the group's state machine, in order). Only
+after the append is committed does the leader propose `DeadLettered` (naming the sequences
+and the incarnation), which makes the group forget the message.
 A new leader (or a retry) appends the same sequence again and is answered as a duplicate; a
 `Conflict` means the sequence fell out of the producer window, i.e. it was appended before.
 
@@ -44,9 +46,11 @@ def dead_letter_topic(topic: str) -> str:
     return topic + DLQ_SUFFIX
 
 
-def producer_id(topic: str, partition: int, group: str) -> int:
-    """The dead-letter producer id of one group on one partition (63-bit, never 0)."""
-    digest = xxhash.xxh3_64_intdigest(f"{topic}/{partition}/{group}".encode())
+def producer_id(topic: str, partition: int, group: str, incarnation: int = 0) -> int:
+    """The dead-letter producer id of one incarnation of a group on one partition (63-bit,
+    never 0; incarnation 0, groups made before they had one, as it always was)."""
+    name = f"{topic}/{partition}/{group}" + (f"@{incarnation}" if incarnation else "")
+    digest = xxhash.xxh3_64_intdigest(name.encode())
     return (digest & (2**63 - 1)) | 1
 
 
@@ -55,6 +59,7 @@ class Pending:
     group: str
     index: int
     letter: DeadLetter
+    incarnation: int
 
 
 class DeadLetterMover:
@@ -104,7 +109,13 @@ class DeadLetterMover:
         batch = [p for p in pending if p.group == group][:CONFIRM_BATCH]
         for item in batch:
             await self._append(item)
-        future = self.groups.propose(DeadLettered(group, tuple(p.index for p in batch)))
+        confirmed = DeadLettered(
+            group,
+            tuple(p.index for p in batch),
+            tuple(p.letter.sequence for p in batch),
+            batch[0].incarnation,
+        )
+        future = self.groups.propose(confirmed)
         await asyncio.wait_for(future, self.client.timeout_s)
 
     async def _append(self, item: Pending) -> None:
@@ -142,7 +153,9 @@ class DeadLetterMover:
                 self.dlq,
                 replica.partition,
                 [record],
-                producer_id=producer_id(replica.topic, replica.partition, item.group),
+                producer_id=producer_id(
+                    replica.topic, replica.partition, item.group, item.incarnation
+                ),
                 sequence=item.letter.sequence,
             )
         except Conflict:

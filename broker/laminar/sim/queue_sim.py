@@ -16,8 +16,12 @@ only when the proposing node applies that entry (and the answer is not lost). Co
 release, reject and renew what they believe they hold, and sometimes crash, forgetting it
 all, so leases must expire. Leaders switch `max_deliveries` to 3, propose Expire when a lease
 is due, and drain dead letters: append to a modelled dead-letter topic (an idempotent
-producer keyed by the dead letter's sequence), then propose DeadLettered. A leader change
-between the two makes the next leader append again: the model must absorb it.
+producer keyed by the group's incarnation and the dead letter's sequence), then propose
+DeadLettered. A leader change between the two makes the next leader append again: the model
+must absorb it. While faults happen an admin now and then resets the group's cursor (to the
+earliest, the latest or any index; forced or not, so busy groups are refused or dropped) as
+the broker plans it (`laminar.queue.rewind`: a rewind carries the record ranges the leader
+reads from its own log), or deletes the group (a consumer's next command makes it again).
 
 Invariants, on top of the base simulation's Raft checks:
 
@@ -33,9 +37,14 @@ Invariants, on top of the base simulation's Raft checks:
   state restored from a snapshot decides as the live one does (flow control, expiring the
   earliest lease), so nothing kept beside the snapshot can make replicas drift apart;
 * a dead-letter sequence names one message;
-* after faults stop and the consumers drain the queues: every committed message was accepted
-  exactly once or landed in the dead-letter topic exactly once (never both), and each group's
-  cursor is at the end of its log with nothing held or waiting to be dead-lettered.
+* a reset or delete is refused as busy exactly when the oracle holds a message under a lease
+  or a dead letter, and it is not forced; a reset puts the cursor on the first record at or
+  after its target; a deleted group's successor starts no later than the first message its
+  predecessor had not finished; and nothing below the cursor a reset set is granted;
+* after faults stop and the consumers drain the queues: every committed message from the last
+  reset's cursor on was accepted exactly once or landed in the dead-letter topic exactly once
+  (never both) since that reset, and each group's cursor is at the end of its log with nothing
+  held or waiting to be dead-lettered.
 
 Everything random comes from the simulation's seeded generator: `python -m laminar.sim
 --queue --seed N` replays a failure exactly.
@@ -54,18 +63,21 @@ from ..log.batch import Record, encode_batch
 from ..queue.applier import Applied, QueueApplier
 from ..queue.entries import QUEUE_KEY
 from ..queue.pending import pending_records
+from ..queue.rewind import plan_reset
 from ..queue.state import (
     Accept,
     Acquire,
     Configure,
     DeadLetter,
     DeadLettered,
+    DeleteGroup,
     Expire,
     QueueCommand,
     QueueState,
     Reject,
     Release,
     Renew,
+    Reset,
     Result,
     encode_command,
 )
@@ -87,6 +99,7 @@ ANSWER_LOSS_RATE = 0.05  # the answer to a committed request never reaches the c
 DLQ_FAILURE_RATE = 0.1  # a dead-letter append fails (the leader retries next tick)
 REQUEST_TIMEOUT_MS = 300  # a consumer waits this long for an answer before acting again
 HAND_OFF_RATE = 0.5  # new records are handed to an idle consumer's Acquire in their Ready
+ADMIN_RATE = 0.03  # per faulty tick: an admin resets (or deletes) one partition's group
 CHECKPOINT_INDEXES = 40  # small, so restarts also start from queue checkpoints
 HISTORY = 8  # commands of the partition quoted when a check fails
 DRAIN_TICKS = 3000  # after settling: at most this long for the consumers to finish
@@ -132,6 +145,10 @@ STAT_KEYS = (
     "repeated_settles",
     "late_settles",
     "handed_off_acquires",
+    "group_resets",
+    "group_deletes",
+    "group_admin_refused",
+    "rewinds_below_forgotten_ranges",
 )
 
 
@@ -153,10 +170,21 @@ class Oracle:
     max_deliveries: int = 10
     max_lease_ms: int = 3_600_000
     records: set[int] = field(default_factory=set)
+    #: the group exists (its state is held), and the log index of the command that made it
+    exists: bool = False
+    incarnation: int = 0
+    #: nothing below it is handed out (since the last reset or delete); the sequence of the
+    #: generation's first dead letter
+    floor: int = 0
+    first_sequence: int = 0
+    #: what the state's totals say (the group's whole history, but a delete's)
+    accepted_total: int = 0
+    confirmed_total: int = 0
     holders: dict[int, Lease] = field(default_factory=dict)
     #: delivery counts of messages given out before and free again
     deliveries: dict[int, int] = field(default_factory=dict)
-    accepted: dict[int, int] = field(default_factory=dict)  # index -> finishing accepts
+    #: since the last reset or delete (a generation): index -> finishing accepts
+    accepted: dict[int, int] = field(default_factory=dict)
     dead_pending: dict[int, int] = field(default_factory=dict)  # index -> sequence
     dead_sequences: dict[int, int] = field(default_factory=dict)  # every dead letter ever
     dead_confirmed: dict[int, int] = field(default_factory=dict)  # index -> confirmations
@@ -203,8 +231,14 @@ class Oracle:
         dead: list[int] = []
         done, refused = set(result.done), set(result.refused)
         self.count("refused", len(refused))
+        makes = not isinstance(command, Configure | Expire | DeadLettered | DeleteGroup)
+        if makes and not self.exists:  # (the state makes the group at this command)
+            self.exists, self.incarnation = True, at
+            self.accepted_total = self.confirmed_total = 0
         if isinstance(command, Configure):
             self.max_deliveries = command.max_deliveries
+        elif isinstance(command, Reset | DeleteGroup):
+            self._admin(at, command, result)
         elif isinstance(command, Acquire):
             self._acquire(at, command, result, dead)
         elif isinstance(command, Accept | Release | Reject):
@@ -224,21 +258,76 @@ class Oracle:
         elif isinstance(command, Expire):
             self._expire(command.now_ms, dead)
         else:
-            for index in command.indexes:
-                if index in self.dead_pending:
+            mine = command.incarnation in (None, self.incarnation)
+            sequences = command.sequences or (None,) * len(command.indexes)
+            for index, sequence in zip(command.indexes, sequences, strict=True):
+                pending = self.dead_pending.get(index)
+                if mine and pending is not None and sequence in (None, pending):
                     if index not in done:
                         self.fail(at, f"the dead-letter append of {index} was not taken")
                     del self.dead_pending[index]
                     self.dead_confirmed[index] = self.dead_confirmed.get(index, 0) + 1
+                    self.confirmed_total += 1
                     self.count("dead_letters")
                 elif index in done:
-                    self.fail(at, f"{index} confirmed as dead-lettered but none was pending")
+                    self.fail(at, f"{index} confirmed as dead-lettered but not the one pending")
         if sorted(dead) != sorted(result.dead_lettered):
             self.fail(at, f"{command} dead-lettered {result.dead_lettered}, expected {dead}")
         for index in result.dead_lettered:
             self.deliveries.pop(index, None)
             self.dead_pending[index] = self.dead_sequences[index] = self.next_sequence
             self.next_sequence += 1
+
+    def _busy(self, now_ms: int) -> bool:
+        """Is a message held under a lease not ended by `now_ms`, or a dead letter pending?"""
+        held = any(lease.deadline_ms > now_ms for lease in self.holders.values())
+        return held or bool(self.dead_pending)
+
+    def _admin(self, at: int, command: Reset | DeleteGroup, result: Result) -> None:
+        """A reset or a delete: refused exactly when busy and not forced (or, a delete, when
+        there is no group); done, it starts a generation."""
+        if isinstance(command, DeleteGroup) and not self.exists:
+            if result.refusal != "not_found":
+                self.fail(at, f"{command} of no group answered {result}")
+            self.count("group_admin_refused")
+            return
+        busy = self._busy(command.now_ms) and not command.force
+        said_busy = result.refusal is not None and result.refusal.startswith("busy")
+        if busy != said_busy:
+            self.fail(at, f"{command}: busy is {busy}, the state answered {result.refusal}")
+        if busy or (result.refusal == "moved" and isinstance(command, Reset)):
+            # (moved: the forgotten floor moved since the leader planned it; planned again)
+            self.count("group_admin_refused")
+            return
+        if result.refusal is not None or result.cursor is None:
+            self.fail(at, f"{command} refused: {result}")
+        assert result.cursor is not None
+        if isinstance(command, Reset):
+            # the first record at or after the target (below the state's end, at + 1)
+            target = min(command.cursor, at + 1)
+            expected = min((i for i in self.records if i >= target), default=at + 1)
+            if result.cursor != expected:
+                self.fail(at, f"{command} put the cursor at {result.cursor}, not {expected}")
+            self.count("group_resets")
+        else:
+            unfinished = [i for i in self.records if i >= self.floor and not self._finished(i)]
+            if unfinished and result.cursor > min(unfinished):
+                self.fail(
+                    at, f"a group made again starts at {result.cursor}, past {min(unfinished)}"
+                )
+            self.exists = False
+            self.accepted_total = self.confirmed_total = 0
+            self.next_sequence = 0  # (the next incarnation's dead-letter producer is new)
+            self.count("group_deletes")
+        self.floor = result.cursor
+        self.first_sequence = self.next_sequence
+        self.holders.clear()
+        self.deliveries.clear()
+        self.dead_pending.clear()
+        self.settled.clear()
+        self.accepted.clear()
+        self.dead_sequences.clear()
+        self.dead_confirmed.clear()
 
     def _acquire(self, at: int, command: Acquire, result: Result, dead: list[int]) -> None:
         now = command.now_ms
@@ -252,6 +341,8 @@ class Oracle:
                 self.fail(at, f"dead-lettered message {index} redelivered to {command.consumer}")
             if index not in self.records or index not in command.indexes:
                 self.fail(at, f"granted {index}: not a record, or not asked for")
+            if index < self.floor:
+                self.fail(at, f"granted {index}, below the cursor {self.floor} a reset set")
             holder = self.holders.get(index)
             if holder is not None:
                 self.fail(
@@ -269,7 +360,7 @@ class Oracle:
                 self.count("redeliveries")
         for index in result.refused:
             free = not self._finished(index) and index not in self.holders and index not in dead
-            if index in self.records and free:
+            if index in self.records and free and index >= self.floor:
                 self.fail(at, f"free message {index} refused to {command.consumer}")
 
     def _settle(
@@ -307,6 +398,7 @@ class Oracle:
             self.settled[index] = settlement
             if isinstance(command, Accept):
                 self.accepted[index] = self.accepted.get(index, 0) + 1
+                self.accepted_total += 1
                 self.count("accepts")
             elif isinstance(command, Reject):
                 self.count("rejects")
@@ -334,8 +426,12 @@ class Oracle:
         if pending != self.dead_pending:
             self.fail(self.end - 1, f"on {where}: dead letters {pending} != {self.dead_pending}")
         totals = (group.accepted_total, group.dead_lettered_total) if group else (0, 0)
-        if totals != (len(self.accepted), len(self.dead_confirmed)):
+        if totals != (self.accepted_total, self.confirmed_total):
             self.fail(self.end - 1, f"on {where}: accepted/dead-lettered totals {totals} wrong")
+        if (group is not None) != self.exists:
+            self.fail(self.end - 1, f"on {where}: the group exists: {group is not None}")
+        if group is not None and group.incarnation != self.incarnation:
+            self.fail(self.end - 1, f"on {where}: incarnation {group.incarnation}")
         if state.config.max_deliveries != self.max_deliveries:
             self.fail(self.end - 1, f"on {where}: max_deliveries {state.config.max_deliveries}")
 
@@ -396,8 +492,8 @@ class QueueSimulation(Simulation):
         self.requests: dict[str, dict[str, dict[int, Request]]] = defaultdict(
             lambda: defaultdict(dict)
         )
-        #: the dead-letter topic: (group, partition, sequence) -> original record index
-        self.dlq: dict[tuple[str, str, int], int] = {}
+        #: the dead-letter topic: (group, incarnation, partition, sequence) -> original index
+        self.dlq: dict[tuple[str, int, str, int], int] = {}
         self.quiet = False  # after draining: no consumer requests, no leader duties
         super().__init__(seed, config)
         for key in STAT_KEYS:
@@ -641,25 +737,29 @@ class QueueSimulation(Simulation):
             if due and not any(isinstance(c, Expire) for c in in_flight):
                 commands.append(Expire(QUEUE_GROUP, now))
             confirming = {i for c in in_flight if isinstance(c, DeadLettered) for i in c.indexes}
-            appended: list[int] = []
+            appended: list[tuple[int, int]] = []
             for index, dead in sorted(group.dead_pending.items(), key=lambda d: d[1].sequence):
                 if index in confirming:
                     continue
                 if self.rng.random() < DLQ_FAILURE_RATE:
                     self._count("dlq_failures")
                     break  # in sequence order: retry from here next tick
-                self._dlq_append(raft.group, index, dead)
-                appended.append(index)
+                self._dlq_append(raft.group, group.incarnation, index, dead)
+                appended.append((index, dead.sequence))
             if appended:
-                commands.append(DeadLettered(QUEUE_GROUP, tuple(sorted(appended))))
+                appended.sort()
+                indexes = tuple(i for i, _ in appended)
+                sequences = tuple(q for _, q in appended)
+                commands.append(DeadLettered(QUEUE_GROUP, indexes, sequences, group.incarnation))
         for command in commands:
             if node.multi is None or raft.role is not Role.LEADER:
                 return
             self._submit(node, raft, command)
 
-    def _dlq_append(self, partition: str, index: int, dead: DeadLetter) -> None:
-        """The idempotent dead-letter producer: one entry per sequence number."""
-        key = (QUEUE_GROUP, partition, dead.sequence)
+    def _dlq_append(self, partition: str, incarnation: int, index: int, dead: DeadLetter) -> None:
+        """The idempotent dead-letter producer (one per incarnation of the group, as the
+        broker's): one entry per sequence number."""
+        key = (QUEUE_GROUP, incarnation, partition, dead.sequence)
         known = self.dlq.get(key)
         if known is None:
             self.dlq[key] = index
@@ -778,6 +878,38 @@ class QueueSimulation(Simulation):
         super()._tick(faulty=faulty)
         if not self.quiet:
             self._consumers_act(faulty=faulty)
+            if faulty and self.rng.random() < ADMIN_RATE:
+                self._admin_acts()
+
+    def _admin_acts(self) -> None:
+        """An admin resets one partition's group (to the earliest, the latest or an index;
+        forced or not) or deletes it, through a node that believes it leads, which plans the
+        reset from its own log and state as the broker does."""
+        rng = self.rng
+        group = rng.choice(self.group_names)
+        leaders = self._leaders(group)
+        if not leaders:
+            return
+        node, raft = rng.choice(leaders)
+        state = self.appliers[node.id][group].state
+        now, force = self.clock_ms(node), rng.random() < 0.5
+        command: QueueCommand
+        if rng.random() < 0.25:
+            command = DeleteGroup(QUEUE_GROUP, now, force)
+        else:
+            roll = rng.random()
+            if roll < 0.3:
+                target = 0  # the earliest: the log start
+            elif roll < 0.5:
+                target = state.end_index  # the latest
+            else:
+                target = rng.randint(0, state.end_index)
+            log = node.storages[group].log
+            command = plan_reset(state, log, QUEUE_GROUP, target, now, force=force)
+            if command.ranges and command.cursor < state.known_from:
+                self._count("rewinds_below_forgotten_ranges")
+        self._log(f"admin: {command} through {node.id}")
+        self._submit(node, raft, command)
 
     def _drained(self) -> bool:
         """Every partition's leader has applied its whole log, and its group has finished
@@ -792,8 +924,8 @@ class QueueSimulation(Simulation):
                 return False
             state = applier.state
             queue = state.groups.get(QUEUE_GROUP)
-            if queue is None:
-                if self.oracles[group].records:
+            if queue is None:  # (never made, or deleted: a consumer makes it again if need be)
+                if state.available(QUEUE_GROUP, 1, self.clock_ms(node)):
                     return False
                 continue
             if queue.cursor != state.end_index or queue.acquired or queue.dead_pending:
@@ -802,26 +934,32 @@ class QueueSimulation(Simulation):
 
     def _check_outcome(self) -> None:
         """Every committed message was accepted exactly once or dead-lettered exactly once."""
-        landed: Counter[tuple[str, int]] = Counter(
-            (partition, index) for (_, partition, _), index in self.dlq.items()
-        )
         for group in self.group_names:
             oracle = self.oracles[group]
+            # the dead letters of the last generation: its incarnation, from its first sequence
+            landed: Counter[int] = Counter(
+                index
+                for (_, incarnation, partition, sequence), index in self.dlq.items()
+                if partition == group
+                and incarnation == oracle.incarnation
+                and sequence >= oracle.first_sequence
+            )
             found = self._leader_of(group)
             assert found is not None
             state = self.appliers[found[0].id][group].state
             if oracle.end != state.end_index:
                 self._fail(f"{group}: the oracle ends at {oracle.end}, leader at {state.end_index}")
-            for index in sorted(oracle.records):
+            for index in sorted(i for i in oracle.records if i >= oracle.floor):
                 accepted = oracle.accepted.get(index, 0)
-                dead = landed[(group, index)]
+                dead = landed[index]
                 confirmed = oracle.dead_confirmed.get(index, 0)
                 if (accepted, dead, confirmed) not in ((1, 0, 0), (0, 1, 1)):
                     self._fail(
                         f"{group} message {index}: accepted {accepted} times, in the dead-letter "
                         f"topic {dead} times (confirmed {confirmed} times)"
                     )
-            strays = sorted(i for (p, i) in landed if p == group and i not in oracle.records)
+            every = {i for (_, _, p, _), i in self.dlq.items() if p == group}
+            strays = sorted(every - oracle.records)
             if strays:
                 self._fail(f"{group}: dead letters {strays} are not messages")
             queue = state.groups.get(QUEUE_GROUP)
@@ -832,7 +970,6 @@ class QueueSimulation(Simulation):
                 or queue.acquired
                 or queue.dead_pending
                 or queue.done
-                or queue.accepted_total + queue.dead_lettered_total != len(oracle.records)
             ):
                 self._fail(f"{group} not drained: {state.describe(QUEUE_GROUP)}")
 

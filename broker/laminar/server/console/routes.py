@@ -441,8 +441,8 @@ class Console:
         return node
 
     async def drain(self, request: web.Request, viewer: Viewer) -> web.Response:
-        """Through the API's own drain (the brokers' client: any broker, redirected to the
-        metadata leader)."""
+        """Through the API's own drain (the brokers' client: any broker, which forwards it
+        to the metadata leader)."""
         node = self._node(request)
         await self._shown(self.broker.internal_client().drain(node))
         log.info("console: %s drained %s", viewer.principal.name, node)
