@@ -63,7 +63,7 @@ def start(
         spark.readStream.format("laminar")
         .option("brokers", brokers)
         .options(**credentials)
-        .option("topic", source)
+        .option("subscribe", source)
         .option("startingOffsets", "earliest")
         .load()
     )

@@ -82,6 +82,13 @@ def test_columns_equal_the_walked_records(low: int, high: int) -> None:
         )
     )  # fmt: skip
     assert rows == want
+    # Kafka's columns in Kafka's order, then Laminar's name of the offset
+    assert batch.schema.names == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
+        "headers", "index",
+    ]  # fmt: skip
+    assert got["offset"] == got["index"]
+    assert set(got["timestampType"]) == {0}  # CreateTime: the producer's
     assert builder.take() is None  # taken
 
 

@@ -1,7 +1,7 @@
 """The `laminar` data source in a real Spark (local[2]) against a real local Laminar cluster:
-batch reads, Structured Streaming with availableNow across a restart, maxRecordsPerTrigger,
-the sink under a retried micro-batch and under a kill -9 mid-batch, and retention past the
-start."""
+batch reads, the Kafka connector's options and columns, Structured Streaming with
+availableNow across a restart, maxOffsetsPerTrigger and minOffsetsPerTrigger, the sink under a
+retried micro-batch and under a kill -9 mid-batch, and retention past the start."""
 
 from __future__ import annotations
 
@@ -134,6 +134,48 @@ def test_a_batch_read_is_what_was_produced(spark: SparkSession, brokers: LocalCl
     assert counts == {0: 10, 1: 200, 2: 200}
 
 
+def test_the_kafka_connectors_options_and_columns(
+    spark: SparkSession, brokers: LocalCluster
+) -> None:
+    """What a Kafka connector user writes works as it does there: kafka.bootstrap.servers,
+    subscribePattern, assign, startingTimestamp; the columns offset and timestampType."""
+    for name, partitions in (("kafka-a", 2), ("kafka-b", 1), ("kafka-other", 1)):
+        create(brokers, name, partitions)
+    produce(brokers, "kafka-a", 2, 30)
+    produce(brokers, "kafka-other", 1, 5)
+    base_ms = 1_800_000_000_000
+    with Client(brokers.urls, token=brokers.token) as client:
+        stamped = [Record(b"t%d" % i, timestamp_ms=base_ms + i * 1000) for i in range(10)]
+        client.append("kafka-b", 0, stamped)
+
+    def kafka(**options: str) -> DataFrame:
+        reader = spark.read.format("laminar").option(
+            "kafka.bootstrap.servers", ",".join(brokers.urls)
+        )
+        return reader.option("tokenFile", str(brokers.token_file)).options(**options).load()
+
+    matched = kafka(subscribePattern="kafka-[ab]")
+    assert matched.columns[:7] == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]  # Kafka's, in its order; then Laminar's `index`
+    counts = {
+        (r["topic"], r["partition"]): r["count"]
+        for r in matched.groupBy("topic", "partition").count().collect()
+    }
+    assert counts == {("kafka-a", 0): 30, ("kafka-a", 1): 30, ("kafka-b", 0): 10}
+    assert matched.where("offset != index or timestampType != 0").count() == 0
+    one = kafka(assign='{"kafka-a": [1]}').select("partition", "offset").collect()
+    assert len(one) == 30 and {r["partition"] for r in one} == {1}
+    later = kafka(subscribe="kafka-b", startingTimestamp=str(base_ms + 6500))
+    assert sorted(bytes(r["value"]) for r in later.collect()) == [b"t7", b"t8", b"t9"]
+
+
 def test_a_range_read_waits_for_records_its_replica_has_not_yet_committed(
     brokers: LocalCluster,
 ) -> None:
@@ -197,16 +239,18 @@ def test_available_now_reads_everything_once_across_a_restart(
     assert out.where("partition = 2").count() == 100  # the new one, from its first record
 
 
-def test_max_records_per_trigger_makes_several_batches(
+def test_max_offsets_per_trigger_makes_several_batches(
     spark: SparkSession, brokers: LocalCluster, tmp_path: Path
 ) -> None:
     create(brokers, "paced", 2)
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
     if SPARK_VERSION >= (4, 2):  # admission control: the limit holds under availableNow too
         produce(brokers, "paced", 2, 120)
+        # (minOffsetsPerTrigger does not hold availableNow back: it ends with what there is)
         progress = stream_once(
-            spark, brokers, "paced", checkpoint, output, maxRecordsPerTrigger="50"
-        )
+            spark, brokers, "paced", checkpoint, output, maxOffsetsPerTrigger="50",
+            minOffsetsPerTrigger="45",
+        )  # fmt: skip
     else:  # the source's own cap, from the offset it last handed out: start, then produce
         query = (
             spark.readStream.format("laminar")
@@ -214,7 +258,7 @@ def test_max_records_per_trigger_makes_several_batches(
             .option("token", brokers.token)
             .option("topic", "paced")
             .option("startingOffsets", "earliest")
-            .option("maxRecordsPerTrigger", "50")
+            .option("maxOffsetsPerTrigger", "50")
             .load()
             .selectExpr("partition", "index", "value")
             .writeStream.format("parquet")
@@ -232,6 +276,39 @@ def test_max_records_per_trigger_makes_several_batches(
     assert sum(rows) == 240 and max(rows) <= 50 and len(rows) >= 5, rows
     out = spark.read.parquet(str(output))
     assert out.select("partition", "index").distinct().count() == 240
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records(
+    spark: SparkSession, brokers: LocalCluster, tmp_path: Path
+) -> None:
+    create(brokers, "gathered", 1)
+    query = (
+        spark.readStream.format("laminar")
+        .option("brokers", ",".join(brokers.urls))
+        .option("token", brokers.token)
+        .option("subscribe", "gathered")
+        .option("startingOffsets", "earliest")
+        .option("minOffsetsPerTrigger", "50")
+        .load()
+        .writeStream.format("memory")
+        .queryName("gathered")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()  # the first batch (nothing there) is never held
+        produce(brokers, "gathered", 1, 30)
+        query.processAllAvailable()  # 30 < 50: held back, so all there is is processed
+        assert spark.table("gathered").count() == 0
+        produce(brokers, "gathered", 1, 30, start=30)
+        query.processAllAvailable()
+        assert spark.table("gathered").count() == 60
+        rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert rows == [60], rows  # one batch of all 60
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
 
 
 def test_a_batch_write_routes_rows_by_their_topic_and_partition_columns(

@@ -3,11 +3,12 @@
     from laminar.spark import register
     register(spark)
     df = spark.read.format("laminar").option("brokers", "http://127.0.2.11:7070") \\
-        .option("topic", "orders").load()
+        .option("subscribe", "orders").load()
 
-Options and columns mirror Spark's Kafka connector (docs/spark.md): the source gives `key`,
-`value` (binary), `topic`, `partition`, `index`, `timestamp` and, with includeHeaders,
-`headers`; the sink takes `value` and optionally `key`, `headers`, `topic`, `partition`.
+Options and columns are Spark's Kafka connector's (docs/spark.md maps each option): the source
+gives `key`, `value` (binary), `topic`, `partition`, `offset`, `timestamp`, `timestampType`,
+with includeHeaders `headers`, and `index` (Laminar's name of `offset`); the sink takes `value`
+and optionally `key`, `headers`, `topic`, `partition`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
 
-from .arrow import HEADERS_DDL, SCHEMA_DDL
+from .arrow import schema_ddl
 from .options import Options
 from .sink import BatchWriter, StreamWriter
 from .source import BatchReader, DataLossError, StreamReader
@@ -32,7 +33,7 @@ class LaminarDataSource(DataSource):
 
     def schema(self) -> str:
         include = str(self.options.get("includeHeaders", "false")).lower() == "true"
-        return f"{SCHEMA_DDL}, {HEADERS_DDL}" if include else SCHEMA_DDL
+        return schema_ddl(include)
 
     def reader(self, schema: Any) -> BatchReader:
         return BatchReader(Options.parse(self.options, stream=False).with_credentials())

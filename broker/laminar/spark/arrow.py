@@ -5,11 +5,14 @@ Records of one batch that share their key and value lengths and carry no headers
 case: fixed-size values, no key or fixed-size keys) are sliced out with numpy as one
 (records x stride) matrix, and the values (and keys) of such batches are copied once, into
 one buffer per Arrow batch; any other batch goes through the record walker
-(`laminar.log.batch.iter_records`). Every batch used is checksum-verified, once.
+(`laminar.log.batch.iter_records`). Every batch used is checksum-verified, once. A compressed
+batch (zstd, lz4) is verified and decompressed first (`decompressed_batch`), then read as any
+other (the walker's path verifies the decompressed form again).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -20,20 +23,32 @@ from ..log.batch import (
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
     BatchHeader,
+    decompressed_batch,
     iter_records,
     parse_header,
     split_batches,
     verify_batch,
 )
 
-#: Spark's schema of the source (the Kafka connector's, `offset` named `index`).
+#: Spark's schema of the source: the Kafka connector's columns in its order (`headers` with
+#: includeHeaders), then `index`, Laminar's name of `offset` (the same values).
 SCHEMA_DDL = (
-    "key binary, value binary, topic string, partition int, index long, timestamp timestamp"
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int"
 )
 HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
+INDEX_DDL = "index long"
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+#: Kafka's timestampType of a record whose timestamp its producer set (CreateTime): every
+#: Laminar record's (the producer's clock, or the time it encoded the batch).
+CREATE_TIME = 0
 MAX_BATCH_BYTES = BATCH_HEADER_BYTES + 2**32 - 1
+
+
+def schema_ddl(include_headers: bool) -> str:
+    """The source's schema as Spark DDL."""
+    return ", ".join([SCHEMA_DDL, *([HEADERS_DDL] if include_headers else []), INDEX_DDL])
 
 
 def arrow_schema(include_headers: bool) -> pa.Schema:
@@ -42,11 +57,13 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
         ("value", pa.binary()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
-        ("index", pa.int64()),
+        ("offset", pa.int64()),
         ("timestamp", TIMESTAMP_TYPE),
+        ("timestampType", pa.int32()),
     ]
     if include_headers:
         fields.append(("headers", HEADER_TYPE))
+    fields.append(("index", pa.int64()))
     return pa.schema(fields)
 
 
@@ -98,6 +115,7 @@ def _binary_column(pieces: list[_Fixed | pa.Array]) -> pa.Array:
     return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
+@functools.cache
 def _record_fields(stride: int) -> np.dtype:
     """The record header's fields (RECORD_HEADER) of records `stride` bytes apart."""
     return np.dtype(
@@ -144,7 +162,7 @@ class ColumnBuilder:
         self.headers: list[pa.Array] = []
         self.rows = 0
 
-    def add(self, body: bytes, low: int, high: int) -> int:
+    def add(self, body: bytes | bytearray | memoryview, low: int, high: int) -> int:
         """Add the records of `body` (whole batches back to back) with low <= index < high;
         return the index after the last batch looked at (control batches included)."""
         after = low
@@ -157,9 +175,14 @@ class ColumnBuilder:
                 continue
             first = max(low - header.base_index, 0)
             last = min(high - header.base_index, header.record_count)
+            verified = header.is_compressed
+            if verified:  # decompressed once, verified; then as if it had come uncompressed
+                batch = memoryview(decompressed_batch(batch))
+                header = parse_header(batch)
             uniform = _uniform(batch, header)
             if uniform is not None:
-                verify_batch(batch, MAX_BATCH_BYTES)  # (the walker verifies by itself)
+                if not verified:
+                    verify_batch(batch, MAX_BATCH_BYTES)  # (the walker verifies by itself)
                 self._add_uniform(header, uniform, first, last)
             else:
                 self._add_walked(batch, header, first, last)
@@ -215,16 +238,19 @@ class ColumnBuilder:
              pa.py_buffer(topic * rows)],
         )  # fmt: skip
         micros = np.concatenate(self.timestamps_ms) * 1000
+        offsets = pa.array(np.concatenate(self.indexes))
         columns = [
             _binary_column(self.keys),
             _binary_column(self.values),
             topics,
             pa.array(np.full(rows, self.partition, dtype=np.int32)),
-            pa.array(np.concatenate(self.indexes)),
+            offsets,
             pa.array(micros, type=TIMESTAMP_TYPE),
+            pa.array(np.full(rows, CREATE_TIME, dtype=np.int32)),
         ]
         if self.include_headers:
             columns.append(pa.concat_arrays(self.headers))
+        columns.append(offsets)  # index
         batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(self.include_headers))
         self.keys, self.values, self.indexes, self.timestamps_ms, self.headers = [], [], [], [], []
         self.rows = 0
