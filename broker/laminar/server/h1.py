@@ -377,7 +377,9 @@ class FastConnection(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return
         keep = response.keep_alive is not False and not self._closing_after_answer
-        self._transport.write(_encode(response, keep))
+        # head and body as two buffers: the event loop (uvloop) sends them in one writev and
+        # keeps what the socket does not take yet without copying a read's megabytes
+        self._transport.writelines(_encode(response, keep))
         if self._drained is not None:  # a client that does not read holds its next request
             await self._drained
         self._answered = True
@@ -510,8 +512,10 @@ def raw_error(status: int, code: str, message: str, *, retry_after: bool = False
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def _encode(response: web.StreamResponse, keep_alive: bool) -> bytes:
-    """`response` (a `web.Response` the handlers made) as HTTP/1.1 bytes."""
+def _encode(
+    response: web.StreamResponse, keep_alive: bool
+) -> tuple[bytes, bytes | bytearray | memoryview]:
+    """`response` (a `web.Response` the handlers made) as HTTP/1.1: its head and its body."""
     assert isinstance(response, web.Response), "the fast path serves whole answers only"
     body = response.body
     data: bytes | bytearray | memoryview
@@ -531,4 +535,4 @@ def _encode(response: web.StreamResponse, keep_alive: bool) -> bytes:
     if not keep_alive:
         parts.append("Connection: close\r\n")
     parts.append("\r\n")
-    return "".join(parts).encode("utf-8") + data
+    return "".join(parts).encode("utf-8"), data
