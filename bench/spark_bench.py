@@ -16,8 +16,9 @@ and the CPU seconds the brokers, the JVM and the Python processes spent (medians
 and the ready-made source take turns, run by run, so that both meet the same load from
 whatever else runs on the machine; their ratio is the median of the runs' ratios. Also
 printed: the read path without Spark (the same ranges read into Arrow batches by one Python
-process). Targets (issue 26): the read at >= 0.85 of the ready-made source's rows/s, and the
-sink at >= 100,000 rows/s.
+process), and a machine limit: the CPU seconds of moving the same bytes from one socket to
+another over loopback TCP, with no HTTP, broker or decoding. Targets (issue 26): the read
+at >= 0.85 of the ready-made source's rows/s, and the sink at >= 100,000 rows/s.
 
     python bench/spark_bench.py [--records 1000000] [--repeats 3] [--only read|write]
         [--conf KEY=VALUE ...] [--json]
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -132,6 +134,32 @@ def ceiling_batch(rows: int, partition: int) -> pa.RecordBatch:
         offsets,  # index
     ]  # fmt: skip
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
+
+
+def loopback_transfer(size_bytes: int) -> None:
+    """`size_bytes` from one thread of this process to another over loopback TCP in 16 MiB
+    sends, received into one reused buffer: nothing parsed, checked or kept. What moving the
+    read's bytes between two processes costs the machine, HTTP, brokers and decoding aside."""
+    chunk = bytes(READ_MAX_BYTES)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sender = socket.create_connection(server.getsockname())
+        receiver, _ = server.accept()
+
+        def send() -> None:
+            with sender:
+                left = size_bytes
+                while left > 0:
+                    sender.sendall(memoryview(chunk)[: min(len(chunk), left)])
+                    left -= len(chunk)
+
+        with ThreadPoolExecutor(1) as pool, receiver:
+            sent = pool.submit(send)
+            buffer = memoryview(bytearray(len(chunk)))
+            received = 0
+            while count := receiver.recv_into(buffer):
+                received += count
+            sent.result()
+    assert received == size_bytes, received
 
 
 def cpu_s(pid: int) -> float:
@@ -269,6 +297,10 @@ def main() -> int:
 
             if args.only != "write":
                 results["python_read"] = summary(records, timed(plain, args.repeats, pids))
+                results["loopback"] = summary(
+                    records,
+                    timed(lambda: loopback_transfer(records * RECORD_BYTES), args.repeats, pids),
+                )
 
             builder = (
                 SparkSession.builder.master("local[2]")
@@ -337,6 +369,7 @@ def report(results: dict[str, Any]) -> None:
         ("spark_read", "laminar source into noop"),
         ("spark_write", "spark.range into the laminar sink"),
         ("python_read", "read_range, one Python process, no Spark"),
+        ("loopback", "the same bytes over loopback TCP, no more"),
     ):
         if name not in results:
             continue
