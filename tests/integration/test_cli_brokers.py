@@ -3,7 +3,8 @@ against three real TLS broker processes, as `laminar local-cluster up` runs them
 
 Any broker of the list that answers will do: with the first one stopped, commands still work,
 whether the list comes from --brokers or $LAMINAR_BROKERS (and `bench` takes the same list). The
-default list is local-cluster's three brokers. `bench produce` says on stderr that it is creating
+default list is local-cluster's three brokers, and a client given no brokers finds them (and
+its CA file) as the commands do. `bench produce` says on stderr that it is creating
 its topic and waiting for its leaders (seconds that would pass in silence without a terminal),
 and says nothing when the topic exists.
 """
@@ -11,6 +12,7 @@ and says nothing when the topic exists.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from laminar.client import Client, LaminarError
 from laminar.client.config import DEFAULT_BROKERS
 from laminar.local_cluster import LocalCluster
 
@@ -61,6 +64,33 @@ def test_the_default_brokers_are_local_clusters_three(tmp_path: Path) -> None:
     assert list(DEFAULT_BROKERS) == LocalCluster(tmp_path, 3, tls=True).urls
     help_text = " ".join(ok(run("topic", "list", "--help", env=environment())).split())
     assert "https://127.0.0.{11,12,13}:7070" in help_text
+
+
+def test_a_client_given_no_brokers_finds_them_as_the_commands_do(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # what `local-cluster up` tells a user to export, and no configuration file
+    for name in [n for n in os.environ if n.startswith("LAMINAR_")]:
+        monkeypatch.delenv(name)
+    exported = client_env(cluster, LAMINAR_BROKERS=",".join(cluster.urls))
+    for name, value in exported.items():
+        if name.startswith("LAMINAR_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAMINAR_CONFIG", str(tmp_path / "none.yaml"))
+    topic = unique("found")
+    with Client(timeout_s=TIMEOUT_S) as client:  # brokers, CA file and token: all found
+        assert client.async_client.brokers == cluster.urls
+        client.create_topic(topic, partitions=2)
+        assert client.produce(topic, [b"found"])
+    # the CA came from $LAMINAR_CA_FILE: without it, the brokers' certificates are not trusted
+    monkeypatch.delenv("LAMINAR_CA_FILE")
+    with Client(timeout_s=TIMEOUT_S) as client, pytest.raises(LaminarError) as refused:
+        client.topics()
+    assert refused.value.code == "tls_error", refused.value
+    # nothing given anywhere: local-cluster's three, as the commands' default
+    monkeypatch.delenv("LAMINAR_BROKERS")
+    with Client() as client:
+        assert client.async_client.brokers == list(DEFAULT_BROKERS)
 
 
 def test_bench_produce_says_it_creates_its_topic(cluster: LocalCluster) -> None:

@@ -121,7 +121,7 @@ from laminar.models.group_admin import (
 from laminar.placement import Candidate, partition_key, rank
 from laminar.tls import client_context
 
-from .config import resolve, resolve_token
+from .config import DEFAULT_BROKERS, resolve, resolve_token
 from .errors import (
     Conflict,
     CorruptData,
@@ -420,7 +420,10 @@ def _corrupt(answer: _Answer, error: Exception) -> LaminarError:
 
 
 class AsyncClient:
-    """Client of a Laminar cluster. `brokers`: base URLs of some brokers (any will do).
+    """Client of a Laminar cluster. `brokers`: base URLs of some brokers (any will do); None:
+    found as the `laminar` commands find them, in `context=`'s, $LAMINAR_BROKERS, the current
+    context, else local-cluster's defaults (DEFAULT_BROKERS), with the CA file likewise
+    (`context=`'s, $LAMINAR_CA_FILE, the current context's) unless `ca_file` or `ssl_context`.
 
     Use as `async with AsyncClient([...]) as client:` or call `close()`. One instance serves
     many concurrent calls (it keeps a pool of keep-alive connections) but belongs to the event
@@ -433,7 +436,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        brokers: Sequence[str],
+        brokers: Sequence[str] | str | None = None,
         *,
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -448,11 +451,13 @@ class AsyncClient:
         #: the bearer token: `token`, else `token_file`'s, else `context`'s, else $LAMINAR_TOKEN,
         #: $LAMINAR_TOKEN_FILE, the current context of ~/.config/laminar/config.yaml
         #: (laminar.client.config; ClientConfigError, a ValueError, if one is unreadable)
-        if context:
+        if context or brokers is None:
             settings = resolve(token=token, token_file=token_file, context=context)
             token = settings.token
             if ca_file is None and ssl_context is None and settings.ca_file:
                 ca_file = settings.ca_file
+            if brokers is None:
+                brokers = settings.brokers or DEFAULT_BROKERS
         else:
             token = resolve_token(token, token_file)
         #: TLS for https:// brokers: their certificates verified against `ca_file`'s CAs (else

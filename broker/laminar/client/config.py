@@ -12,12 +12,13 @@ The token, the first found:
 6. the context `$LAMINAR_CONTEXT` names, else the file's `current-context`: its token;
 7. none: requests go without a token (only a broker run with --allow-anonymous serves them).
 
-The brokers (the CLI; `AsyncClient` is always given them) and the CA file (for https://
-brokers) follow the same order: `--brokers` / `--ca-file`, the explicit context,
+The brokers (the CLI's, and `AsyncClient`'s when it is given none) and the CA file (for
+https:// brokers) follow the same order: `--brokers` / `--ca-file`, the explicit context,
 `$LAMINAR_BROKERS` / `$LAMINAR_CA_FILE`, the environment's or current context. The brokers are
 a list (comma-separated in a flag or variable) and any one that answers will do, as a Kafka
 client's bootstrap servers: one broker down fails nothing. Where none is given the CLI uses
-DEFAULT_BROKERS, the three brokers `laminar local-cluster up` starts by default.
+DEFAULT_BROKERS, the three brokers `laminar local-cluster up` starts by default, and so does
+`AsyncClient()`.
 
 The configuration file is `$LAMINAR_CONFIG`, else `$XDG_CONFIG_HOME/laminar/config.yaml`, else
 `~/.config/laminar/config.yaml`; a missing file is no context at all:

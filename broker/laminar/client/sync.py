@@ -72,7 +72,7 @@ class Client:
 
     def __init__(
         self,
-        brokers: Sequence[str],
+        brokers: Sequence[str] | str | None = None,
         *,
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
