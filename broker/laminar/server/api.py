@@ -47,6 +47,7 @@ from ..contract import (
 from ..credentials import internal_token
 from ..log.batch import (
     BATCH_HEADER_BYTES,
+    BatchHeader,
     encode_batch,
     parse_header,
     records_from,
@@ -376,6 +377,26 @@ class Api:
                 f"Content-Encoding {encoding[:40]!r} is not supported: send the body as it is",
                 close=True,
             )
+
+    async def checked_batch(self, batch: bytes, limit_bytes: int) -> BatchHeader:
+        """The header of a batch a client appends, once checked (else ApiError: 413 over
+        `limit_bytes`, 400 for a corrupt or a control batch). A compressed batch is decompressed
+        to check its records: in a worker thread for all but small ones (the codecs let go of
+        the GIL), so that the event loop never waits on it."""
+        try:
+            compressed = parse_header(batch).is_compressed
+            header, _ = await self._decode(
+                lambda data: verify_batch(data, limit_bytes),
+                batch,
+                INLINE_APPEND_BYTES if compressed else len(batch),
+            )
+        except BatchTooLargeError as e:
+            raise ApiError(413, "payload_too_large", str(e)) from e
+        except BatchError as e:
+            raise ApiError(400, "corrupt_batch", str(e)) from e
+        if header.is_control:
+            raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
+        return header
 
     async def _decode(self, decode: Callable[[bytes], T], body: bytes, inline_bytes: int) -> T:
         """`decode(body)`: on the event loop when the body is at most `inline_bytes`, else in
@@ -847,21 +868,7 @@ class Api:
             body = await read_body(request, self.body_timeout_s)
             limit = replica.log.config.batch_limit_bytes
             if request.content_type == BATCH_TYPE:
-                try:
-                    # a compressed batch is decompressed to check its records: in a worker
-                    # thread for all but small bodies (the codecs let go of the GIL)
-                    compressed = parse_header(body).is_compressed
-                    header, _ = await self._decode(
-                        lambda data: verify_batch(data, limit),
-                        body,
-                        INLINE_APPEND_BYTES if compressed else len(body),
-                    )
-                except BatchTooLargeError as e:
-                    raise ApiError(413, "payload_too_large", str(e)) from e
-                except BatchError as e:
-                    raise ApiError(400, "corrupt_batch", str(e)) from e
-                if header.is_control:
-                    raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
+                header = await self.checked_batch(body, limit)
                 batch = body
             else:
                 batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)

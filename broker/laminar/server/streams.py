@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import WSMsgType, web
 
-from ..log.batch import verify_batch
-from ..log.errors import BatchError, BatchTooLargeError
 from ..partition.errors import (
     CommitLost,
     CommitUnknown,
@@ -178,13 +176,9 @@ class _Stream:
                 authorized_at = now
             batch = message.data
             try:
-                header, _ = verify_batch(batch, limit)
-            except BatchTooLargeError as e:
-                return ApiError(413, "payload_too_large", str(e))
-            except BatchError as e:
-                return ApiError(400, "corrupt_batch", str(e))
-            if header.is_control:
-                return ApiError(400, "corrupt_batch", "control batches are for Raft only")
+                header = await self.api.checked_batch(batch, limit)
+            except ApiError as e:
+                return e
             if header.is_transactional:
                 try:
                     check_transactional(
