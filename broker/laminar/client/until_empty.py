@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from .client import AsyncClient
 from .group import Delivery, GroupConsumer
-from .models import Acquired, Settled, TopicDescription
+from .models import Acquired
 
 
 class EmptyWatch:
@@ -36,9 +36,6 @@ class EmptyWatch:
         self._applied: set[int] = set()  # partitions whose leader applied up to their end
         self._done: set[int] = set()  # partitions whose latest acquire found nothing, applied
         self.ended = asyncio.Event()
-
-    async def describe_topic(self, name: str, /) -> TopicDescription:
-        return await self._client.describe_topic(name)
 
     async def acquire(
         self,
@@ -76,37 +73,8 @@ class EmptyWatch:
                 self._applied.add(partition)
         return acquired
 
-    async def accept(
-        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
-    ) -> Settled:
-        return await self._client.accept(topic, partition, group, consumer, indexes)
-
-    async def release(
-        self, topic: str, partition: int, group: str, consumer: str, indexes: Sequence[int]
-    ) -> Settled:
-        return await self._client.release(topic, partition, group, consumer, indexes)
-
-    async def reject(
-        self,
-        topic: str,
-        partition: int,
-        group: str,
-        consumer: str,
-        indexes: Sequence[int],
-        reason: str | None = None,
-    ) -> Settled:
-        return await self._client.reject(topic, partition, group, consumer, indexes, reason)
-
-    async def renew(
-        self,
-        topic: str,
-        partition: int,
-        group: str,
-        consumer: str,
-        indexes: Sequence[int],
-        lease_ms: int,
-    ) -> Settled:
-        return await self._client.renew(topic, partition, group, consumer, indexes, lease_ms)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)  # settling, describing: the client's own calls
 
 
 async def until_end(
