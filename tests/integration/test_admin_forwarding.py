@@ -1,5 +1,5 @@
-"""Metadata writes sent to any broker, and topic creation that waits for leaders (issue 26,
-"A newcomer's first hour"; docs/api.md "Cluster" and "Topics"), against real brokers.
+"""Metadata writes sent to any broker, and topic creation and growth that wait for leaders
+(issue 26, "A newcomer's first hour"; docs/api.md "Cluster" and "Topics"), against real brokers.
 
 A plain HTTP client that does not follow a 307 for a POST, PATCH or DELETE (Python's urllib)
 creates a topic, changes its config, drains and undrains a node and deletes the topic through
@@ -149,6 +149,27 @@ async def test_admin_writes_sent_with_urllib_to_a_follower_are_answered_there(
     assert status == 200 and altered["config"] == {"retention_ms": 3_600_000}, altered
     status, _, described = await ahttp("GET", f"{entry}/v1/topics/{name}", token)
     assert described["config"] == {"retention_ms": 3_600_000}, described
+
+    # more partitions, at the same broker: answered once the new ones have leaders too, and
+    # the first append to each is one request to the leader named
+    grown = PARTITIONS + 2
+    body = {"partitions": grown}
+    status, _, altered = await ahttp("PATCH", f"{entry}/v1/topics/{name}", token, body)
+    assert status == 200 and altered["partitions"] == grown, altered
+    added = altered["partition_states"][PARTITIONS:]
+    assert [s["partition"] for s in added] == [PARTITIONS, PARTITIONS + 1], altered
+    assert all(s["leader"] and s["leader_url"] for s in added), added
+    for state in added:
+        p = state["partition"]
+        url = f"{state['leader_url']}/v1/topics/{name}/partitions/{p}/records"
+        status, _, appended = await ahttp("POST", url, token, {"records": [{"value": "new"}]})
+        assert status == 200, (p, appended)
+    status, _, refused = await ahttp(
+        "PATCH", f"{entry}/v1/topics/{name}?wait_for_leaders=maybe", token, {"partitions": 9}
+    )
+    assert status == 400 and "wait_for_leaders" in refused["error"]["message"], refused
+    status, _, described = await ahttp("GET", f"{entry}/v1/topics/{name}", token)
+    assert described["partitions"] == grown, described  # (the refusal changed nothing)
 
     # the leader's refusals, as it would answer them
     status, _, refused = await ahttp("POST", entry + "/v1/topics", token, wanted)

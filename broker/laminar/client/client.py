@@ -664,11 +664,16 @@ class AsyncClient:
         name: str,
         partitions: int | None = None,
         config: Mapping[str, Any] | None = None,
+        *,
+        wait_for_leaders: bool = True,
     ) -> TopicDescription:
-        """`PATCH /v1/topics/{name}`: grow the partition count and/or change the config."""
+        """`PATCH /v1/topics/{name}`: grow the partition count and/or change the config. New
+        partitions have their leaders when it returns, as `create_topic`'s do (unless
+        `wait_for_leaders=False`)."""
         wanted = AlterTopicRequest(partitions, None if config is None else dict(config))
         call = contract.ALTER_TOPIC.at(topic=name)
-        answer = await self._call(*call, json_body=wanted.to_json(), target=_META)
+        query = None if wait_for_leaders else {contract.WAIT_FOR_LEADERS: "false"}
+        answer = await self._call(*call, query=query, json_body=wanted.to_json(), target=_META)
         return self._remember_topic(_answer_as(answer, TopicDescription))
 
     async def delete_topic(self, name: str) -> None:

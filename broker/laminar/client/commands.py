@@ -284,13 +284,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KEY=VALUE",
         help="log settings, e.g. retention_ms=3600000 segment_bytes=1048576",
     )
-    create.add_argument(
-        "--no-wait-for-leaders",
-        dest="wait_for_leaders",
-        action="store_false",
-        help="answer once the topic is created, before its partitions have leaders (default: "
-        "once each has one, up to the broker's request timeout)",
-    )
+    no_wait_for_leaders(create, "the topic is created")
     leaf(topics, "list", _topic_list, "list the topics")
     from .group_commands import add_offsets_command
 
@@ -309,6 +303,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KEY=VALUE",
         help="log settings to change (KEY=null: back to the default)",
     )
+    no_wait_for_leaders(alter, "the partitions are added")
     delete = leaf(topics, "delete", _topic_delete, "delete a topic and its records")
     delete.add_argument("name", help="the topic")
 
@@ -791,6 +786,17 @@ async def _topic_describe(client: AsyncClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def no_wait_for_leaders(parser: argparse.ArgumentParser, done: str) -> None:
+    """`--no-wait-for-leaders` of a command that may make partitions."""
+    parser.add_argument(
+        "--no-wait-for-leaders",
+        dest="wait_for_leaders",
+        action="store_false",
+        help=f"answer once {done}, before the new partitions have leaders (default: once "
+        "each has one, up to the broker's request timeout)",
+    )
+
+
 async def _topic_alter(client: AsyncClient, args: argparse.Namespace) -> int:
     if args.partitions is None and not args.config:
         raise UsageError("nothing to alter: give --partitions and/or --config")
@@ -798,6 +804,7 @@ async def _topic_alter(client: AsyncClient, args: argparse.Namespace) -> int:
         args.name,
         partitions=args.partitions,
         config=_config(args.config) if args.config else None,
+        wait_for_leaders=args.wait_for_leaders,
     )
     if args.json:
         _print_json(description.to_json())

@@ -811,10 +811,15 @@ class Api:
         return json_response(PartitionList(rows).to_json())
 
     async def alter_topic(self, request: web.Request) -> web.Response:
+        """Grow the partitions and/or change the config; with new partitions, answer once
+        each has a leader, as a creation does (`?wait_for_leaders=false`: at once)."""
         name = self._topic_name(request)
+        wait = _query_choice(request.query, WAIT_FOR_LEADERS, ("true", "false")) == "true"
         await self._topic(name)
         wanted = parsed(AlterTopicRequest, await self._json(request))
         await self._metadata(request, AlterTopic(name, wanted.partitions, wanted.config))
+        if wait and wanted.partitions is not None:
+            await self._leaders_known(name, self.timeout_s)
         return json_response((await self.describe(name)).to_json())
 
     async def delete_topic(self, request: web.Request) -> web.Response:
