@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from hypothesis import HealthCheck, settings
+
 #: False under LAMINAR_FUZZ_RANDOM=1: every run draws other examples.
 DERANDOMIZE = not os.environ.get("LAMINAR_FUZZ_RANDOM")
 
@@ -18,3 +20,16 @@ DERANDOMIZE = not os.environ.get("LAMINAR_FUZZ_RANDOM")
 def fuzz_examples(ci_examples: int) -> int:
     """How many examples a fuzz test runs: `ci_examples`, unless LAMINAR_FUZZ_EXAMPLES says."""
     return max(1, int(os.environ.get("LAMINAR_FUZZ_EXAMPLES") or ci_examples))
+
+
+def decoder_settings(ci_examples: int) -> settings:
+    """Hypothesis settings of a binary decoder's fuzz test: `fuzz_examples(ci_examples)`
+    examples, derandomized unless LAMINAR_FUZZ_RANDOM, no example database, no deadline."""
+    return settings(
+        max_examples=fuzz_examples(ci_examples),
+        derandomize=DERANDOMIZE,
+        print_blob=not DERANDOMIZE,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )

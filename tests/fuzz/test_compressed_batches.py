@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from laminar.log.batch import (
@@ -32,17 +32,10 @@ from laminar.log.compression import (
 )
 from laminar.log.errors import BatchError, DecompressionError
 
-from . import DERANDOMIZE, fuzz_examples
+from . import decoder_settings
 from .strategies import U64, mutated, records, resealed
 
-FUZZ = settings(
-    max_examples=fuzz_examples(300),
-    derandomize=DERANDOMIZE,
-    print_blob=not DERANDOMIZE,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = decoder_settings(300)
 #: the append limit of the fuzzed batches' records, decompressed
 LIMIT_BYTES = 1 << 16
 

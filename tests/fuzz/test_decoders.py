@@ -25,7 +25,7 @@ import os
 import struct
 from typing import Any
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from laminar.log.batch import (
@@ -59,17 +59,10 @@ from laminar.swim.messages import (
     Sync,
 )
 
-from . import DERANDOMIZE, fuzz_examples
+from . import decoder_settings
 from .strategies import NOW_MS, U64, batches, fuzzed, resealed, texts
 
-FUZZ = settings(
-    max_examples=fuzz_examples(300),
-    derandomize=DERANDOMIZE,
-    print_blob=not DERANDOMIZE,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = decoder_settings(300)
 CLUSTER = "fuzz-cluster"
 SECRET = b"fuzz-secret-0123456789abcdef0123"
 U32 = 2**32 - 1
