@@ -207,6 +207,35 @@ async def test_a_wrong_token_is_refused_and_logins_are_limited(console: Console)
     assert console.tokens["admin"] not in console.cluster.tail("n3", 2000)
 
 
+async def test_a_login_from_another_sites_page_is_refused(console: Console) -> None:
+    """Login CSRF: a page elsewhere posting a token of its own would log the victim's browser
+    in as someone else. Refused by Sec-Fetch-Site, or Origin where a browser sends no
+    Sec-Fetch-Site; the console's own form, and clients that are not browsers, log in."""
+    base = console.cluster.urls[0]
+    token = console.tokens["admin"]
+    async with aiohttp.ClientSession() as session:
+        for headers in (
+            {"Sec-Fetch-Site": "cross-site", "Origin": "https://elsewhere.example"},
+            {"Sec-Fetch-Site": "same-site", "Origin": "https://console.elsewhere.example"},
+            {"Origin": "https://elsewhere.example"},
+            {"Origin": "null"},
+        ):
+            async with session.post(
+                base + "/console/login", data={"token": token}, headers=headers,
+                allow_redirects=False,
+            ) as response:  # fmt: skip
+                text = await response.text()
+                assert response.status == 403, (headers, response.status, text)
+                assert COOKIE_NAME not in response.cookies and "is refused" in text, headers
+        for headers in ({"Sec-Fetch-Site": "same-origin", "Origin": base}, {"Origin": base}, {}):
+            async with session.post(
+                base + "/console/login", data={"token": token}, headers=headers,
+                allow_redirects=False,
+            ) as response:  # fmt: skip
+                await response.read()
+                assert response.status == 303 and COOKIE_NAME in response.cookies, headers
+
+
 async def _csrf(session: aiohttp.ClientSession, base: str, cookie: str) -> str:
     status, text, _ = await _page(session, base + "/console/cluster", cookie)
     assert status == 200

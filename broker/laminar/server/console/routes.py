@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 import orjson
@@ -108,6 +108,22 @@ PATHS = (
 def is_console_route(path: str) -> bool:
     """Is `path` (a route as aiohttp spells it) one of the console's, not the API's?"""
     return path in PATHS
+
+
+def _cross_site(request: web.Request) -> str | None:
+    """Why a browser's POST came from another site's page (None: it did not, or it is not a
+    browser's: a client that sends neither header is not acting for a victim's browser).
+    Sec-Fetch-Site, which browsers set themselves, decides; without it (older browsers) the
+    Origin's host must be the one asked (not its scheme: a proxy may end TLS before us)."""
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        if fetch_site in ("same-origin", "none"):
+            return None
+        return f"a login from a {fetch_site[:20]} page is refused: open the console itself"
+    origin = request.headers.get("Origin")
+    if origin is not None and (origin == "null" or urlsplit(origin).netloc != request.host):
+        return "a login from another origin's page is refused: open the console itself"
+    return None
 
 
 class ConsoleError(Exception):
@@ -388,7 +404,12 @@ class Console:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         """Check a token as the API does; a session cookie for its principal. Failures are
-        counted per client address (LoginLimiter) and logged without the token."""
+        counted per client address (LoginLimiter) and logged without the token. A login a
+        browser sends from another site's page is refused before anything is read (login
+        CSRF: it would log the victim in as someone else), by the request's Sec-Fetch-Site
+        and Origin headers (no form token: there is no session yet to bind one to)."""
+        if (refused := _cross_site(request)) is not None:
+            return self._error(None, 403, refused)
         address = request.remote or "unknown"
         now_s = time.time()
         if not self.limiter.allowed(address, now_s):
