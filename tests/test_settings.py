@@ -16,7 +16,13 @@ import pytest
 import yaml
 
 from laminar import settings
-from laminar.server.config import BrokerConfig, add_arguments, from_arguments, new_secret
+from laminar.server.config import (
+    OTLP_URL,
+    BrokerConfig,
+    add_arguments,
+    from_arguments,
+    new_secret,
+)
 from laminar.settings import SETTINGS, Setting
 from laminar.workers import usable_cores
 from laminar_operator import manifests
@@ -197,7 +203,8 @@ def test_crd_paths_exist_with_the_tables_default_and_type(path: Path) -> None:
             continue
         if "default" in schema:
             assert schema["default"] == default, setting.crd_path
-        assert schema.get("minimum", default) <= default <= schema.get("maximum", default)
+        if default is not None:  # (None: unset, the feature off, as otelEndpoint)
+            assert schema.get("minimum", default) <= default <= schema.get("maximum", default)
 
 
 def test_every_spec_config_field_is_a_setting_or_a_topic_default() -> None:
@@ -251,7 +258,13 @@ def test_the_spec_reaches_the_brokers(clean_env: pytest.MonkeyPatch) -> None:
             continue
         schema = schema_at(crd_spec(), setting.crd_path)
         bounds = [schema.get("minimum", 1), schema.get("maximum")]
-        values = [schema["enum"][-1]] if "enum" in schema else bounds
+        values = (
+            [schema["enum"][-1]]
+            if "enum" in schema
+            else [schema["example"]]
+            if "example" in schema
+            else bounds
+        )
         value = next(v for v in values if v is not None and v != setting.default)
         holder = cluster
         *parents, last = setting.crd_path.split(".")
@@ -271,6 +284,25 @@ def test_the_spec_reaches_the_brokers(clean_env: pytest.MonkeyPatch) -> None:
     plain = manifests.broker_settings(CLUSTER, 3)
     assert settings.variable(settings.SEGMENT_BYTES) not in plain
     assert plain[settings.variable(settings.FSYNC)] == settings.FSYNC.default.value
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://collector:4318/v1/traces",
+        "https://10.0.0.7:4318",
+        "https://collector?x=1",
+        "collector:4318",
+        "http://",
+        "http:///v1/traces",
+        "http://collector /v1/traces",
+        "ftp://collector",
+    ],
+)
+def test_the_crds_tracing_url_is_what_the_brokers_take(url: str) -> None:
+    """The CRD refuses an otelEndpoint the brokers would refuse (they would not start)."""
+    pattern = schema_at(crd_spec(), settings.OTEL_ENDPOINT.crd_path or "")["pattern"]
+    assert bool(re.search(pattern, url)) == bool(OTLP_URL.fullmatch(url)), url
 
 
 def test_the_ports_are_the_tables() -> None:

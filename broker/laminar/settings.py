@@ -387,6 +387,7 @@ LOG_LEVEL = Setting(
     "(docs/logging.md)",
     flag="--log-level",
     env="LAMINAR_LOG_LEVEL",
+    crd_path="spec.config.logLevel",
 )
 LOG_FORMAT = Setting(
     "log_format",
@@ -396,6 +397,7 @@ LOG_FORMAT = Setting(
     "partition of the request being served (docs/logging.md)",
     flag="--log-format",
     env="LAMINAR_LOG_FORMAT",
+    crd_path="spec.config.logFormat",
 )
 OTEL_ENDPOINT = Setting(
     "otel_endpoint",
@@ -406,6 +408,7 @@ OTEL_ENDPOINT = Setting(
     "laminar-mq[tracing] extra (unset: no tracing)",
     flag="--otel-endpoint",
     env="LAMINAR_OTEL_ENDPOINT",
+    crd_path="spec.config.otelEndpoint",
 )
 SETTINGS: tuple[Setting[Any], ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Setting)

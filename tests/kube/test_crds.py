@@ -42,6 +42,7 @@ def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) ->
     assert cluster["spec"]["workersPerPod"] == 1  # defaulted by the schema
     assert cluster["spec"]["tls"] == {"enabled": True}  # TLS unless turned off
     assert cluster["spec"]["imagePullPolicy"] == "IfNotPresent"
+    assert "logLevel" not in cluster["spec"]["config"]  # unset: the brokers' own default
     topic = crds.get("lmt/orders", "-n", namespace)  # short name
     assert topic["spec"]["partitions"] == 4 and topic["spec"]["cluster"] == "demo"
     table = crds.kubectl("get", "laminarclusters", "-n", namespace).stdout
@@ -58,6 +59,8 @@ def test_examples_apply_and_get_their_defaults(crds: KubeApi, namespace: str) ->
         (lambda s: s.update(replicas=0), "spec.replicas"),
         (lambda s: s.update(replicas=2), "replicationFactor may not exceed replicas"),
         (lambda s: s["config"].update(fsync="sometimes"), "spec.config.fsync"),
+        (lambda s: s["config"].update(logFormat="xml"), "spec.config.logFormat"),
+        (lambda s: s["config"].update(otelEndpoint="collector:4318"), "spec.config.otelEndpoint"),
         (lambda s: s["storage"].update(size="lots"), "spec.storage.size"),
         (lambda s: s.update(workersPerPod=65), "spec.workersPerPod"),  # 64 at most
         (lambda s: s.update(tls={"enabled": "yes"}), "spec.tls.enabled"),
