@@ -87,6 +87,7 @@ def test_the_token_is_resolved_on_the_driver(
         ({**BROKERS, "topic": "t", "startingOffsets": "soon"}, False, "earliest, latest or JSON"),
         ({**BROKERS, "topic": "t", "startingOffsets": '{"t": {"x": 1}}'}, False, "t/x"),
         ({**BROKERS, "topic": "t", "startingOffsets": '{"t": {"0": -3}}'}, False, "t/0"),
+        ({**BROKERS, "topic": "t", "startingOffsets": '{"t": {"0": true}}'}, False, "t/0"),
         ({**BROKERS, "topic": "t", "maxRecordsPerTrigger": "0"}, True, "positive integer"),
         ({**BROKERS, "topic": "t", "maxOffsetsPerTrigger": "x"}, True, "maxOffsetsPerTrigger"),
         ({**BROKERS, "topic": "t", "failOnDataLoss": "yes"}, False, "true or false"),

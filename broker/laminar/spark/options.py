@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -333,19 +333,9 @@ def spec(value: str, name: str) -> str | Offsets:
         raise OptionError(f"{name} must be earliest, latest or JSON, not {value!r}") from None
     if not isinstance(parsed, dict):
         raise OptionError(f'{name}: expected {{"topic": {{"0": 23}}}}, got {value!r}')
-    out: Offsets = {}
-    for topic, partitions in parsed.items():
-        if not isinstance(partitions, dict):
-            raise OptionError(f"{name}: the partitions of {topic!r} must be an object")
-        out[topic] = {}
-        for partition, index in partitions.items():
-            if not str(partition).isdigit() or not isinstance(index, int) or index < EARLIEST:
-                raise OptionError(
-                    f"{name}: {topic}/{partition} must map a partition number to an index "
-                    f"(or -2 earliest, -1 latest), got {index!r}"
-                )
-            out[topic][str(int(partition))] = index
-    return out
+    return _per_partition(
+        parsed, name, lambda index: index >= EARLIEST, "an index (or -2 earliest, -1 latest)"
+    )
 
 
 def timestamps(value: str, name: str) -> Timestamps:
@@ -356,23 +346,36 @@ def timestamps(value: str, name: str) -> Timestamps:
         parsed = None
     if not isinstance(parsed, dict):
         raise OptionError(f'{name} must be JSON such as {{"orders": {{"0": 1700000000000}}}}')
-    out: Timestamps = {}
+    return _per_partition(
+        parsed,
+        name,
+        lambda stamp: MIN_TIMESTAMP_MS <= stamp <= MAX_TIMESTAMP_MS,
+        "a timestamp in ms since the epoch",
+    )
+
+
+def _per_partition(
+    parsed: dict[Any, Any], name: str, valid: Callable[[int], bool], what: str
+) -> dict[str, dict[str, int]]:
+    """`{"topic": {"0": n}}` checked: every topic's value an object, every key a partition
+    number, every value an integer (not a bool) that `valid` takes; `what` names it."""
+    out: dict[str, dict[str, int]] = {}
     for topic, partitions in parsed.items():
         if not isinstance(partitions, dict):
             raise OptionError(f"{name}: the partitions of {topic!r} must be an object")
         out[topic] = {}
-        for partition, stamp in partitions.items():
+        for partition, value in partitions.items():
             if (
                 not str(partition).isdigit()
-                or not isinstance(stamp, int)
-                or isinstance(stamp, bool)
-                or not MIN_TIMESTAMP_MS <= stamp <= MAX_TIMESTAMP_MS
+                or not isinstance(value, int)
+                or isinstance(value, bool)
+                or not valid(value)
             ):
                 raise OptionError(
-                    f"{name}: {topic}/{partition} must map a partition number to a timestamp "
-                    f"in ms since the epoch, got {stamp!r}"
+                    f"{name}: {topic}/{partition} must map a partition number to {what}, "
+                    f"got {value!r}"
                 )
-            out[topic][str(int(partition))] = stamp
+            out[topic][str(int(partition))] = value
     return out
 
 
