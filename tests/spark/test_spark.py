@@ -32,6 +32,7 @@ from laminar.client import Client  # noqa: E402
 from laminar.local_cluster import LocalCluster  # noqa: E402
 from laminar.log.batch import Record  # noqa: E402
 from laminar.spark import register  # noqa: E402
+from laminar.spark.jar import JarBuildError, jar_path  # noqa: E402
 from laminar.spark.options import Options, Range  # noqa: E402
 from laminar.spark.source import bounds_of, read_range  # noqa: E402
 
@@ -39,6 +40,18 @@ from ..integration.conftest import make_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_VERSION = tuple(int(x) for x in pyspark.__version__.split(".")[:2])
+#: the Python source, and the JVM one (laminar-jvm: batch reads only) with the same options
+FORMATS = ("laminar", "laminar-jvm")
+try:
+    JAR: Path | None = jar_path()
+    NO_JAR = ""
+except JarBuildError as e:  # pragma: no cover (CI has a JDK)
+    JAR, NO_JAR = None, str(e)
+
+
+def needs_jar(fmt: str) -> None:
+    if fmt == "laminar-jvm" and JAR is None:
+        pytest.skip(f"the laminar-jvm jar could not be built: {NO_JAR}")
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +67,8 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        # (on the driver's class path from its start: the first session of the process)
+        .config("spark.jars", str(JAR or ""))
         .getOrCreate()
     )
     register(session)
@@ -97,8 +112,11 @@ def create(cluster: LocalCluster, topic: str, partitions: int, **config: Any) ->
         client.create_topic(topic, partitions=partitions, replication_factor=3, config=config)
 
 
-def source(spark: SparkSession, cluster: LocalCluster, topic: str, **options: str) -> Any:
-    reader = spark.read.format("laminar").option("brokers", ",".join(cluster.urls))
+def source(
+    spark: SparkSession, cluster: LocalCluster, topic: str, fmt: str = "laminar", **options: str
+) -> Any:
+    needs_jar(fmt)
+    reader = spark.read.format(fmt).option("brokers", ",".join(cluster.urls))
     reader = reader.option("tokenFile", str(cluster.token_file))  # read on the driver
     for name, value in {"topic": topic, **options}.items():
         reader = reader.option(name, value)
@@ -112,13 +130,18 @@ def triples(df: DataFrame) -> list[tuple[int, bytes | None, bytes]]:
     )
 
 
-def test_a_batch_read_is_what_was_produced(spark: SparkSession, brokers: LocalCluster) -> None:
-    create(brokers, "known", 3)
-    made = produce(brokers, "known", 3, 200)
-    df = source(spark, brokers, "known", includeHeaders="true", minPartitions="7").load()
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_batch_read_is_what_was_produced(
+    spark: SparkSession, brokers: LocalCluster, fmt: str
+) -> None:
+    needs_jar(fmt)
+    known = f"known-{fmt}"
+    create(brokers, known, 3)
+    made = produce(brokers, known, 3, 200)
+    df = source(spark, brokers, known, fmt, includeHeaders="true", minPartitions="7").load()
     assert df.rdd.getNumPartitions() >= 7  # ranges split
     assert triples(df) == sorted(((p, k, v) for p, k, v in made), key=lambda t: (t[0], t[2]))
-    assert df.select("topic").distinct().collect()[0]["topic"] == "known"
+    assert df.select("topic").distinct().collect()[0]["topic"] == known
     indexes = df.groupBy("partition").agg({"index": "min", "*": "count"}).collect()
     assert all(row["count(1)"] == 200 for row in indexes)
     with_headers = df.where("size(headers) > 0").count()
@@ -126,35 +149,36 @@ def test_a_batch_read_is_what_was_produced(spark: SparkSession, brokers: LocalCl
     # an explicit range: JSON offsets, the end exclusive
     first = {r["partition"]: r["min(index)"] for r in indexes}
     ranged = source(
-        spark, brokers, "known",
-        startingOffsets=f'{{"known": {{"0": {first[0] + 10}}}}}',
-        endingOffsets=f'{{"known": {{"0": {first[0] + 20}, "1": -1, "2": -1}}}}',
+        spark, brokers, known, fmt,
+        startingOffsets=f'{{"{known}": {{"0": {first[0] + 10}}}}}',
+        endingOffsets=f'{{"{known}": {{"0": {first[0] + 20}, "1": -1, "2": -1}}}}',
     ).load()  # fmt: skip
     counts = {r["partition"]: r["count"] for r in ranged.groupBy("partition").count().collect()}
     assert counts == {0: 10, 1: 200, 2: 200}
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_the_kafka_connectors_options_and_columns(
-    spark: SparkSession, brokers: LocalCluster
+    spark: SparkSession, brokers: LocalCluster, fmt: str
 ) -> None:
     """What a Kafka connector user writes works as it does there: kafka.bootstrap.servers,
     subscribePattern, assign, startingTimestamp; the columns offset and timestampType."""
-    for name, partitions in (("kafka-a", 2), ("kafka-b", 1), ("kafka-other", 1)):
+    needs_jar(fmt)
+    k = f"{fmt}-kafka"
+    for name, partitions in ((f"{k}-a", 2), (f"{k}-b", 1), (f"{k}-other", 1)):
         create(brokers, name, partitions)
-    produce(brokers, "kafka-a", 2, 30)
-    produce(brokers, "kafka-other", 1, 5)
+    produce(brokers, f"{k}-a", 2, 30)
+    produce(brokers, f"{k}-other", 1, 5)
     base_ms = 1_800_000_000_000
     with Client(brokers.urls, token=brokers.token) as client:
         stamped = [Record(b"t%d" % i, timestamp_ms=base_ms + i * 1000) for i in range(10)]
-        client.append("kafka-b", 0, stamped)
+        client.append(f"{k}-b", 0, stamped)
 
     def kafka(**options: str) -> DataFrame:
-        reader = spark.read.format("laminar").option(
-            "kafka.bootstrap.servers", ",".join(brokers.urls)
-        )
+        reader = spark.read.format(fmt).option("kafka.bootstrap.servers", ",".join(brokers.urls))
         return reader.option("tokenFile", str(brokers.token_file)).options(**options).load()
 
-    matched = kafka(subscribePattern="kafka-[ab]")
+    matched = kafka(subscribePattern=f"{k}-[ab]")
     assert matched.columns[:7] == [
         "key",
         "value",
@@ -168,11 +192,11 @@ def test_the_kafka_connectors_options_and_columns(
         (r["topic"], r["partition"]): r["count"]
         for r in matched.groupBy("topic", "partition").count().collect()
     }
-    assert counts == {("kafka-a", 0): 30, ("kafka-a", 1): 30, ("kafka-b", 0): 10}
+    assert counts == {(f"{k}-a", 0): 30, (f"{k}-a", 1): 30, (f"{k}-b", 0): 10}
     assert matched.where("offset != index or timestampType != 0").count() == 0
-    one = kafka(assign='{"kafka-a": [1]}').select("partition", "offset").collect()
+    one = kafka(assign=f'{{"{k}-a": [1]}}').select("partition", "offset").collect()
     assert len(one) == 30 and {r["partition"] for r in one} == {1}
-    later = kafka(subscribe="kafka-b", startingTimestamp=str(base_ms + 6500))
+    later = kafka(subscribe=f"{k}-b", startingTimestamp=str(base_ms + 6500))
     assert sorted(bytes(r["value"]) for r in later.collect()) == [b"t7", b"t8", b"t9"]
 
 
@@ -469,14 +493,17 @@ def test_retention_past_the_start(spark: SparkSession, brokers: LocalCluster) ->
         assert time.monotonic() < deadline, f"retention did not settle: {now}"
         seen = now
     gone = '{"short": {"0": 1}}'
-    with pytest.raises(Exception, match="failOnDataLoss=false"):
-        source(spark, brokers, "short", startingOffsets=gone).load().count()
-    kept = source(spark, brokers, "short", startingOffsets=gone, failOnDataLoss="false").load()
-    rows = kept.select("index", "value").collect()
-    # the removed records are skipped, and everything from the first one kept is read
-    assert rows and min(row["index"] for row in rows) >= min(starts) > 1
-    numbers = sorted(int(bytes(row["value"]).rsplit(b"-", 1)[1]) for row in rows)
-    assert numbers[0] > 0 and numbers == list(range(numbers[0], 400))
+    for fmt in FORMATS if JAR is not None else FORMATS[:1]:
+        with pytest.raises(Exception, match="failOnDataLoss=false"):
+            source(spark, brokers, "short", fmt, startingOffsets=gone).load().count()
+        kept = source(
+            spark, brokers, "short", fmt, startingOffsets=gone, failOnDataLoss="false"
+        ).load()
+        rows = kept.select("index", "value").collect()
+        # the removed records are skipped, and everything from the first one kept is read
+        assert rows and min(row["index"] for row in rows) >= min(starts) > 1, fmt
+        numbers = sorted(int(bytes(row["value"]).rsplit(b"-", 1)[1]) for row in rows)
+        assert numbers[0] > 0 and numbers == list(range(numbers[0], 400)), fmt
 
 
 @pytest.mark.skipif(
@@ -521,3 +548,99 @@ def test_the_example_pipeline_counts_keys_per_window(
         ("b", 1),
         ("b", 2),
     ]
+
+
+def rows_of(df: DataFrame) -> list[tuple[Any, ...]]:
+    """Every column of every row, in (topic, partition, offset) order, as plain values."""
+    columns = df.columns
+    out = []
+    for row in df.orderBy("topic", "partition", "offset").collect():
+        values = []
+        for name in columns:
+            value = row[name]
+            if isinstance(value, bytearray):
+                value = bytes(value)
+            elif name == "headers" and value is not None:
+                value = [(h["key"], bytes(h["value"])) for h in value]
+            values.append(value)
+        out.append(tuple(values))
+    return out
+
+
+def test_the_jvm_source_gives_the_python_sources_rows(
+    spark: SparkSession, brokers: LocalCluster
+) -> None:
+    """laminar-jvm reads what laminar reads, column for column: keys (null or not), headers,
+    timestamps, batches of uniform and of mixed records, zstd and lz4 batches, and ranges that
+    begin and end inside a batch."""
+    needs_jar("laminar-jvm")
+    create(brokers, "parity", 2)
+    produce(brokers, "parity", 2, 120)  # keys, null keys, headers
+    with Client(brokers.urls, token=brokers.token) as client:
+        for codec in ("zstd", "lz4"):
+            records = [
+                Record(b"%s-%d" % (codec.encode(), i) * (i % 7 + 1), key=b"k%d" % (i % 2),
+                       timestamp_ms=1_800_000_000_000 + i,
+                       headers=(("codec", codec.encode()), ("i", b"%d" % i)))
+                for i in range(300)
+            ]  # fmt: skip
+            client.append("parity", 1, records, compression=codec)
+        client.append("parity", 0, [Record(b"", key=b"")] * 3)  # empty, not null
+    for options in (
+        {"includeHeaders": "true"},
+        {"includeHeaders": "false", "minPartitions": "5"},
+        {"startingOffsets": '{"parity": {"0": 13, "1": 201}}',
+         "endingOffsets": '{"parity": {"0": 57, "1": 517}}'},
+    ):  # fmt: skip
+        python = rows_of(source(spark, brokers, "parity", "laminar", **options).load())
+        jvm = rows_of(source(spark, brokers, "parity", "laminar-jvm", **options).load())
+        assert python, options
+        assert jvm == python, options
+
+
+def test_a_jvm_read_waits_for_records_its_replica_has_not_yet_committed(
+    spark: SparkSession, brokers: LocalCluster
+) -> None:
+    """A range may end past what the replica serving it has committed (here, records that
+    arrive a second after the read starts): the read waits for them, as the Python one does."""
+    needs_jar("laminar-jvm")
+    create(brokers, "lagging-jvm", 1)
+    produce(brokers, "lagging-jvm", 1, 100)
+    with Client(brokers.urls, token=brokers.token) as client:
+        state = client.describe_topic("lagging-jvm").partition_states[0]
+    end = state.commit_index + 1 + 100
+    late = threading.Timer(1.0, produce, (brokers, "lagging-jvm", 1, 100, 100))
+    late.start()
+    try:
+        df = source(
+            spark, brokers, "lagging-jvm", "laminar-jvm",
+            endingOffsets=f'{{"lagging-jvm": {{"0": {end}}}}}',
+        ).load()  # fmt: skip
+        values = [bytes(r["value"]) for r in df.orderBy("offset").collect()]
+    finally:
+        late.join()
+    assert values == [b"value-0-%d" % i for i in range(200)]
+
+
+def test_the_jvm_source_reads_over_tls_trusting_only_its_ca_file(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    needs_jar("laminar-jvm")
+    cluster = make_cluster(tmp_path / "tls", 1, tls=True)
+    try:
+        with Client(cluster.urls, token=cluster.token, ca_file=cluster.ca_file) as client:
+            client.create_topic("secret", partitions=1, replication_factor=1)
+            client.append("secret", 0, [Record(b"over-tls-%d" % i) for i in range(50)])
+
+        def read(**options: str) -> list[bytes]:
+            reader = spark.read.format("laminar-jvm").option("brokers", ",".join(cluster.urls))
+            reader = reader.option("token", cluster.token).option("subscribe", "secret")
+            df = reader.options(**options).load()
+            return [bytes(r["value"]) for r in df.orderBy("offset").collect()]
+
+        assert read(caFile=str(cluster.ca_file)) == [b"over-tls-%d" % i for i in range(50)]
+        # the JVM's own trust store does not know the cluster's CA: refused, not read
+        with pytest.raises(Exception, match=r"(?i)certif|PKIX|SSL"):
+            read()
+    finally:
+        cluster.stop()
