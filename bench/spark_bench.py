@@ -3,7 +3,8 @@
 
 A local 3-broker cluster on loopback gets N records of 1120 bytes (the laminarmq "k" size)
 in 6 partitions; Spark (local[2], the machine's 2 cores shared with the brokers) then
-1. reads them all into the `noop` sink (nothing is done with the rows but making them);
+1. reads them all into the `noop` sink (nothing is done with the rows but making them), with
+   the laminar source and with laminar-jvm (its batch read in Java);
 2. reads N rows of the source's schema from a Python data source that yields ready-made
    Arrow batches (no I/O, no decoding) into `noop`: the ceiling of Spark's Python data
    source path, which every Python source, this one included, goes through;
@@ -12,9 +13,9 @@ in 6 partitions; Spark (local[2], the machine's 2 cores shared with the brokers)
 4. writes N spark.range rows (6 Spark partitions, as many as the topic has) to a new
    6-partition topic with the laminar sink.
 Each is run once to warm up, then --repeats times; the median is reported with the range,
-and the CPU seconds the brokers, the JVM and the Python processes spent (medians). The read
-and the ready-made source take turns, run by run, so that both meet the same load from
-whatever else runs on the machine; their ratio is the median of the runs' ratios. Also
+and the CPU seconds the brokers, the JVM and the Python processes spent (medians). The two
+reads and the ready-made source take turns, round by round, so that all meet the same load
+from whatever else runs on the machine; each read's ratio is the median of the rounds'. Also
 printed: the read path without Spark (the same ranges read into Arrow batches by one Python
 process), and a machine limit: the CPU seconds of moving the same bytes from one socket to
 another over loopback TCP, with no HTTP, broker or decoding. Targets (issue 26): the read
@@ -46,6 +47,7 @@ from laminar.client import Client
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record, encode_batch
 from laminar.spark.arrow import TIMESTAMP_TYPE, arrow_schema, schema_ddl
+from laminar.spark.jar import jar_path
 from laminar.spark.options import Options, Range
 from laminar.spark.source import READ_MAX_BYTES, read_range
 
@@ -225,23 +227,23 @@ def medians(spent: list[dict[str, float]]) -> dict[str, float]:
 
 
 def taking_turns(
-    first: Any, second: Any, repeats: int, brokers: list[int]
-) -> tuple[tuple[list[float], dict[str, float]], tuple[list[float], dict[str, float]], list[float]]:
-    """`timed` of two actions whose runs alternate (which goes first alternates too), and the
-    ratio of each pair's rates (second / first)."""
-    first()
-    second()
-    runs: tuple[list[tuple[float, dict[str, float]]], ...] = ([], [])
+    actions: list[Any], repeats: int, brokers: list[int]
+) -> tuple[list[tuple[list[float], dict[str, float]]], list[list[float]]]:
+    """`timed` of actions whose runs take turns (the order rotates from round to round, so
+    that each meets the same load from whatever else runs), and for every action after the
+    first the ratio of its rate to the first's, round by round."""
+    for action in actions:
+        action()
+    runs: list[list[tuple[float, dict[str, float]]]] = [[] for _ in actions]
     for repeat in range(repeats):
-        order = (0, 1) if repeat % 2 == 0 else (1, 0)
-        for which in order:
-            runs[which].append(once((first, second)[which], brokers))
-    ratios = [a[0] / b[0] for a, b in zip(runs[0], runs[1], strict=True)]
-    return (
-        ([s for s, _ in runs[0]], medians([c for _, c in runs[0]])),
-        ([s for s, _ in runs[1]], medians([c for _, c in runs[1]])),
-        ratios,
-    )
+        for turn in range(len(actions)):
+            which = (repeat + turn) % len(actions)
+            runs[which].append(once(actions[which], brokers))
+    timings = [([s for s, _ in r], medians([c for _, c in r])) for r in runs]
+    ratios = [
+        [first[0] / other[0] for first, other in zip(runs[0], r, strict=True)] for r in runs[1:]
+    ]
+    return timings, ratios
 
 
 def summary(rows: int, run: tuple[list[float], dict[str, float]]) -> dict[str, Any]:
@@ -307,6 +309,7 @@ def main() -> int:
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
                 .config("spark.driver.memory", "4g")
+                .config("spark.jars", str(jar_path()))
             )
             for setting in args.conf:
                 key, _, value = setting.partition("=")
@@ -317,6 +320,10 @@ def main() -> int:
             source = spark.read.format("laminar").option("brokers", brokers)
             source = source.option("token", cluster.token)
             read = source.option("subscribe", "bench-in").load()
+            jvm_read = (
+                spark.read.format("laminar-jvm").option("brokers", brokers)
+                .option("token", cluster.token).option("subscribe", "bench-in").load()
+            )  # fmt: skip
             # as many Spark partitions as the topics have: made where they are written (a
             # repartition would add a shuffle of the 1.12 GB to what the sink is timed with)
             ranged = spark.range(0, records, 1, PARTITIONS).selectExpr(
@@ -328,13 +335,16 @@ def main() -> int:
                 return lambda: frame.write.format("noop").mode("overwrite").save()
 
             if args.only != "write":
-                made, laminar, ratios = taking_turns(
-                    into_noop(ceiling), into_noop(read), args.repeats, pids
+                (made, laminar, jvm), (ratios, jvm_ratios) = taking_turns(
+                    [into_noop(ceiling), into_noop(read), into_noop(jvm_read)], args.repeats, pids
                 )
                 results["python_source"] = summary(records, made)
                 results["spark_read"] = summary(records, laminar)
                 results["read_of_ceiling"] = statistics.median(ratios)
                 results["read_of_ceiling_runs"] = ratios
+                results["jvm_read"] = summary(records, jvm)
+                results["jvm_read_of_ceiling"] = statistics.median(jvm_ratios)
+                results["jvm_read_of_ceiling_runs"] = jvm_ratios
                 results["spark_range"] = summary(
                     records, timed(into_noop(ranged), args.repeats, pids)
                 )
@@ -367,6 +377,7 @@ def report(results: dict[str, Any]) -> None:
         ("spark_range", "spark.range into noop (the JVM's ceiling)"),
         ("python_source", "ready-made Arrow batches from Python"),
         ("spark_read", "laminar source into noop"),
+        ("jvm_read", "laminar-jvm source into noop"),
         ("spark_write", "spark.range into the laminar sink"),
         ("python_read", "read_range, one Python process, no Spark"),
         ("loopback", "the same bytes over loopback TCP, no more"),
@@ -383,11 +394,13 @@ def report(results: dict[str, Any]) -> None:
         print(f"{label:44} {r['rows_per_s']:>12,.0f} rows/s ({r['min']:,.0f}-{r['max']:,.0f}), "
               f"{r['rows_per_s'] * results['record_bytes'] / 1e6:,.0f} MB/s{shares}")  # fmt: skip
         print(f"{'':44} CPU seconds a run: {cpu}")
-    if "read_of_ceiling" in results:
-        runs = ", ".join(f"{ratio:.2f}" for ratio in results["read_of_ceiling_runs"])
-        share = results["read_of_ceiling"]
+    for key, name in (("read_of_ceiling", "laminar"), ("jvm_read_of_ceiling", "laminar-jvm")):
+        if key not in results:
+            continue
+        runs = ", ".join(f"{ratio:.2f}" for ratio in results[f"{key}_runs"])
+        share = results[key]
         met = "met" if share >= READ_TARGET_OF_CEILING else "not met"
-        print(f"read / ready-made source, run by run: {runs}; median {share:.2f}: "
+        print(f"{name} read / ready-made source, run by run: {runs}; median {share:.2f}: "
               f"target >= {READ_TARGET_OF_CEILING} {met}")  # fmt: skip
     if "spark_write" in results:
         rate = results["spark_write"]["rows_per_s"]
