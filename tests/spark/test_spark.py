@@ -61,14 +61,15 @@ def spark() -> Iterator[SparkSession]:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "broker"), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
+    builder = SparkSession.builder
+    if JAR is not None:  # (on the driver's class path from its start: the first session)
+        builder = builder.config("spark.jars", str(JAR))
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("laminar-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        # (on the driver's class path from its start: the first session of the process)
-        .config("spark.jars", str(JAR or ""))
         .getOrCreate()
     )
     register(session)

@@ -1,13 +1,13 @@
 import com.fasterxml.jackson.databind.JsonNode;
 import dev.laminar.spark.Offsets;
 import dev.laminar.spark.Replicas;
-import dev.laminar.spark.Xxh64;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import net.jpountz.xxhash.XXHashFactory;
 
 /**
  * Test driver for tests/spark/jvm/test_jvm_offsets.py: each stdin line names a pure function
@@ -72,13 +72,18 @@ public final class OffsetsCheck {
             r.path("topic").asText(), r.path("partition").asInt(), inSync, members);
       }
       case "xxh64":
-        return Long.toUnsignedString(Xxh64.hash(HexFormat.of().parseHex(r.path("hex").asText())));
+        return Long.toUnsignedString(xxh64(HexFormat.of().parseHex(r.path("hex").asText())));
       default:
         throw new IllegalStateException("no function " + r.path("fn"));
     }
   }
 
   /** {topic: {partition: [log_start, end]}}. */
+  /** XXH64 as Replicas hashes (lz4-java's), to compare with the `xxhash` package's. */
+  private static long xxh64(byte[] data) {
+    return XXHashFactory.fastestJavaInstance().hash64().hash(data, 0, data.length, 0L);
+  }
+
   private static Map<String, Map<String, Offsets.Bounds>> bounds(JsonNode node) {
     Map<String, Map<String, Offsets.Bounds>> out = new LinkedHashMap<>();
     node.properties()

@@ -1,8 +1,8 @@
-"""The JVM reader's offsets and replica ranking (Offsets.java, Replicas.java, Xxh64.java) are
-the Python source's: seeded random inputs to spec / timestamps / resolve / timestamps_wanted /
-place_by_time / plan (laminar.spark.options) and to read_replicas (laminar.client.client, on
-laminar.placement's rank), and XXH64 against the xxhash package, give the same results or the
-same messages in one Java process as in Python."""
+"""The JVM reader's offsets and replica ranking (Offsets.java, Replicas.java with lz4-java's
+XXH64) are the Python source's: seeded random inputs to spec / timestamps / resolve /
+timestamps_wanted / place_by_time / plan (laminar.spark.options) and to read_replicas
+(laminar.client.client, on laminar.placement's rank), and XXH64 against the xxhash package,
+give the same results or the same messages in one Java process as in Python."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ import java.util.Comparator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import net.jpountz.xxhash.XXHash64;
+import net.jpountz.xxhash.XXHashFactory;
 
 /**
  * Which replicas may serve a partition's reads, best first, as every Python client picks them
@@ -18,6 +20,8 @@ public final class Replicas {
   /** A cluster member as {@code GET /v1/cluster} lists it. */
   public record Member(String id, String apiUrl, String state, long weight, boolean draining) {}
 
+  /** XXH64 (seed 0), as the `xxhash` package's xxh64: lz4-java's, in Spark's own jars. */
+  private static final XXHash64 XXH64 = XXHashFactory.fastestJavaInstance().hash64();
   /** The top 53 bits of the hash: exact in a double, so the unit hash is < 1 strictly. */
   private static final int UNIT_BITS = 53;
 
@@ -35,7 +39,7 @@ public final class Replicas {
     byte[] joined = new byte[k.length + 1 + n.length];
     System.arraycopy(k, 0, joined, 0, k.length);
     System.arraycopy(n, 0, joined, k.length + 1, n.length);
-    long digest = Xxh64.hash(joined);
+    long digest = XXH64.hash(joined, 0, joined.length, 0L);
     return ((double) (digest >>> (64 - UNIT_BITS)) + 0.5) / (double) (1L << UNIT_BITS);
   }
 
