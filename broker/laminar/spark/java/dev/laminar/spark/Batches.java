@@ -66,15 +66,11 @@ final class Batches {
   static void verify(ByteBuffer b, int at) {
     int payload = payloadBytes(b, at);
     long expected = b.getLong(at + CHECKSUM_OFFSET);
-    long got;
-    if (b.hasArray()) { // (the answers' buffers: the array path is the JIT's fastest)
-      byte[] array = b.array();
-      int base = b.arrayOffset() + at;
-      got = Xxh3.hash64(array, base, CHECKSUM_OFFSET,
-          Xxh3.hash64(array, base + HEADER_BYTES, payload, 0L));
-    } else {
-      got = Xxh3.hash64(b, at, CHECKSUM_OFFSET, Xxh3.hash64(b, at + HEADER_BYTES, payload, 0L));
-    }
+    byte[] array = b.array(); // (an answer's buffer: always a heap array)
+    int base = b.arrayOffset() + at;
+    long got =
+        Xxh3.hash64(
+            array, base, CHECKSUM_OFFSET, Xxh3.hash64(array, base + HEADER_BYTES, payload, 0L));
     if (got != expected) {
       throw new IllegalStateException(
           "batch at index " + baseIndex(b, at) + ": checksum mismatch (damaged in transit or at rest)");

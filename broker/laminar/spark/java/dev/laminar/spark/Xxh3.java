@@ -2,7 +2,6 @@ package dev.laminar.spark;
 
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.VarHandle;
-import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.Objects;
 
@@ -16,24 +15,19 @@ import java.util.Objects;
  *
  * <p>Why it looks like this: a read hashes about a gigabyte, so the long-input loop reads eight
  * little-endian bytes at a time through a byte-view {@link VarHandle} (intrinsified by the JIT
- * into one unaligned load, whatever the platform's or the buffer's byte order), keeps the eight
+ * into one unaligned load, whatever the platform's byte order), keeps the eight
  * accumulators in locals instead of a {@code long[]}, and allocates nothing for seed 0 (the
  * payload hash; the 64-byte header hash with a payload-hash seed takes the short path, which
  * needs no derived secret either). Only a long input with a non-zero seed allocates, for the
  * 192-byte secret that XXH3_initCustomSecret derives from the seed.
  *
- * <p>Both entry points read absolutely: a {@link ByteBuffer}'s position, limit, mark and byte
- * order are left as they were, and heap, direct and read-only buffers all work.
+ * <p>It hashes byte arrays only: the reader's answers and decompressed records are heap arrays.
  */
 public final class Xxh3 {
   private static final VarHandle ARRAY_LONG_LE =
       MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
   private static final VarHandle ARRAY_INT_LE =
       MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.LITTLE_ENDIAN);
-  private static final VarHandle BUFFER_LONG_LE =
-      MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
-  private static final VarHandle BUFFER_INT_LE =
-      MethodHandles.byteBufferViewVarHandle(int[].class, ByteOrder.LITTLE_ENDIAN);
 
   private static final long PRIME32_1 = 0x9E3779B1L;
   private static final long PRIME32_2 = 0x85EBCA77L;
@@ -92,63 +86,46 @@ public final class Xxh3 {
    */
   public static long hash64(byte[] data, int offset, int length, long seed) {
     Objects.checkFromIndexSize(offset, length, data.length);
-    return hash(data, null, offset, length, seed);
+    return hash(data, offset, length, seed);
   }
 
-  /**
-   * XXH3_64bits_withSeed of the buffer's bytes at absolute indexes {@code [offset, offset +
-   * length)}, read little-endian; the buffer's position and byte order are not used, and
-   * nothing about the buffer is changed.
-   *
-   * @throws IndexOutOfBoundsException if the range is not inside {@code [0, buffer.limit())}
-   */
-  public static long hash64(ByteBuffer buffer, int offset, int length, long seed) {
-    Objects.checkFromIndexSize(offset, length, buffer.limit());
-    return hash(null, buffer, offset, length, seed);
-  }
-
-  // Exactly one of array and buffer is non-null. Inputs up to 240 bytes (a batch header among
-  // them) share one copy of the algorithm, whose few reads test which; the long loop has one
-  // copy per source.
-  private static long hash(byte[] array, ByteBuffer buffer, int offset, int length, long seed) {
+  private static long hash(byte[] array, int offset, int length, long seed) {
     if (length <= 16) {
-      return hashUpTo16(array, buffer, offset, length, seed);
+      return hashUpTo16(array, offset, length, seed);
     }
     if (length <= 128) {
-      return hash17To128(array, buffer, offset, length, seed);
+      return hash17To128(array, offset, length, seed);
     }
     if (length <= MIDSIZE_MAX_BYTES) {
-      return hash129To240(array, buffer, offset, length, seed);
+      return hash129To240(array, offset, length, seed);
     }
     byte[] secret = seed == 0 ? DEFAULT_SECRET : customSecret(seed);
-    return array != null
-        ? hashLongArray(array, offset, length, secret)
-        : hashLongBuffer(buffer, offset, length, secret);
+    return hashLong(array, offset, length, secret);
   }
 
   private static long hashUpTo16(
-      byte[] array, ByteBuffer buffer, int offset, int length, long seed) {
+      byte[] array, int offset, int length, long seed) {
     byte[] k = DEFAULT_SECRET;
     if (length > 8) {
       long bitflip1 = (le64(k, 24) ^ le64(k, 32)) + seed;
       long bitflip2 = (le64(k, 40) ^ le64(k, 48)) - seed;
-      long inputLo = le64(array, buffer, offset) ^ bitflip1;
-      long inputHi = le64(array, buffer, offset + length - 8) ^ bitflip2;
+      long inputLo = le64(array, offset) ^ bitflip1;
+      long inputHi = le64(array, offset + length - 8) ^ bitflip2;
       long acc = length + Long.reverseBytes(inputLo) + inputHi + mul128Fold64(inputLo, inputHi);
       return avalanche(acc);
     }
     if (length >= 4) {
       long s = seed ^ ((long) Integer.reverseBytes((int) seed) << 32);
-      long input1 = le32(array, buffer, offset);
-      long input2 = le32(array, buffer, offset + length - 4);
+      long input1 = le32(array, offset);
+      long input2 = le32(array, offset + length - 4);
       long bitflip = (le64(k, 8) ^ le64(k, 16)) - s;
       long keyed = (input2 + (input1 << 32)) ^ bitflip;
       return rrmxmx(keyed, length);
     }
     if (length > 0) {
-      int c1 = byteAt(array, buffer, offset);
-      int c2 = byteAt(array, buffer, offset + (length >> 1));
-      int c3 = byteAt(array, buffer, offset + length - 1);
+      int c1 = byteAt(array, offset);
+      int c2 = byteAt(array, offset + (length >> 1));
+      int c3 = byteAt(array, offset + length - 1);
       long combined = ((c1 << 16) | (c2 << 24) | c3 | (length << 8)) & 0xFFFFFFFFL;
       long bitflip = (le32(k, 0) ^ le32(k, 4)) + seed;
       return xxh64Avalanche(combined ^ bitflip);
@@ -157,48 +134,48 @@ public final class Xxh3 {
   }
 
   private static long hash17To128(
-      byte[] array, ByteBuffer buffer, int offset, int length, long seed) {
+      byte[] array, int offset, int length, long seed) {
     long acc = length * PRIME64_1;
     int end = offset + length;
     if (length > 32) {
       if (length > 64) {
         if (length > 96) {
-          acc += mix16(array, buffer, offset + 48, 96, seed);
-          acc += mix16(array, buffer, end - 64, 112, seed);
+          acc += mix16(array, offset + 48, 96, seed);
+          acc += mix16(array, end - 64, 112, seed);
         }
-        acc += mix16(array, buffer, offset + 32, 64, seed);
-        acc += mix16(array, buffer, end - 48, 80, seed);
+        acc += mix16(array, offset + 32, 64, seed);
+        acc += mix16(array, end - 48, 80, seed);
       }
-      acc += mix16(array, buffer, offset + 16, 32, seed);
-      acc += mix16(array, buffer, end - 32, 48, seed);
+      acc += mix16(array, offset + 16, 32, seed);
+      acc += mix16(array, end - 32, 48, seed);
     }
-    acc += mix16(array, buffer, offset, 0, seed);
-    acc += mix16(array, buffer, end - 16, 16, seed);
+    acc += mix16(array, offset, 0, seed);
+    acc += mix16(array, end - 16, 16, seed);
     return avalanche(acc);
   }
 
   private static long hash129To240(
-      byte[] array, ByteBuffer buffer, int offset, int length, long seed) {
+      byte[] array, int offset, int length, long seed) {
     long acc = length * PRIME64_1;
     int rounds = length / 16;
     for (int i = 0; i < 8; i++) {
-      acc += mix16(array, buffer, offset + 16 * i, 16 * i, seed);
+      acc += mix16(array, offset + 16 * i, 16 * i, seed);
     }
     acc = avalanche(acc);
     for (int i = 8; i < rounds; i++) {
-      acc += mix16(array, buffer, offset + 16 * i, 16 * (i - 8) + MIDSIZE_START_OFFSET, seed);
+      acc += mix16(array, offset + 16 * i, 16 * (i - 8) + MIDSIZE_START_OFFSET, seed);
     }
     acc +=
         mix16(
-            array, buffer, offset + length - 16, SECRET_MIN_BYTES - MIDSIZE_LAST_OFFSET, seed);
+            array, offset + length - 16, SECRET_MIN_BYTES - MIDSIZE_LAST_OFFSET, seed);
     return avalanche(acc);
   }
 
   /** XXH3_mix16B with the default secret (the short and mid lengths never derive one). */
-  private static long mix16(byte[] array, ByteBuffer buffer, int at, int secretAt, long seed) {
+  private static long mix16(byte[] array, int at, int secretAt, long seed) {
     byte[] k = DEFAULT_SECRET;
-    long lo = le64(array, buffer, at) ^ (le64(k, secretAt) + seed);
-    long hi = le64(array, buffer, at + 8) ^ (le64(k, secretAt + 8) - seed);
+    long lo = le64(array, at) ^ (le64(k, secretAt) + seed);
+    long hi = le64(array, at + 8) ^ (le64(k, secretAt + 8) - seed);
     return mul128Fold64(lo, hi);
   }
 
@@ -208,7 +185,7 @@ public final class Xxh3 {
    * twice, once per source: one copy over both, testing the source in the loop, measured some
    * 10-20% slower. The two differ only in the VarHandle of their eight loads.
    */
-  private static long hashLongArray(byte[] array, int offset, int length, byte[] secret) {
+  private static long hashLong(byte[] array, int offset, int length, byte[] secret) {
     long acc0 = PRIME32_3;
     long acc1 = PRIME64_1;
     long acc2 = PRIME64_2;
@@ -254,57 +231,7 @@ public final class Xxh3 {
       }
     }
     return lastStripeAndMerge(
-        array, null, offset, length, secret, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
-  }
-
-  /** {@link #hashLongArray} over a ByteBuffer. */
-  private static long hashLongBuffer(ByteBuffer buffer, int offset, int length, byte[] secret) {
-    long acc0 = PRIME32_3;
-    long acc1 = PRIME64_1;
-    long acc2 = PRIME64_2;
-    long acc3 = PRIME64_3;
-    long acc4 = PRIME64_4;
-    long acc5 = PRIME32_2;
-    long acc6 = PRIME64_5;
-    long acc7 = PRIME32_1;
-    int fullBlocks = (length - 1) / BLOCK_BYTES;
-    int lastBlockStripes = ((length - 1) - BLOCK_BYTES * fullBlocks) / STRIPE_BYTES;
-    for (int block = 0; block <= fullBlocks; block++) {
-      int stripes = block < fullBlocks ? STRIPES_PER_BLOCK : lastBlockStripes;
-      int blockAt = offset + block * BLOCK_BYTES;
-      for (int stripe = 0; stripe < stripes; stripe++) {
-        int in = blockAt + stripe * STRIPE_BYTES;
-        int sec = stripe * SECRET_CONSUME_BYTES;
-        long d0 = (long) BUFFER_LONG_LE.get(buffer, in);
-        long d1 = (long) BUFFER_LONG_LE.get(buffer, in + 8);
-        long d2 = (long) BUFFER_LONG_LE.get(buffer, in + 16);
-        long d3 = (long) BUFFER_LONG_LE.get(buffer, in + 24);
-        long d4 = (long) BUFFER_LONG_LE.get(buffer, in + 32);
-        long d5 = (long) BUFFER_LONG_LE.get(buffer, in + 40);
-        long d6 = (long) BUFFER_LONG_LE.get(buffer, in + 48);
-        long d7 = (long) BUFFER_LONG_LE.get(buffer, in + 56);
-        acc0 = lane(acc0, d1, d0 ^ le64(secret, sec));
-        acc1 = lane(acc1, d0, d1 ^ le64(secret, sec + 8));
-        acc2 = lane(acc2, d3, d2 ^ le64(secret, sec + 16));
-        acc3 = lane(acc3, d2, d3 ^ le64(secret, sec + 24));
-        acc4 = lane(acc4, d5, d4 ^ le64(secret, sec + 32));
-        acc5 = lane(acc5, d4, d5 ^ le64(secret, sec + 40));
-        acc6 = lane(acc6, d7, d6 ^ le64(secret, sec + 48));
-        acc7 = lane(acc7, d6, d7 ^ le64(secret, sec + 56));
-      }
-      if (block < fullBlocks) {
-        acc0 = scramble(acc0, le64(secret, SCRAMBLE_SECRET_OFFSET));
-        acc1 = scramble(acc1, le64(secret, SCRAMBLE_SECRET_OFFSET + 8));
-        acc2 = scramble(acc2, le64(secret, SCRAMBLE_SECRET_OFFSET + 16));
-        acc3 = scramble(acc3, le64(secret, SCRAMBLE_SECRET_OFFSET + 24));
-        acc4 = scramble(acc4, le64(secret, SCRAMBLE_SECRET_OFFSET + 32));
-        acc5 = scramble(acc5, le64(secret, SCRAMBLE_SECRET_OFFSET + 40));
-        acc6 = scramble(acc6, le64(secret, SCRAMBLE_SECRET_OFFSET + 48));
-        acc7 = scramble(acc7, le64(secret, SCRAMBLE_SECRET_OFFSET + 56));
-      }
-    }
-    return lastStripeAndMerge(
-        null, buffer, offset, length, secret, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+        array, offset, length, secret, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
   }
 
   /**
@@ -313,7 +240,6 @@ public final class Xxh3 {
    */
   private static long lastStripeAndMerge(
       byte[] array,
-      ByteBuffer buffer,
       int offset,
       int length,
       byte[] secret,
@@ -326,14 +252,14 @@ public final class Xxh3 {
       long acc6,
       long acc7) {
     int in = offset + length - STRIPE_BYTES;
-    long d0 = le64(array, buffer, in);
-    long d1 = le64(array, buffer, in + 8);
-    long d2 = le64(array, buffer, in + 16);
-    long d3 = le64(array, buffer, in + 24);
-    long d4 = le64(array, buffer, in + 32);
-    long d5 = le64(array, buffer, in + 40);
-    long d6 = le64(array, buffer, in + 48);
-    long d7 = le64(array, buffer, in + 56);
+    long d0 = le64(array, in);
+    long d1 = le64(array, in + 8);
+    long d2 = le64(array, in + 16);
+    long d3 = le64(array, in + 24);
+    long d4 = le64(array, in + 32);
+    long d5 = le64(array, in + 40);
+    long d6 = le64(array, in + 48);
+    long d7 = le64(array, in + 56);
     int sec = LAST_STRIPE_SECRET_OFFSET;
     acc0 = lane(acc0, d1, d0 ^ le64(secret, sec));
     acc1 = lane(acc1, d0, d1 ^ le64(secret, sec + 8));
@@ -407,29 +333,17 @@ public final class Xxh3 {
     return h ^ (h >>> 28);
   }
 
-  private static long le64(byte[] array, ByteBuffer buffer, int at) {
-    return array != null
-        ? (long) ARRAY_LONG_LE.get(array, at)
-        : (long) BUFFER_LONG_LE.get(buffer, at);
+  private static int byteAt(byte[] array, int at) {
+    return array[at] & 0xFF;
+  }
+
+  private static long le64(byte[] array, int at) {
+    return (long) ARRAY_LONG_LE.get(array, at);
   }
 
   /** Four little-endian bytes, unsigned. */
-  private static long le32(byte[] array, ByteBuffer buffer, int at) {
-    int value =
-        array != null ? (int) ARRAY_INT_LE.get(array, at) : (int) BUFFER_INT_LE.get(buffer, at);
-    return value & 0xFFFFFFFFL;
-  }
-
-  private static int byteAt(byte[] array, ByteBuffer buffer, int at) {
-    return (array != null ? array[at] : buffer.get(at)) & 0xFF;
-  }
-
-  private static long le64(byte[] secret, int at) {
-    return (long) ARRAY_LONG_LE.get(secret, at);
-  }
-
-  private static long le32(byte[] secret, int at) {
-    return (int) ARRAY_INT_LE.get(secret, at) & 0xFFFFFFFFL;
+  private static long le32(byte[] array, int at) {
+    return (int) ARRAY_INT_LE.get(array, at) & 0xFFFFFFFFL;
   }
 
   private static byte[] bytes(int... values) {
