@@ -234,6 +234,11 @@ async def test_every_route_is_authorized(secured: Secured) -> None:
         headers = secured.headers("reader")
         status, document, _ = await answer(session, "GET", base + "/v1/nowhere", headers, None)
         assert status == 404, document
+        # the drain was undone (by then n3 had handed its metadata leadership over: the undrain
+        # waited for the next leader), so no replica leaves n3
+        admin = secured.headers("admin")
+        status, document, _ = await answer(session, "GET", base + "/v1/cluster", admin, None)
+        assert [m["draining"] for m in document["members"]] == [False] * 3, document
 
 
 async def test_ending_other_ids_transactions_needs_transact_on_each(secured: Secured) -> None:

@@ -105,6 +105,7 @@ from ..partition.errors import (
 from ..partition.replica import Replica
 from ..partition.status_table import View
 from ..partition.status_table import leaders as view_leaders
+from ..raft.raft import Role
 from ..workers import worker_ids
 from . import request_context, tracing
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
@@ -148,7 +149,8 @@ STATUS_REFRESH_S = 1.0
 #: reports before it is answered 503.
 LEADER_LOOKUP_S = 2.0
 #: How often a topic creation waiting for its partitions' leaders looks again when no peer's
-#: report came in meanwhile (this broker's own replicas' elections send no report to itself).
+#: report came in meanwhile (this broker's own replicas' elections send no report to itself),
+#: and a metadata write waiting for the next metadata leader when no metadata was applied.
 LEADER_POLL_S = 0.1
 #: How long a request for a topic this broker does not know waits for it to confirm, with the
 #: metadata leader, that it has applied all the committed metadata (then: 404), and how long
@@ -524,11 +526,49 @@ class Api:
         return await self._metadata(request, command)
 
     async def _metadata(self, _: web.Request, command: Any) -> int:
-        try:
-            return await self.propose_here(command)
-        except NotLeader as e:
-            leader = e.leader
-        return await self.forwarding.forward(command, leader)
+        """`propose_metadata`. Between two metadata leaders (an election, or a leadership
+        being handed over, as a drained or stopping leader does) the write waits for the next
+        one, up to `METADATA_WAIT_S`, rather than answering 503 at once. So does a write the
+        leader answered 503 (it lost the leadership meanwhile): a 503 means nothing was done,
+        so the write goes to the next leader. 503 if none takes it by then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(METADATA_WAIT_S, self.timeout_s)
+        refused: ApiError | None = None
+        while True:
+            try:
+                return await self.propose_here(command)
+            except NotLeader as e:
+                leader = e.leader
+            if leader is not None and leader != self.broker.id:
+                try:
+                    return await self.forwarding.forward(command, leader)
+                except ApiError as e:
+                    if e.status != 503:  # (503: nothing was done)
+                        raise
+                    refused = e
+            if not await self._metadata_leader_moved(leader, deadline):
+                raise refused or unavailable(
+                    "no leader known for the cluster metadata; retry shortly"
+                )
+
+    async def _metadata_leader_moved(self, leader: str | None, deadline: float) -> bool:
+        """Wait until this broker knows a metadata leader other than `leader` (the one that
+        could not take a write: none, this broker handing it over, or one that refused), or
+        leads itself; False at `deadline` (loop time). Woken by the metadata applied (a new
+        leader commits an entry of its term at once), and looks again every
+        LEADER_POLL_S meanwhile."""
+        core = self.broker.core
+        waits = self.broker.waits
+        loop = asyncio.get_running_loop()
+        while (remaining := deadline - loop.time()) > 0:
+            await waits.meta_advanced.wait(min(remaining, LEADER_POLL_S))
+            now = core.metadata_leader
+            if now is not None and now != leader:
+                return True
+            raft = core.meta.raft if core.meta is not None else None
+            if raft is not None and raft.role is Role.LEADER and raft.transferee is None:
+                return True  # (leading again: the handover did not happen)
+        return False
 
     async def propose_here(self, command: Any) -> int:
         """Commit `command` through the metadata group, which this broker must lead (else

@@ -15,9 +15,9 @@ broker then waits until it has applied that index too, so that what the handler 
 next request here (read-your-writes: `Laminar-Metadata-Index`) sees its write.
 
 Bounded: one hop (the leader's side proposes, never forwards: a broker that is no longer the
-leader answers 503, which the caller retries and the next attempt forwards to the new one),
-the leader's answer awaited one request timeout plus FORWARD_SLACK_S, the local apply at most
-METADATA_WAIT_S.
+leader answers 503, nothing done, and the entry broker sends the write on to the next leader
+once it knows it, within METADATA_WAIT_S: `Api._metadata`), the leader's answer awaited one
+request timeout plus FORWARD_SLACK_S, the local apply at most METADATA_WAIT_S.
 """
 
 from __future__ import annotations
