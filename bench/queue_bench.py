@@ -13,7 +13,11 @@ A fresh local cluster of real `laminar serve` processes on loopback (--brokers, 
            one loop per partition: acquire up to --max messages (lease --lease-ms, long-poll
            --wait-ms), then accept all of them in ONE accept call (per-message accept
            semantics: every index is settled individually, batched on the wire), until the
-           group accepted --count messages. msgs/s = accepted / (last accept answered - start).
+           group accepted --count messages, each accept answered before the next acquire.
+           With --settle pipelined the loop acquires again while up to 4 of its accepts are
+           unanswered, as GroupConsumer's settling runs apart from its acquiring loops (and a
+           RabbitMQ consumer's acks are one-way): bench/RESULTS.md found no difference.
+           msgs/s = accepted / (last accept answered - start).
   latency  a fresh topic; the consumers long-poll while this process publishes at a fixed
            rate (--rates, msg/s) for --duration s: every --linger-ms the records that are due
            go out as one append, partitions in turn. Each record carries its due time; its
@@ -50,6 +54,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +73,9 @@ from laminar.log.batch import Record, encode_batch  # noqa: E402
 PREFIX = "127.0.6"
 GROUP = "bench"
 WARMUP = 200
+#: accepts a consumer's partition loop leaves unanswered while it acquires again (--settle
+#: pipelined)
+SETTLES_IN_FLIGHT = 4
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -237,35 +245,53 @@ async def _consume(cfg: dict[str, Any], go: Any, done: Any, counter: Any, out: A
             await asyncio.sleep(0.005)
         deadline = time.monotonic() + cfg["max_seconds"]
 
-        async def partition_loop(partition: int) -> None:
+        async def settle(partition: int, messages: list[Any], acquired_ns: int) -> None:
             nonlocal last_answer
-            while not done.value and time.monotonic() < deadline:
-                got = await client.acquire(
-                    topic, partition, GROUP, consumer=consumer, max_messages=cfg["max"],
-                    lease_ms=cfg["lease_ms"], wait_ms=cfg["wait_ms"],
-                )  # fmt: skip
-                stats["acquires"] += 1
-                if not got.messages:
-                    stats["empty_acquires"] += 1
-                    continue
-                acquired_ns = time.time_ns()
-                indexes = [m.index for m in got.messages]
-                settled = await client.accept(topic, partition, GROUP, consumer, indexes)
-                now_ns = time.time_ns()
-                last_answer = time.monotonic()
-                stats["accepts"] += 1
-                stats["accepted"] += len(settled.done)
-                stats["refused"] += len(settled.refused)
-                if latency_mode:
-                    for m in got.messages:
-                        ts, seq, _ = (m.value or b"0:0:").split(b":", 2)
-                        if int(seq) >= WARMUP:
-                            lats.append((now_ns - int(ts)) / 1e6)
-                            to_acquire.append((acquired_ns - int(ts)) / 1e6)
-                with counter.get_lock():
-                    counter.value += len(settled.done)
-                    if counter.value >= cfg["target"]:
-                        done.value = 1
+            indexes = [m.index for m in messages]
+            settled = await client.accept(topic, partition, GROUP, consumer, indexes)
+            now_ns = time.time_ns()
+            last_answer = time.monotonic()
+            stats["accepts"] += 1
+            stats["accepted"] += len(settled.done)
+            stats["refused"] += len(settled.refused)
+            if latency_mode:
+                for m in messages:
+                    ts, seq, _ = (m.value or b"0:0:").split(b":", 2)
+                    if int(seq) >= WARMUP:
+                        lats.append((now_ns - int(ts)) / 1e6)
+                        to_acquire.append((acquired_ns - int(ts)) / 1e6)
+            with counter.get_lock():
+                counter.value += len(settled.done)
+                if counter.value >= cfg["target"]:
+                    done.value = 1
+
+        async def partition_loop(partition: int) -> None:
+            # pipelined: the next acquire goes out while the last accepts are unanswered (at
+            # most SETTLES_IN_FLIGHT), as GroupConsumer settles apart from its acquiring
+            # loops; "wait": each accept answered before the next acquire
+            settling: deque[asyncio.Task[None]] = deque()
+            limit = 1 if cfg["settle"] == "wait" else SETTLES_IN_FLIGHT
+            try:
+                while not done.value and time.monotonic() < deadline:
+                    got = await client.acquire(
+                        topic, partition, GROUP, consumer=consumer, max_messages=cfg["max"],
+                        lease_ms=cfg["lease_ms"], wait_ms=cfg["wait_ms"],
+                    )  # fmt: skip
+                    stats["acquires"] += 1
+                    if not got.messages:
+                        stats["empty_acquires"] += 1
+                        continue
+                    messages = list(got.messages)
+                    settling.append(
+                        asyncio.create_task(settle(partition, messages, time.time_ns()))
+                    )
+                    while len(settling) >= limit or (settling and settling[0].done()):
+                        await settling.popleft()
+                for task in settling:
+                    await task
+            finally:
+                for task in settling:
+                    task.cancel()
 
         mine = range(cfg["partitions"])
         if cfg["assign"] == "spread":  # consumer i only on partitions p = i-1 (mod consumers)
@@ -475,7 +501,7 @@ def drain(urls: list[str], a: argparse.Namespace, broker_pids: dict[str, int]) -
         "urls": urls, "topic": "queue", "mode": "drain", "partitions": a.partitions,
         "assign": a.assign, "consumers": a.consumers,
         "max": a.max, "lease_ms": a.lease_ms, "wait_ms": a.wait_ms, "target": a.count,
-        "max_seconds": a.max_seconds,
+        "max_seconds": a.max_seconds, "settle": a.settle,
     }  # fmt: skip
     consumers, meter = run_phase_consumers(cfg, a, broker_pids)
     try:
@@ -515,7 +541,7 @@ def latency(
         "urls": urls, "topic": topic, "mode": "latency", "partitions": a.partitions,
         "assign": a.assign, "consumers": a.consumers,
         "max": a.max, "lease_ms": a.lease_ms, "wait_ms": max(a.wait_ms, 1000), "target": total,
-        "max_seconds": a.duration + a.max_seconds + 30,
+        "max_seconds": a.duration + a.max_seconds + 30, "settle": a.settle,
     }  # fmt: skip
     consumers, meter = run_phase_consumers(cfg, a, broker_pids)
     try:
@@ -666,6 +692,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "consumer i only on partitions i-1 mod consumers",
     )
     parser.add_argument("--wait-ms", type=int, default=200, help="acquire long-poll (drain)")
+    parser.add_argument(
+        "--settle",
+        default="wait",
+        choices=["wait", "pipelined"],
+        help="a consumer loop acquires again once its accept is answered (wait), or while up "
+        "to 4 accepts are unanswered (pipelined, as GroupConsumer settles)",
+    )
     parser.add_argument("--publish-batch", type=int, default=500)
     parser.add_argument("--rates", default="1000", help="latency phase rates, msg/s, comma list")
     parser.add_argument("--duration", type=float, default=10.0, help="latency phase seconds")
@@ -730,7 +763,8 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         f"Laminar shared queue: {p['brokers']} brokers, RF {p['replication_factor']}, "
         f"{p['partitions']} partitions, {p['consumers']} consumer processes, acquire max "
-        f"{p['max']}, one accept call per acquired batch; {p['size']} B, count {p['count']:,}, "
+        f"{p['max']}, one accept call per acquired batch ({p['settle']}); {p['size']} B, "
+        f"count {p['count']:,}, "
         f"fsync {p['fsync']}",
         f"machine: {m['cpus']} CPUs, {fs:,.0f} fdatasync/s (4 KiB) measured now",
     ]
