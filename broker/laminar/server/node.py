@@ -19,7 +19,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..client import AsyncClient
 from ..credentials import internal_token
@@ -35,6 +34,7 @@ from ..tls import CertificateStore, TlsError
 from ..workers import expand, worker_ids
 from .config import BrokerConfig, core_config
 from .dead_letters import DeadLetterMovers
+from .disk_threads import DiskThreads
 from .status_gossip import StatusGossip
 from .swim_runtime import SwimNode
 from .transport import PeerTransport
@@ -86,9 +86,8 @@ class Broker:
         self.peer_addr = ""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix=f"fsync-{self.id}")
-        #: the disk work running in `_sync_pool` (`stop` waits for it before closing logs)
-        self._io: set[Future[None]] = set()
+        #: the rounds' disk work (`stop` waits for it before closing logs)
+        self._disk = DiskThreads(SYNC_THREADS, f"fsync-{self.id}")
         self._in_round = False
         #: leaders' reports of a collection asked for during a round (run at its end)
         self._removals: Mapping[str, Mapping[str, object]] | None = None
@@ -208,11 +207,8 @@ class Broker:
             await self.tls.stop()
         await self.transport.stop()
         # a cancelled round's disk work may still run: the logs close once it is done
-        if self._io:
-            await asyncio.wait([asyncio.wrap_future(f) for f in self._io])
-            self._io.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self._disk.close)
         self.core.close()
-        self._sync_pool.shutdown(wait=True)
         self._running = False
 
     # ---- membership ------------------------------------------------------------------------
@@ -296,18 +292,19 @@ class Broker:
         try:
             # the disk work first: each storage's writes, then its fdatasync (one group
             # commit for every log written), in threads while the loop goes on
-            writing = self._start_in_threads([flush.run for flush in round_.syncs])
+            writing = self._disk.run([flush.run for flush in round_.syncs])
             self.send(round_.before)
             self.waits.answer(round_)
             for group in round_.movers:
                 if (replica := self.core.replicas.get(group)) is not None:
                     self.movers.start(replica, lambda: self.core.state.topics)
             synced = time.perf_counter()
-            await self._all_done(writing)
+            await writing
             self.timers["fsync_seconds"] += time.perf_counter() - synced
             self.core.stored(round_)  # the entries written are part of the logs now
             self.waits.answer(round_)
-            await self._in_threads(round_.saves)
+            if round_.saves:
+                await self._disk.run(round_.saves)
             self.send(round_.after)
             self.core.finish(round_)
         finally:
@@ -320,27 +317,6 @@ class Broker:
                 log.exception("collecting removed replicas failed")
         self.timers["round_seconds"] += time.perf_counter() - started
         return True
-
-    async def _in_threads(self, calls: list[Callable[[], None]]) -> None:
-        await self._all_done(self._start_in_threads(calls))
-
-    def _start_in_threads(self, calls: list[Callable[[], None]]) -> list[Future[None]]:
-        # concurrent fdatasyncs of different logs share the file system's journal commits
-        started = [self._sync_pool.submit(call) for call in calls]
-        self._io.update(started)
-        return started
-
-    async def _all_done(self, futures: list[Future[None]]) -> None:
-        """Wait for every one of `futures` (none is left running on an error), then raise the
-        first error."""
-        if not futures:
-            return
-        wrapped = [asyncio.wrap_future(f) for f in futures]
-        await asyncio.wait(wrapped)  # (if cancelled, `stop` waits for what still runs)
-        self._io.difference_update(futures)
-        for future in wrapped:
-            if (error := future.exception()) is not None:
-                raise error
 
     def send(self, messages: Iterable[Message]) -> None:
         """Messages (of Raft groups, or node-level ones) to their destinations."""
