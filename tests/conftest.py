@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,3 +60,13 @@ def sim_first_lines(*args: str) -> list[str]:
         assert result.returncode == 0, result.stderr[-3000:]
         outputs.append(result.stdout.splitlines()[0])
     return outputs
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytest-xdist schedules items by node id: two items with one id would run once, and the
+    other would be dropped without a word (tests/fuzz/conftest.py gives schemathesis' items
+    theirs). So collection refuses a repeated node id."""
+    counts = Counter(item.nodeid for item in session.items)
+    repeated = sorted(nodeid for nodeid, count in counts.items() if count > 1)
+    if repeated:
+        raise pytest.UsageError(f"node ids collected more than once: {repeated[:5]}")

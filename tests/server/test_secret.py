@@ -57,6 +57,8 @@ def test_weak_secrets_are_refused_with_the_reason(secret: bytes, problem: str) -
         os.urandom(32),  # raw bytes, as the operator's Secret holds
         base64.b64encode(os.urandom(24)),  # `head -c 24 /dev/urandom | base64`
     ],
+    # ids of the shapes, not of the random values: every pytest-xdist worker collects the same
+    ids=["laminar-secret", "hex-32-bytes", "hex-16-bytes", "raw-32-bytes", "base64-24-bytes"],
 )
 def test_random_secrets_of_the_usual_shapes_pass(secret: bytes) -> None:
     assert secret_problem(secret) is None
