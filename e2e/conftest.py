@@ -130,7 +130,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("cluster state at the failure", cluster_state(kube)))
 
 
-@pytest.fixture(scope="session")
+# module: the cluster goes once test_kind.py's last test ends, not when its pytest-xdist worker
+# ends its session, so that an idle kind cluster takes no CPU from the files that run after
+@pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     why = kind_cluster.why_not_here()
     if why:
