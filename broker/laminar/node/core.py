@@ -542,7 +542,14 @@ class NodeCore:
         """Drop replicas whose group's leader (`leaders`: fresh reports of the leader of each
         group, from other brokers) no longer counts us as a member, seen twice in a row: a
         removed replica may never learn of its removal from Raft (the leader stops talking
-        to it once the change commits)."""
+        to it once the change commits).
+
+        Not while the replica holds entries of the report's term past the report's commit:
+        the report is older than what that leader has sent us since, which may be our
+        adding back (a leader whose target flaps removes and re-adds a member within one
+        status round). Dropping then would throw away a log the leader counts as ours: the
+        new, empty replica would be promoted on the old one's acknowledgements, a voter
+        holding nothing."""
         excluded = set()
         now = self.now_ms
         for group, replica in self.replicas.items():
@@ -551,7 +558,10 @@ class NodeCore:
                 continue
             members = set(report["voters"]) | set(report["learners"])  # type: ignore[call-overload]
             hosted_ms = now - self._hosted_at_ms.get(group, now)
-            current = int(report["term"]) >= replica.raft.term  # type: ignore[call-overload]
+            term = int(report["term"])  # type: ignore[call-overload]
+            log_ = replica.raft.log
+            newer = log_.last_index() > int(report["commit_index"]) and log_.last_term() >= term  # type: ignore[call-overload]
+            current = term >= replica.raft.term and not newer
             if self.id not in members and current and hosted_ms > self.config.removed_grace_ms:
                 excluded.add(group)
         dropped = sorted(excluded & self._excluded)
