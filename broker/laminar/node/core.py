@@ -356,6 +356,11 @@ class NodeCore:
             self._replaying = True
             try:
                 self._apply_metadata(storage.first_index(), commit)
+            except (CorruptBatchError, StorageUnavailable):
+                # a committed entry is damaged on disk: the replica reopens with its log
+                # cut there (`_on_damage` asked for it), and replays again up to the cut
+                if replica.damaged_at is None:
+                    raise
             finally:
                 self._replaying = False
         if state.applied_index > self.state.applied_index:
