@@ -57,6 +57,16 @@ def test_a_learner_that_has_not_caught_up_is_not_promoted() -> None:
     assert step is None  # wait: nothing may go before d votes
 
 
+def test_a_learner_the_failure_detector_counts_dead_is_not_promoted() -> None:
+    """Its vote would count in every majority and it cannot give it."""
+    conf = ConfState(("a", "b", "c"), ("d",))
+    everyone = {"a", "b", "c", "d"}
+    step = next_step(conf, ["a", "b", "d"], leader="a", caught_up=everyone, alive=everyone - {"d"})
+    assert step is None
+    step = next_step(conf, ["a", "b", "d"], leader="a", caught_up=everyone, alive=everyone)
+    assert step == Step(StepKind.PROMOTE, "d")
+
+
 def test_a_dead_replica_goes_first() -> None:
     steps = converge(["a", "b", "c"], ["a", "b", "d"], leader="a", alive={"a", "b", "d"})
     assert steps[0] == Step(StepKind.REMOVE, "c")

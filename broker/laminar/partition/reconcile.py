@@ -69,9 +69,10 @@ def next_step(
     """
     voters, learners = set(conf.voters), set(conf.learners)
     wanted = set(target)
-    # 1. A caught-up learner the target wants becomes a voter.
+    # 1. A caught-up learner the target wants becomes a voter, if the failure detector
+    #    counts it alive: a dead one would add a vote the majority needs and cannot have.
     for node in sorted(learners & wanted):
-        if node in caught_up:
+        if node in caught_up and node in alive:
             return Step(StepKind.PROMOTE, node)
     # 2. Learners neither voters-to-be nor followers go (they vote for nothing: safe).
     for node in sorted(learners - wanted - set(followers)):
