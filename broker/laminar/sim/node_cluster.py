@@ -691,8 +691,8 @@ class NodeSimulation(Simulation):
         """Crash the metadata leader's broker (all its workers) for good (True), unless that
         is more than its groups can survive (False: try again next tick): one of its workers
         is down, or a group one of them is a member of has a damaged replica elsewhere, no
-        leader, a configuration change in flight, or too few other live voters for a
-        majority. Its groups then count as damaged
+        leader, a configuration change in flight, one of them as a learner (its promotion may
+        be next), or too few other live voters for a majority. Its groups then count as damaged
         for good (no more bit flips there)."""
         found = self._metadata_leader()
         if found is None:
@@ -710,6 +710,7 @@ class NodeSimulation(Simulation):
         if any(group in self.unrepaired for group in held):
             return False
         live = {n.id for n in self._alive()} - {n.id for n in workers}
+        doomed = {n.id for n in workers}
         for group in held:
             if self._leader_of(group) is None:
                 return False
@@ -720,6 +721,11 @@ class NodeSimulation(Simulation):
                     return False
                 if raft.pending_conf_index > raft.log.committed:
                     return False  # a change in flight: its outcome is not known yet
+                if group != METADATA_GROUP and doomed & set(raft.conf.learners):
+                    # its leader may promote that learner before it learns of the crash (a
+                    # worker taking over from another of its broker's, both then voters;
+                    # the metadata group's learners are every live node's, as followers)
+                    return False
         for node in workers:
             self._crash(node, torn=True)
             node.down_until_ms = -1  # for good
