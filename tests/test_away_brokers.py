@@ -8,6 +8,8 @@ hand (issue 26: "a restart must not move data unless the broker was drained").
   does not leave its partitions under-replicated for good).
 * Draining one that left moves its replicas off it.
 * A topic created while a broker is away gets a leader for every partition.
+* One the first brokers up have not heard from yet keeps its metadata vote for the grace, as
+  one that died.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> None:
 class AwayCluster(Cluster):
     """`Cluster` with a short dead grace, and the failure detector's events delivered."""
 
+    grace_ms = GRACE_MS
+
     def start(self, node: str) -> None:
         storage = NodeStorage(None, memory=self.disks[node])
-        config = CoreConfig(node, initial_nodes=self.nodes, dead_grace_ms=GRACE_MS)
+        config = CoreConfig(node, initial_nodes=self.nodes, dead_grace_ms=self.grace_ms)
         core = NodeCore(config, storage, lambda: self.members(node), seed=self.seed)
         core.set_clock(self.now_ms, self.now_ms)
         core.open()
@@ -162,6 +166,62 @@ def test_a_topic_created_while_a_broker_is_away_has_a_leader_for_every_partition
     cluster.run_until(lambda: cluster.all_led(PARTITIONS), 300)
     assigned = leader.state.topics[TOPIC].assignment
     assert len(assigned) == PARTITIONS and all(voters != ("n4",) for voters in assigned)
+
+
+class LateCluster(AwayCluster):
+    """`AwayCluster` whose broker `late` has not started: no failure detector has heard of
+    it (the first brokers of a cluster up see only each other)."""
+
+    grace_ms = 20 * GRACE_MS  # (an election and some control sweeps fit in it)
+
+    def __init__(self, nodes: tuple[str, ...], late: str) -> None:
+        self.late: str | None = late
+        super().__init__(nodes)
+
+    def start(self, node: str) -> None:
+        if node == self.late:
+            self.late = None  # (later starts are real)
+            del self.status[node]
+            return
+        super().start(node)
+
+    def metadata_voters(self) -> set[str]:
+        leader = self.metadata_leader()
+        assert leader is not None and leader.meta is not None
+        return set(leader.meta.raft.conf.voters)
+
+
+def test_a_broker_not_heard_from_yet_keeps_its_metadata_vote_and_votes_once_up() -> None:
+    """n2 and n3 elect a metadata leader before n1 is up. It used to drop n1 from the voters
+    at once (a dead voter outside a target placed over the brokers it knew), leaving a
+    two-voter group that the loss of either stopped; n1 came back only as a learner to
+    catch up and be promoted (a kill in that window stalled every metadata write)."""
+    cluster = LateCluster(NODES[:3], late="n1")
+    cluster.run_until(lambda: cluster.metadata_leader() is not None, 300)
+    start = cluster.passes()
+    cluster.run_until(
+        lambda: all(p > start[n] + CONTROL_SWEEP_PASSES for n, p in cluster.passes().items()),
+        200,
+    )
+    leader = cluster.metadata_leader()
+    assert leader is not None
+    status, away_ms, kept = leader.away()["n1"]
+    assert status is S.DEAD and 0 < away_ms < cluster.grace_ms and kept
+    assert cluster.metadata_voters() == {"n1", "n2", "n3"}
+    cluster.start("n1")
+    cluster.run_until(lambda: all(c.readiness() is None for c in cluster.cores.values()), 300)
+    assert cluster.metadata_voters() == {"n1", "n2", "n3"}
+    assert all(core.unheard() == {} for core in cluster.cores.values())
+
+
+def test_a_broker_never_heard_from_is_taken_out_once_the_grace_is_over() -> None:
+    cluster = LateCluster(NODES[:3], late="n1")
+    cluster.run_until(lambda: cluster.metadata_leader() is not None, 300)
+    first_ms = cluster.now_ms
+    cluster.run_until(lambda: "n1" not in cluster.metadata_voters(), 500)
+    assert cluster.now_ms - first_ms >= cluster.grace_ms - 1_000  # (first looked for earlier)
+    leader = cluster.metadata_leader()
+    assert leader is not None and "n1" not in leader.away()  # (no longer a member)
 
 
 @pytest.mark.parametrize(

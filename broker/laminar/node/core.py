@@ -207,6 +207,9 @@ class NodeCore:
         self._retained_at_ms = 0
         #: when this node saw each member that is away die or leave
         self._away_since_ms: dict[str, int] = {}
+        #: when this node first looked for each broker of the metadata group's configuration
+        #: that SWIM has not heard from yet (`unheard`)
+        self._unheard_since_ms: dict[str, int] = {}
         self._status: dict[str, GroupStatus] = {}
         self._hosted_at_ms: dict[str, int] = {}
         self._excluded: set[str] = set()  # groups a leader excluded us from at the last check
@@ -644,7 +647,8 @@ class NodeCore:
         now = self.now_ms
         members = self.members()
         draining = self.state.draining
-        workers: dict[str, list[str]] = {}
+        unheard = self.unheard()
+        workers: dict[str, list[str]] = {broker: [] for broker in unheard}
         for node in members:
             broker = broker_of(node)
             workers.setdefault(broker, [])
@@ -654,7 +658,7 @@ class NodeCore:
         out = []
         for broker, nodes in sorted(workers.items()):
             status = members[broker][0] if broker in members else MemberStatus.DEAD
-            away_ms = now - self._away_since_ms.get(broker, now)
+            away_ms = unheard.get(broker, now - self._away_since_ms.get(broker, now))
             alive = counts_for_placement(status, away_ms, self.config.dead_grace_ms)
             out.append(
                 Candidate(
@@ -680,6 +684,32 @@ class NodeCore:
             away_ms = now - self._away_since_ms.get(node, now)
             kept = counts_for_placement(status, away_ms, self.config.dead_grace_ms)
             out[node] = (status, away_ms, kept)
+        for node, away_ms in self.unheard().items():  # (counted as dead since first looked for)
+            kept = counts_for_placement(MemberStatus.DEAD, away_ms, self.config.dead_grace_ms)
+            out[node] = (MemberStatus.DEAD, away_ms, kept)
+        return dict(sorted(out.items()))
+
+    def unheard(self) -> dict[str, int]:
+        """The brokers of the metadata group's configuration that SWIM has not heard from
+        (yet), or has forgotten: each one with how long ago (ms) this node first looked for
+        it (or saw it go). Placement counts such a broker as one that died then
+        (`counts_for_placement`): one still starting keeps its replicas and its metadata vote
+        for `dead_grace_ms`. The first brokers of a cluster up, seeing only each other, used
+        to take it out of the metadata group at once, leaving two voters that the loss of
+        either stopped until it was back and promoted again."""
+        meta = self.meta
+        if meta is None:
+            return {}
+        members = self.membership()
+        missing = {broker_of(n) for n in meta.raft.conf.members()} - set(members) - {self.id}
+        for broker in set(self._unheard_since_ms) - missing:
+            del self._unheard_since_ms[broker]
+        now = self.now_ms
+        out = {}
+        for broker in sorted(missing):
+            # (one SWIM forgot, dead a while: since it was seen go)
+            since = self._away_since_ms.get(broker, now)
+            out[broker] = now - self._unheard_since_ms.setdefault(broker, since)
         return out
 
     # ---- the round -------------------------------------------------------------------------
