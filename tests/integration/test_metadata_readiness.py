@@ -58,8 +58,10 @@ async def test_a_restarted_broker_is_ready_only_once_it_knows_what_was_committed
         cluster.kill("n3")
         names = [f"late-{n}" for n in range(5)]
         async with AsyncClient([cluster.nodes["n1"].api_url], token=cluster.token) as client:
-            for name in names:
-                await client.create_topic(name, partitions=1, replication_factor=2)
+            for name in names:  # (not waiting for leaders: some replicas are on n3)
+                await client.create_topic(
+                    name, partitions=1, replication_factor=2, wait_for_leaders=False
+                )
         cluster.start_node("n3")
         known = await first_ready_topics(cluster, "n3")
         assert set(names) <= set(known), known
@@ -76,7 +78,9 @@ async def test_a_topic_a_restarting_broker_has_not_learned_yet_is_never_404(
     try:
         cluster.kill("n3")
         async with AsyncClient([cluster.nodes["n1"].api_url], token=cluster.token) as client:
-            await client.create_topic("late", partitions=1, replication_factor=2)
+            await client.create_topic(
+                "late", partitions=1, replication_factor=2, wait_for_leaders=False
+            )
         cluster.start_node("n3")
         url = f"{cluster.nodes['n3'].api_url}/v1/topics/late/partitions/0/records"
         answers: list[int] = []
