@@ -888,7 +888,7 @@ class Api:
             best = view_leaders(self.cluster_view()).get(group)
         return self._redirect(request, best["leader"] if best else None, group)
 
-    async def _to_leader(self, request: web.Request, replica: Replica) -> ApiError:
+    async def to_leader(self, request: web.Request, replica: Replica) -> ApiError:
         """A follower's answer: a 307 to the leader its Raft follows. A follower that knows
         none yet (a leader just elected reaches it with its first append a moment later, and
         later still on a loaded machine) asks the partition status table, as a broker that
@@ -905,7 +905,7 @@ class Api:
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
-            raise await self._to_leader(request, replica)
+            raise await self.to_leader(request, replica)
         if request.content_type not in (BATCH_TYPE, JSON_TYPE):
             raise ApiError(415, "unsupported_media_type", f"send {JSON_TYPE} or {BATCH_TYPE}")
         # a body declared over --max-request-bytes was answered 413 already (the middleware)
@@ -968,7 +968,7 @@ class Api:
         if replica is None:
             raise await self._leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
-            raise await self._to_leader(request, replica)
+            raise await self.to_leader(request, replica)
         return await serve_stream(self, request, replica, lambda: self.auth.authorize(request))
 
     def _json_batch(self, body: bytes) -> bytes:
@@ -1050,7 +1050,7 @@ class Api:
         if index <= replica.commit_index:
             return
         if not replica.is_leader:
-            raise await self._to_leader(request, replica)
+            raise await self.to_leader(request, replica)
         raise unavailable(
             f"the leader of {replica.group} has committed through index {replica.commit_index}, "
             f"behind index {index} that the client saw acknowledged; retry shortly"

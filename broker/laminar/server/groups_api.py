@@ -110,7 +110,7 @@ class GroupsApi:
         if replica is None:
             raise await api.leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader or replica.groups is None:
-            raise api.redirect(request, replica.raft.lead, replica.group)
+            raise await api.to_leader(request, replica)
         return replica, replica.groups, group
 
     @contextlib.contextmanager
@@ -209,7 +209,7 @@ class GroupsApi:
         if replica is None:
             raise await api.leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader or replica.groups is None:
-            raise api.redirect(request, replica.raft.lead, replica.group)
+            raise await api.to_leader(request, replica)
         groups = replica.groups
         listed = PartitionGroups(
             topic,

@@ -59,7 +59,7 @@ class OffsetsApi:
         if replica is None:
             raise await api.leader_elsewhere(request, f"{topic}/{partition}")
         if not replica.is_leader:
-            raise api.redirect(request, replica.raft.lead, replica.group)
+            raise await api.to_leader(request, replica)
         end = replica.readable_end(committed=committed)
         index = found_ms = None
         if timestamp is not None:
