@@ -95,7 +95,8 @@ class _BrokerCollector(Collector):
         yield members
         away = GaugeMetricFamily(
             "laminar_placement_away_seconds",
-            "brokers SWIM reports dead or left, by how long ago this broker saw them go, and "
+            "brokers SWIM reports dead or left (or has not heard from, though the metadata "
+            "group has them: dead), by how long ago this broker saw them go, and "
             "whether placement keeps their replicas where they are (replicas=kept: one that "
             "left, until it is back or drained; a dead one for --dead-grace-ms) or replaces "
             "them (replicas=replaced)",
