@@ -476,13 +476,24 @@ class LocalCluster:
         if not signalled:
             os.kill(node.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while node.alive() and time.monotonic() < deadline:
+        while self._stopping(node) and time.monotonic() < deadline:
             time.sleep(0.05)
         if node.alive():
             os.kill(node.pid, signal.SIGKILL)
         if node.process is not None:
             return node.process.wait(timeout=STOP_TIMEOUT_S)
+        while self._stopping(node) and time.monotonic() < deadline + STOP_TIMEOUT_S:
+            time.sleep(0.05)  # (killed: gone in a moment)
         return 0
+
+    @staticmethod
+    def _stopping(node: LocalNode) -> bool:
+        """Is `node`'s broker, signalled to stop, still there: running, or still exiting? A
+        process that is exiting has released its memory before its files, and its command
+        line then reads empty (`runs_broker` cannot tell it), though it still holds them."""
+        if node.alive():
+            return True
+        return node.process is None and node.pid is not None and exiting(node.pid)
 
     def stop(self) -> list[str]:
         """Stop every running broker (SIGTERM to all, then wait for each); the ids of those
@@ -668,6 +679,17 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][:1] != "Z"
     except OSError:
         return True
+
+
+def exiting(pid: int) -> bool:
+    """Is process `pid` exiting: not yet a zombie, its command line already gone?"""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read() == b""
+    except OSError:
+        return False
 
 
 def runs_broker(pid: int, node: LocalNode) -> bool:
