@@ -7,18 +7,9 @@ member. Dropping it would leave a voter that holds nothing (a simulation seed fo
 
 from __future__ import annotations
 
-import logging
-
-import pytest
-
 from laminar.log.batch import Record, encode_batch
 
 from .test_leader_balance import NODES, Cluster
-
-
-@pytest.fixture(autouse=True)
-def _quiet(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="laminar")  # (put back after the test)
 
 
 def test_a_report_older_than_the_leaders_later_entries_drops_nothing() -> None:
