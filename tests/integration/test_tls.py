@@ -275,6 +275,11 @@ async def _rotate(cluster: LocalCluster, old_ca: KeyPair, new_ca: KeyPair, bundl
             return all("n3" in p.in_sync for p in described.partition_states)
 
         await wait_until("n3 back in sync", n3_in_sync, 60)
+
+        async def acked_since() -> bool:  # (an event to wait for: the loop may lag on a load)
+            return acked > before
+
+        await wait_until("an append acknowledged since the restart", acked_since, 60)
         producing = False
         await producer  # raises if an append failed
         assert acked > before > 0
