@@ -121,8 +121,8 @@ BATCHES = [[b"a0", b"a1"], [b"b0", b"b1", b"b2"], [b"c0", b"c1"]]
 
 
 async def load(cluster: LocalCluster) -> list[int]:
-    """BATCHES appended to TOPIC (their base indexes); consumer c1 of group `held` acquires
-    every record."""
+    """BATCHES appended to TOPIC (their base indexes) and stored on every replica; consumer c1
+    of group `held` acquires every record."""
     async with AsyncClient(cluster.urls, token=cluster.token) as client:
         await client.create_topic(TOPIC, partitions=1, replication_factor=3)
         await client.wait_for_leaders(TOPIC)
@@ -134,6 +134,16 @@ async def load(cluster: LocalCluster) -> list[int]:
             TOPIC, 0, "held", consumer="c1", max_messages=100, lease_ms=LEASE_MS
         )
         assert len(held.messages) == 7
+        end = bases[-1] + len(BATCHES[-1])
+        for node in cluster.nodes:
+            # An acknowledgement means a majority stored the batches; the damage below is
+            # written into every replica's files, so wait for the third one too.
+            async def stored_all(node: str = node) -> object:
+                hosted = (await client.node_partitions(node)).partitions
+                ends = [p.log_end for p in hosted if p.topic == TOPIC]
+                return True if ends and ends[0] >= end else ends
+
+            await wait_until(f"{node} to store every batch", stored_all)
     return bases
 
 
