@@ -337,6 +337,11 @@ class _Connection(asyncio.BufferedProtocol):
         """Open, and not closing: frames written now may still arrive."""
         return not self.lost and self.transport is not None and not self.transport.is_closing()
 
+    @property
+    def writable(self) -> bool:
+        """Usable, and its transport's buffer below the high-water mark."""
+        return self.usable and not self._writing_paused
+
     def buffered_bytes(self) -> int:
         transport = self.transport
         return 0 if transport is None or self.lost else transport.get_write_buffer_size()
@@ -687,7 +692,13 @@ class PeerTransport:
             accepted += 1
         if accepted:
             peer.queued_frames += accepted
-            peer.wakeup.set()
+            connection = peer.connection
+            if connection is not None and connection.writable:
+                # straight to the socket, as the pump would (it has nothing queued before
+                # these: it takes and writes in one step), without waking its task
+                self._write(peer, connection)
+            if peer.frames:
+                peer.wakeup.set()
         return all_queued
 
     def peers(self) -> dict[str, bool]:
@@ -847,23 +858,27 @@ class PeerTransport:
 
     async def _pump(self, peer: _Peer, connection: _Connection) -> None:
         """Write whatever is queued, in one call, until the connection goes away."""
-        transport = connection.transport
-        assert transport is not None
-        stats = self.stats
         while connection.usable and peer.connection is connection:
             if not peer.frames:
                 peer.wakeup.clear()
                 await peer.wakeup.wait()
                 continue
-            frames, count, size = peer.take(WRITE_BATCH_BYTES)
-            if self._tls is None:
-                transport.writelines(frames)
-            else:  # one buffer: TLS records of up to 16 KiB, not one per length prefix
-                transport.write(b"".join(frames))
-            del frames
-            stats["frames_sent"] += count
-            stats["bytes_sent"] += size
+            self._write(peer, connection)
             await connection.drain()
+
+    def _write(self, peer: _Peer, connection: _Connection) -> None:
+        """Hand the frames at the front of `peer`'s queue, up to WRITE_BATCH_BYTES, to
+        `connection`'s transport in one call."""
+        transport = connection.transport
+        assert transport is not None
+        frames, count, size = peer.take(WRITE_BATCH_BYTES)
+        if self._tls is None:
+            transport.writelines(frames)
+        else:  # one buffer: TLS records of up to 16 KiB, not one per length prefix
+            transport.write(b"".join(frames))
+        stats = self.stats
+        stats["frames_sent"] += count
+        stats["bytes_sent"] += size
 
     # ---- incoming connections ------------------------------------------------------------
 
