@@ -116,6 +116,8 @@ class MultiRaft:
     def ready(self) -> tuple[dict[str, Ready], list[Message]]:
         """Per-group Readies (their messages moved out) and the node's messages to send,
         heartbeats coalesced per destination. Persist every Ready, send, then `advance`."""
+        if not self.hooks.touched:  # (most calls of a busy node's loop)
+            return {}, []
         readies: dict[str, Ready] = {}
         outgoing: list[Message] = []
         folded: dict[tuple[str, MessageType], list[Message]] = defaultdict(list)
