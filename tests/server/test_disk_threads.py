@@ -1,15 +1,24 @@
 """The disk threads of a broker's rounds (laminar.server.disk_threads): a round's jobs run
 concurrently (their fdatasyncs share journal commits), the round's one future resolves only
-when every job has finished, with the first error, and closing finishes what was handed over."""
+when every job has finished, with the first error, and closing finishes what was handed over.
+A log write that needs no roll runs on threads without the GIL (a DirectWrite), on real
+files."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
+from laminar.log import FileDirectory, LogConfig, SegmentedLog, StorageError
+from laminar.log.segment import STORE_SUFFIX
+from laminar.log.storage import DirectWrite, FileStorage, OpenFiles
 from laminar.server.disk_threads import DiskThreads
+
+from ..log.helpers import make_batch, read_records
 
 WAIT_S = 30.0
 
@@ -83,3 +92,87 @@ async def test_close_finishes_every_job_handed_over_even_if_its_round_was_cancel
     assert finished == [0, 1, 2]
     with pytest.raises(RuntimeError, match="closed"):
         threads.run([lambda: None])
+
+
+# ---- DirectWrites: the threads without the GIL (laminar.log._disk) -------------------------
+
+
+def small_log(path: Path) -> SegmentedLog:
+    return SegmentedLog.open(FileDirectory(str(path)), LogConfig(segment_bytes=4096))
+
+
+async def test_a_log_write_runs_without_the_gil_and_reads_back_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    log = small_log(tmp_path)
+    log.append(make_batch(0), term=1)
+    before = log.next_index
+    write = log.begin_write([(make_batch(tag), 2) for tag in range(1, 6)])
+    job = write.direct(sync=True)
+    assert isinstance(job, DirectWrite) and len(job.writes) == 5
+    threads = DiskThreads(2, "disk-test")
+    try:
+        await asyncio.wait_for(threads.run([job]), WAIT_S)
+        assert not job.storage.holds_descriptor or job.storage._pins == 0
+        write.publish()
+        assert log.next_index == before + 5 * 3 and log.term_at(before) == 2
+        records = read_records(log)
+        log.close()
+        reopened = small_log(tmp_path)  # what it wrote is on disk, whole
+        assert reopened.recovery.cuts == () and read_records(reopened) == records
+        assert [v for _, v in records][-1] == b"5.2".ljust(20, b".")
+        reopened.close()
+    finally:
+        threads.unwatch()
+        threads.close()
+
+
+def test_a_write_that_rolls_a_segment_is_left_to_the_python_threads(tmp_path: Path) -> None:
+    log = small_log(tmp_path)
+    write = log.begin_write([(make_batch(tag), 1) for tag in range(200)])  # > 4 KiB
+    assert write.direct(sync=True) is None  # nothing pinned, nothing changed
+    write.run(sync=True)
+    write.publish()
+    assert log.next_index == 600 and len(log.segment_base_indexes) > 1
+    log.close()
+
+
+async def test_a_refused_write_fails_the_round_with_the_storage_error_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    log = small_log(tmp_path)
+    log.append(make_batch(0), term=1)
+    size = log.size_bytes
+    write = log.begin_write([(make_batch(1), 1)])
+    job = write.direct(sync=True)
+    assert job is not None
+    # the kernel refuses writes on a descriptor opened read-only (EBADF)
+    segment_path = sorted(tmp_path.glob(f"*{STORE_SUFFIX}"))[-1]
+    read_only = os.open(segment_path, os.O_RDONLY)
+    job.fd = read_only
+    threads = DiskThreads(1, "disk-test")
+    try:
+        with pytest.raises(StorageError, match=r"write to .* failed: \[Errno 9\]"):
+            await asyncio.wait_for(threads.run([job]), WAIT_S)
+        assert log.size_bytes == size and log.next_index == 3  # unpublished
+        assert job.storage._pins == 0
+    finally:
+        os.close(read_only)
+        threads.unwatch()
+        threads.close()
+        write.discard()
+        log.close()
+
+
+def test_a_storage_in_use_by_a_direct_write_keeps_its_descriptor(tmp_path: Path) -> None:
+    files = OpenFiles(1)
+    first = FileStorage(str(tmp_path / "a"), create=True, files=files)
+    job = first.direct([(0, [b"abc"])], sync=False)
+    second = FileStorage(str(tmp_path / "b"), create=True, files=files)  # over the budget
+    assert first.holds_descriptor  # pinned: not evicted
+    first.close()
+    assert first.holds_descriptor  # closed only once the write is finished
+    os.pwrite(job.fd, b"abc", 0)  # (what the pool's thread does)
+    assert job.finish(0, -1) is None
+    assert not first.holds_descriptor and (tmp_path / "a").read_bytes() == b"abc"
+    second.close()

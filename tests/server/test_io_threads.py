@@ -1,7 +1,8 @@
 """The broker's event loop never blocks on a log: each round's log writes (pwritev, segment
-rolls) and their fdatasync run in the I/O threads, and what they wrote becomes part of the log
-(readable, applied) only once written. A storage failure there stops the broker as one on the
-loop did; nothing changes a log while a round's writes are in flight."""
+rolls) and their fdatasync run in the I/O threads (Python ones, or for a write that rolls no
+segment, `laminar.log._disk`'s threads without the GIL), and what they wrote becomes part of
+the log (readable, applied) only once written. A storage failure there stops the broker as
+one on the loop did; nothing changes a log while a round's writes are in flight."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -19,7 +21,7 @@ from laminar.log.batch import Buffer
 from laminar.log.config import LogConfig
 from laminar.log.errors import AppendInProgressError
 from laminar.log.segmented_log import SegmentedLog
-from laminar.log.storage import FileDirectory, FileStorage
+from laminar.log.storage import DirectWrite, FileDirectory, FileStorage
 from laminar.log.store import STORE_HEADER_BYTES
 from laminar.node.core import Round
 from laminar.raft.log_storage import LogStorage
@@ -58,7 +60,7 @@ async def test_the_event_loop_never_writes_or_syncs_a_log(
     I/O thread, and every record reads back."""
     loop_thread = threading.current_thread()
     calls: list[tuple[str, str, int, bool]] = []  # (what, file, position, on the loop)
-    write, sync = FileStorage.write, FileStorage.sync
+    write, sync, direct = FileStorage.write, FileStorage.sync, FileStorage.direct
 
     def recorded_write(self: FileStorage, position: int, parts: Sequence[Buffer]) -> None:
         calls.append(("write", self.name, position, threading.current_thread() is loop_thread))
@@ -68,8 +70,19 @@ async def test_the_event_loop_never_writes_or_syncs_a_log(
         calls.append(("sync", self.name, 0, threading.current_thread() is loop_thread))
         sync(self)
 
+    def recorded_direct(
+        self: FileStorage, writes: Sequence[tuple[int, Sequence[Buffer]]], **kwargs: Any
+    ) -> DirectWrite | None:
+        job = direct(self, writes, **kwargs)
+        if job is not None:  # handed to the threads without the GIL (laminar.log._disk)
+            calls.extend(("write", self.name, position, False) for position, _ in writes)
+            if job.sync:
+                calls.append(("sync", self.name, 0, False))
+        return job
+
     monkeypatch.setattr(FileStorage, "write", recorded_write)
     monkeypatch.setattr(FileStorage, "sync", recorded_sync)
+    monkeypatch.setattr(FileStorage, "direct", recorded_direct)
     broker = Broker(config(tmp_path / "n1"))
     api = Api(broker, BrokerMetrics(broker))
     async with TestClient(TestServer(api.app(), host="127.0.0.1")) as http:
@@ -161,6 +174,9 @@ async def test_removed_replicas_are_collected_only_between_rounds(tmp_path: Path
 
     class Blocking:
         syncs = True
+
+        def job(self) -> object:
+            return self.run
 
         def run(self) -> None:
             started.set()

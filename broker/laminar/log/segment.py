@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -26,7 +26,7 @@ from .errors import (
     StoreError,
 )
 from .index import SegmentIndex
-from .storage import Directory, Storage
+from .storage import Directory, DirectWrite, FileStorage, Storage
 from .store import Store
 
 STORE_SUFFIX = ".log"
@@ -298,6 +298,21 @@ class Segment:
         self.index.truncate(slot)
         self.next_index = index
         self._size = self.store.size
+
+    def direct(
+        self,
+        writes: Sequence[tuple[int, Sequence[Buffer]]],
+        *,
+        sync: bool,
+        then: Callable[[], None] | None = None,
+    ) -> DirectWrite | None:
+        """`write_at` each of `writes`, then `sync` if asked, as a DirectWrite for threads to
+        run; None where only the Python path can: a store that is not a real file, or writes
+        to a segment whose index file must first be voided."""
+        storage = self.store.storage
+        if not isinstance(storage, FileStorage) or (writes and self._index_file_current):
+            return None
+        return storage.direct(writes, sync=sync, then=then)
 
     def sync(self) -> None:
         try:

@@ -68,7 +68,7 @@ from .segment import (
     parse_segment_name,
     store_name,
 )
-from .storage import Directory
+from .storage import Directory, DirectWrite
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -445,6 +445,12 @@ class SegmentedLog:
         self._active.sync()
         return next_index
 
+    def direct_sync(self) -> DirectWrite | None:
+        """`sync` as a DirectWrite (see `Segment.direct`), or None."""
+        if self._closed:
+            return None
+        return self._active.direct((), sync=True)
+
     # ---- reads -----------------------------------------------------------------------------
 
     def read_range(
@@ -757,6 +763,34 @@ class LogWrite:
         if self._log.closed:
             raise LogClosedError("the log is closed")
         self._extents[-1][0].sync()
+
+    def direct(self, *, sync: bool) -> DirectWrite | None:
+        """`write`, then `sync` if asked, as a DirectWrite (see `Segment.direct`) when no
+        segment rolls on the way; else None (`run` then, in a Python thread). Once it
+        succeeded, the log is as after `write`: ready to `publish`."""
+        assert not self._written, "written twice"
+        log = self._log
+        if log.closed:
+            return None
+        segment, pending = self._extents[-1]
+        size, next_index = pending.size, pending.next_index
+        writes: list[tuple[int, Sequence[Buffer]]] = []
+        added: list[tuple[int, int, int, int]] = []
+        for parts, record_count, term, timestamp_ms in self._batches:
+            empty = next_index == segment.base_index
+            if log._roll_due(segment, size, empty, self._now_ms):
+                return None
+            writes.append((size, parts))
+            added.append((next_index - segment.base_index, size, term, timestamp_ms))
+            size += sum(len(part) for part in parts)
+            next_index += record_count
+
+        def written() -> None:
+            self._written = True
+            pending.added.extend(added)
+            pending.size, pending.next_index = size, next_index
+
+        return segment.direct(writes, sync=sync, then=written)
 
     def run(self, *, sync: bool) -> None:
         """`write`, then `sync` if asked (one job of an I/O thread)."""

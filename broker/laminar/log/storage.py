@@ -23,7 +23,7 @@ import random
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from .batch import Buffer
@@ -114,6 +114,8 @@ class OpenFiles:
                 break
             if victim._lock.acquire(blocking=False):  # not in use: in no syscall now
                 try:
+                    if victim._pins:  # a DirectWrite's thread uses it
+                        continue
                     victim._release()
                 finally:
                     victim._lock.release()
@@ -168,6 +170,8 @@ class FileStorage:
         self._lock = threading.Lock()
         self._fd = -1
         self._closed = False
+        #: DirectWrites in flight on the descriptor: the pool does not close it meanwhile
+        self._pins = 0
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         with self._lock:
             self._fd = self._open_fd(flags)
@@ -265,6 +269,38 @@ class FileStorage:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            if self._pins:  # the last DirectWrite to finish closes it
+                return
+            held = self._fd >= 0
+            self._release()
+        if held:
+            self._files.forget(self)
+
+    def direct(
+        self,
+        writes: Sequence[tuple[int, Sequence[Buffer]]],
+        *,
+        sync: bool,
+        then: Callable[[], None] | None = None,
+    ) -> DirectWrite | None:
+        """`writes` ((position, parts) each), then an fdatasync if `sync`, for threads that
+        run them on the descriptor itself (`laminar.server.disk_threads`): it stays open
+        until the DirectWrite is `finish`ed, which calls `then` if they succeeded. None if
+        the descriptor is not open (opening it is disk work too: the Python threads do it)."""
+        with self._lock:
+            if self._fd < 0:
+                return None
+            self._files.used(self)
+            self._pins += 1
+            return DirectWrite(self, self._fd, writes, sync, then)
+
+    def _unpin(self, end: int) -> None:
+        """A DirectWrite finished; its writes ended at `end` (0: it wrote nothing)."""
+        with self._lock:
+            self._pins -= 1
+            self._size = max(self._size, end)
+            if not (self._closed and self._pins == 0):
+                return
             held = self._fd >= 0
             self._release()
         if held:
@@ -274,6 +310,53 @@ class FileStorage:
     def holds_descriptor(self) -> bool:
         """Whether its file is open now (else the next use opens it)."""
         return self._fd >= 0
+
+
+class DirectWrite:
+    """A file's writes and fdatasync handed to threads as a descriptor and buffers
+    (`FileStorage.direct`). The threads report an errno; `finish`, on the thread that
+    handed it over, ends it and turns a failure into the StorageError `write` or `sync`
+    would have raised."""
+
+    __slots__ = ("fd", "storage", "sync", "then", "writes")
+
+    def __init__(
+        self,
+        storage: FileStorage,
+        fd: int,
+        writes: Sequence[tuple[int, Sequence[Buffer]]],
+        sync: bool,
+        then: Callable[[], None] | None,
+    ) -> None:
+        self.storage = storage
+        self.fd = fd
+        self.writes = writes
+        self.sync = sync
+        self.then = then
+
+    def abandon(self) -> None:
+        """End it unrun (the threads refused it)."""
+        self.storage._unpin(0)
+
+    def finish(self, error: int, failed: int) -> StorageError | None:
+        """The threads' result: `error` an errno (0: done), `failed` the write that failed,
+        or len(writes) for the fdatasync."""
+        writes = self.writes
+        end = 0
+        if error == 0:
+            end = max((p + sum(len(part) for part in parts) for p, parts in writes), default=0)
+        self.storage._unpin(end)
+        if error == 0:
+            if self.then is not None:
+                self.then()
+            return None
+        path = self.storage._path
+        if failed < len(writes):
+            return StorageError(
+                f"write to {path} at {writes[failed][0]} failed: [Errno {error}] "
+                f"{os.strerror(error)}"
+            )
+        return StorageError(f"fdatasync of {path} failed: [Errno {error}] {os.strerror(error)}")
 
 
 def _explain(error: OSError) -> str:

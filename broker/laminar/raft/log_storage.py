@@ -37,7 +37,7 @@ import xxhash
 from ..log.batch import decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
 from ..log.segmented_log import LogWrite, SegmentedLog
-from ..log.storage import Directory, Storage
+from ..log.storage import Directory, DirectWrite, Storage
 from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
 from .storage import StorageUnavailable
 
@@ -484,6 +484,17 @@ class Flush:
         """`write` then `sync`: what an I/O thread runs."""
         self.write()
         self.sync()
+
+    def job(self) -> DirectWrite | Callable[[], None]:
+        """`run` as a DirectWrite for threads without the GIL when it can be one (no staged
+        files, no segment rolled on the way, real files), else `run` itself."""
+        direct: DirectWrite | None = None
+        if not self._staged:
+            if self._write is not None:
+                direct = self._write.direct(sync=self.syncs)
+            elif self.syncs:
+                direct = self.storage.log.direct_sync()
+        return self.run if direct is None else direct
 
     def publish(self) -> None:
         """On the event loop once `run` returned: the entries are part of the log."""

@@ -207,6 +207,7 @@ class Broker:
             await self.tls.stop()
         await self.transport.stop()
         # a cancelled round's disk work may still run: the logs close once it is done
+        self._disk.unwatch()
         await asyncio.get_running_loop().run_in_executor(None, self._disk.close)
         self.core.close()
         self._running = False
@@ -292,7 +293,7 @@ class Broker:
         try:
             # the disk work first: each storage's writes, then its fdatasync (one group
             # commit for every log written), in threads while the loop goes on
-            writing = self._disk.run([flush.run for flush in round_.syncs])
+            writing = self._disk.run([flush.job() for flush in round_.syncs])
             self.send(round_.before)
             self.waits.answer(round_)
             for group in round_.movers:
