@@ -378,12 +378,13 @@ static PyObject *Pool_stop(Pool *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static void Pool_dealloc(Pool *self) {
+    PyObject *type, *value, *traceback; /* an exception being raised may be what freed it */
+    PyErr_Fetch(&type, &value, &traceback);
     pool_stop(self);
     PyObject *left = Pool_collect(self, NULL);
     Py_XDECREF(left);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
     if (self->efd >= 0) {
         close(self->efd);
     }
