@@ -1,0 +1,68 @@
+"""Latency at a steady rate on 3 brokers, RF 3 (issue 22): `bench/compare.py`'s `latency`
+phase alone, to compare trees quickly.
+
+    python3 bench/latency_bench.py [--rounds 3] [--rate 5000] [--seconds 10]
+
+Each round starts a fresh 3-broker cluster (fsync always: every acknowledgement after a
+majority's fdatasync), runs `laminar bench produce` at --rate msg/s of 1120-byte records over
+6 partitions (linger 1 ms) for --seconds, and removes the cluster. Printed per round and as
+medians: p50, p99 and p99.9 from each record's due time to its acknowledgement, and the
+brokers' CPU seconds per million records (from /proc), beside the machine's fdatasync rate.
+To compare two trees, run each in turn with PYTHONPATH=<tree>/broker: the brokers run that
+tree's code (bench/RESULTS.md, issue 22, eighth sitting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from compare import laminar_bench, log
+from machine import fdatasync_per_s, load_avg_1m
+
+from laminar.local_cluster import LocalCluster
+
+PREFIX = "127.0.26"  # the cluster's loopback /24
+FIGURES = ("latency_p50_ms", "latency_p99_ms", "latency_p999_ms", "server_cpu_s_per_million")
+
+
+def one_round(root: Path, rate: int, seconds: float) -> dict[str, Any]:
+    cluster = LocalCluster(root / "latency", 3, prefix=PREFIX, fsync="always")
+    arguments = ["produce", "--topic", "latency", "--partitions", "6", "--rate", str(rate),
+                 "--seconds", f"{seconds:g}", "--linger-ms", "1", "--size", "1120",
+                 "--replication-factor", "3", "--max-seconds", f"{seconds + 50:g}"]  # fmt: skip
+    try:
+        cluster.start()
+        return laminar_bench(cluster, arguments, seconds + 180)
+    finally:
+        cluster.stop()
+        shutil.rmtree(root / "latency", ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=5000, help="msg/s")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each round's load")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="laminar-latency-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        machine = {"fdatasync_per_s": fdatasync_per_s(root), "load_1m": load_avg_1m()}
+        log(f"machine: {machine}")
+        for n in range(args.rounds):
+            rows.append(one_round(root, args.rate, args.seconds))
+            log(f"round {n + 1}: " + ", ".join(f"{k} {rows[-1][k]}" for k in FIGURES))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    medians = {k: statistics.median(r[k] for r in rows) for k in FIGURES}
+    print(json.dumps({"machine": machine, "medians": medians, "rounds": rows}))
+
+
+if __name__ == "__main__":
+    main()
