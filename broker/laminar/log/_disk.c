@@ -117,6 +117,17 @@ static void job_run(Job *job) {
     }
 }
 
+/* Append `job` to the queue from `*head` to `*tail` (the pool's lock held). */
+static void queue_push(Job **head, Job **tail, Job *job) {
+    job->next = NULL;
+    if (*tail) {
+        (*tail)->next = job;
+    } else {
+        *head = job;
+    }
+    *tail = job;
+}
+
 static void *worker(void *arg) {
     Pool *pool = (Pool *)arg;
     for (;;) {
@@ -137,14 +148,8 @@ static void *worker(void *arg) {
 
         job_run(job);
 
-        job->next = NULL;
         pthread_mutex_lock(&pool->lock);
-        if (pool->done_tail) {
-            pool->done_tail->next = job;
-        } else {
-            pool->done_head = job;
-        }
-        pool->done_tail = job;
+        queue_push(&pool->done_head, &pool->done_tail, job);
         pthread_mutex_unlock(&pool->lock);
         uint64_t one = 1;
         ssize_t ignored = write(pool->efd, &one, sizeof one); /* only fails when full */
@@ -304,12 +309,7 @@ static PyObject *Pool_submit(Pool *self, PyObject *args) {
         return NULL;
     }
     pthread_mutex_lock(&self->lock);
-    if (self->queue_tail) {
-        self->queue_tail->next = job;
-    } else {
-        self->queue_head = job;
-    }
-    self->queue_tail = job;
+    queue_push(&self->queue_head, &self->queue_tail, job);
     self->outstanding++;
     pthread_cond_signal(&self->wake);
     pthread_mutex_unlock(&self->lock);

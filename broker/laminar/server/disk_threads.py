@@ -134,7 +134,8 @@ class DiskThreads:
 
     def close(self) -> None:
         """Finish every job handed over, then stop the threads (blocks until they end). The
-        DirectWrites end unreported: their rounds are over. Off the loop, after `unwatch`."""
+        DirectWrites are finished here (unpinned, and made ready to publish if they succeeded),
+        but no round hears of it: their rounds are over. Off the loop, after `unwatch`."""
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
