@@ -30,7 +30,8 @@ from laminar.client import AsyncClient
 from laminar.credentials import dump, new_token, replace_file, token_hash
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
-from laminar.placement import owner
+from laminar.partition.reconcile import plan_topic
+from laminar.placement import Candidate, owner
 from laminar.server import steering
 from laminar.workers import broker_of, worker_id, worker_ids, worker_index
 
@@ -68,17 +69,22 @@ async def test_workers_own_their_partitions_and_fail_over_alone(cluster: LocalCl
         await client.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
         await client.wait_for_leaders(TOPIC)
 
+        # the leaders the brokers' rebalance hands leadership to (`reconcile.plan_topic`):
+        # the first elections' winners are anyone's, and the rebalance moves them later
+        brokers = [Candidate(b, workers=tuple(worker_ids(b, 2))) for b in ("n1", "n2", "n3")]
+        preferred = plan_topic(TOPIC, PARTITIONS, 3, brokers).preferred
+
         async def settled() -> object:  # replicas where placement wants them, none moving
             info = await client.describe_topic(TOPIC)
             wrong = {}
             for p in info.partition_states:
                 key = f"{TOPIC}/{p.partition}"
                 wanted = {owner(key, worker_ids(b, 2)) for b in ("n1", "n2", "n3")}
-                if set(p.replicas) != wanted or p.learners or p.leader is None:
+                if set(p.replicas) != wanted or p.learners or p.leader != preferred[p.partition]:
                     wrong[p.partition] = (p.replicas, p.learners, p.leader)
             return wrong or True
 
-        await wait_until("every partition on its owning workers", settled)
+        await wait_until("every partition on its owning workers, led by its preferred one", settled)
         acked: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
         for partition in range(PARTITIONS):
             values = [f"{partition}-{n}".encode() for n in range(RECORDS_PER_PARTITION)]
