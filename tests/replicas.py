@@ -9,8 +9,10 @@ import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 
 from laminar.log.config import LogConfig
 from laminar.log.storage import FileDirectory
@@ -21,6 +23,7 @@ from laminar.raft.messages import ConfState, Entry, EntryKind, Message, MessageT
 from laminar.raft.raft import encode_control
 from laminar.server.api import Api
 from laminar.server.config import BrokerConfig, new_secret
+from laminar.server.http import ApiRunner, ConnectionLimits
 from laminar.server.metrics import BrokerMetrics
 from laminar.server.node import Broker
 
@@ -117,13 +120,21 @@ async def until(condition: Callable[[], object]) -> None:
         await asyncio.sleep(0.01)
 
 
+class FastTestServer(TestServer):
+    """aiohttp's test server on the API's runner: its connections take the fast path."""
+
+    async def _make_runner(self, **_: Any) -> BaseRunner:
+        return ApiRunner(self.app, ConnectionLimits())
+
+
 @asynccontextmanager
 async def serving(
-    tmp_path: Path, request_timeout_ms: int = 60_000
+    tmp_path: Path, request_timeout_ms: int = 60_000, *, fast: bool = False
 ) -> AsyncIterator[tuple[TestClient, Replica, list[str]]]:
     """An HTTP client of a broker (never started: no peers, no driver) hosting partition t/0,
     whose replica n1 leads; and what asyncio reports to the loop's exception handler (checked
-    empty at the end, after a collection)."""
+    empty at the end, after a collection). `fast`: served as `laminar serve` serves, through
+    the HTTP/1.1 fast path (laminar.server.h1), else by aiohttp's own server."""
     reported: list[str] = []
     asyncio.get_running_loop().set_exception_handler(
         lambda _, context: reported.append(context["message"])
@@ -141,7 +152,8 @@ async def serving(
     broker.core.replicas[replica.group] = replica
     elect(replica)
     api = Api(broker, BrokerMetrics(broker))
-    async with TestClient(TestServer(api.app(), host="127.0.0.1")) as client:
+    server = (FastTestServer if fast else TestServer)(api.app(), host="127.0.0.1")
+    async with TestClient(server) as client:
         broker.set_api_addr(f"{client.host}:{client.port}")  # what describe_topic tells
         yield client, replica, reported
     replica.close()

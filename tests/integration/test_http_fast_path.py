@@ -155,3 +155,26 @@ async def test_a_connection_handed_to_aiohttp_between_requests(
     assert orjson.loads(before)["cluster_id"] == orjson.loads(after)["cluster_id"]
     assert head[0] == 200 and int(head[1]["content-length"]) > 0
     assert (missing[0], orjson.loads(missing[2])["error"]["code"]) == (404, "not_found")
+
+
+async def test_appends_answered_without_a_task_look_like_the_others(
+    secured_cluster: LocalCluster,
+) -> None:
+    """A small append is answered by `AppendNow` (laminar.server.append_now), one whose JSON
+    body is over its inline bound by `Api.append`: the same headers in the same order, the
+    client's request id, and the same fields."""
+    await created(secured_cluster, "now")
+    records = [orjson.dumps({"records": [{"value": v}]}) for v in ("v", "w" * 2000)]
+    answers = []
+    async with opened(secured_cluster) as (reader, writer):
+        for n, body in enumerate(records):
+            path = "/v1/topics/now/partitions/0/records"
+            writer.write(request("POST", path, body, X_Request_Id=f"now-{n}"))
+            answers.append(await answer(reader))
+    (small_status, small_headers, small), (large_status, large_headers, large) = answers
+    assert (small_status, large_status) == (200, 200)
+    assert list(small_headers) == list(large_headers)
+    assert (small_headers["x-request-id"], large_headers["x-request-id"]) == ("now-0", "now-1")
+    assert small_headers["content-type"] == large_headers["content-type"]
+    first = orjson.loads(small)
+    assert orjson.loads(large) == {**first, "base_index": first["base_index"] + 1}

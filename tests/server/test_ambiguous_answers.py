@@ -9,16 +9,40 @@ steps down exactly while a request waits (docs/api.md, "All errors").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from laminar.partition.replica import Replica
+from laminar.server.api import Api
 from tests.replicas import ack, append_from, depose, drive, noop, serving, until
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 GROUP = "/v1/topics/t/partitions/0/groups/g"
+
+
+Serving = AbstractAsyncContextManager[tuple[TestClient, Replica, list[str]]]
+
+
+@pytest.fixture(params=["aiohttp", "fast path"])
+def appends(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Serving]:
+    """`serving` for appends: by aiohttp's server (`Api.append`), or through the HTTP/1.1 fast
+    path, whose `AppendNow` must answer them itself (`Api.append` fails the test)."""
+    fast = request.param == "fast path"
+    if fast:
+
+        async def refused(*_: Any) -> web.Response:
+            raise AssertionError("Api.append served an append AppendNow should have taken")
+
+        monkeypatch.setattr(Api, "append", refused)
+    return lambda **kwargs: serving(tmp_path, fast=fast, **kwargs)
 
 
 def error_of(status: int, body: Any) -> tuple[int, str, str]:
@@ -31,11 +55,11 @@ async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
 
 
 async def test_an_append_whose_leader_stepped_down_is_answered_when_its_index_commits(
-    tmp_path: Path,
+    appends: Callable[..., Serving],
 ) -> None:
     """A leader that steps down (a transfer, an election) keeps the append waiting: the next
     leader commits the entry, and the client is told it was written."""
-    async with serving(tmp_path) as (client, replica, _):
+    async with appends() as (client, replica, _):
         answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
         await until(lambda: replica.pending)
         (base,) = replica.pending
@@ -53,8 +77,10 @@ async def test_an_append_whose_leader_stepped_down_is_answered_when_its_index_co
         assert [(r["index"], r["value"]) for r in records] == [(base, "v")]
 
 
-async def test_an_append_whose_index_the_next_leader_took_is_503(tmp_path: Path) -> None:
-    async with serving(tmp_path) as (client, replica, _):
+async def test_an_append_whose_index_the_next_leader_took_is_503(
+    appends: Callable[..., Serving],
+) -> None:
+    async with appends() as (client, replica, _):
         answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
         await until(lambda: replica.pending)
         (base,) = replica.pending
@@ -67,8 +93,10 @@ async def test_an_append_whose_index_the_next_leader_took_is_503(tmp_path: Path)
         assert "not written" in message
 
 
-async def test_an_append_waiting_when_the_replica_closes_is_504(tmp_path: Path) -> None:
-    async with serving(tmp_path) as (client, replica, _):
+async def test_an_append_waiting_when_the_replica_closes_is_504(
+    appends: Callable[..., Serving],
+) -> None:
+    async with appends() as (client, replica, _):
         answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "v"}]}))
         await until(lambda: replica.pending)
         drive(replica)  # on disk here: a restarted n1 may still commit it
@@ -77,11 +105,11 @@ async def test_an_append_waiting_when_the_replica_closes_is_504(tmp_path: Path) 
 
 
 async def test_an_append_not_committed_in_time_is_504_and_may_still_commit(
-    tmp_path: Path,
+    appends: Callable[..., Serving],
 ) -> None:
     """The request timeout ends the wait, not the append: the entry stays in the log, and a
     later commit answers nobody but makes it readable (APPEND_MAY_COMMIT)."""
-    async with serving(tmp_path, request_timeout_ms=200) as (client, replica, _):
+    async with appends(request_timeout_ms=200) as (client, replica, _):
         answer = asyncio.create_task(post(client, RECORDS, {"records": [{"value": "late"}]}))
         await until(lambda: replica.pending)
         (base,) = replica.pending
@@ -129,8 +157,12 @@ async def test_a_queue_command_whose_leader_stepped_down_is_504(tmp_path: Path) 
         assert "repeating an accept" in message
 
 
-async def test_a_request_refused_before_anything_was_proposed_is_no_504(tmp_path: Path) -> None:
-    async with serving(tmp_path) as (client, replica, _):
+@pytest.mark.parametrize("fast", [False, True], ids=["aiohttp", "fast path"])
+async def test_a_request_refused_before_anything_was_proposed_is_no_504(
+    tmp_path: Path, fast: bool
+) -> None:
+    """(On the fast path, `AppendNow` leaves the append to `Api.append`, which answers it.)"""
+    async with serving(tmp_path, fast=fast) as (client, replica, _):
         depose(replica)  # no address known for n2: nothing to redirect to
         for path, body in (
             (RECORDS, {"records": [{"value": "v"}]}),

@@ -108,10 +108,12 @@ from ..partition.status_table import leaders as view_leaders
 from ..raft.raft import Role
 from ..workers import worker_ids
 from . import request_context, tracing
+from .append_now import AppendNow
 from .auth import PRINCIPAL_KEY, Authenticator, check_routes
 from .deadlines import Deadlines
 from .forward import MetadataForwarder
 from .groups_api import GroupsApi
+from .h1 import NOW_HANDLERS, NowHandler
 from .http import (
     ApiError,
     accepts,
@@ -232,6 +234,12 @@ class Api:
             "txns": self.txns,
             "metadata": self.forwarding,
         }
+        # appends answered without a task by the HTTP/1.1 fast path (laminar.server.h1)
+        now = AppendNow(self, INLINE_APPEND_BYTES)
+        now_handlers: dict[tuple[str, str], NowHandler] = {
+            (r.method, r.path): now for r in ROUTES if r.handler == "append"
+        }
+        app[NOW_HANDLERS] = now_handlers
         for route in ROUTES:
             owner, _, name = route.handler.rpartition(".")
             handler: Handler = getattr(owners[owner], name)
@@ -284,13 +292,13 @@ class Api:
             if versioned:
                 request[PRINCIPAL_KEY] = self.auth.authorize(request)  # 401, 403
             if request.body_exists:
-                self._check_body_headers(request)
+                self.check_body_headers(request)
             if versioned:
                 await self._metadata_seen(request)
             response = await handler(request)
             if versioned and not response.prepared:  # a WebSocket's were sent at its upgrade
                 response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
-            self._count_request(request, response.status)
+            self.count_request(request, response.status)
             return response
         except ApiError as e:
             error = e
@@ -311,7 +319,7 @@ class Api:
             )
         except web.HTTPException as e:  # aiohttp's other HTTP errors, as API errors
             if e.status < 400:
-                self._count_request(request, e.status)
+                self.count_request(request, e.status)
                 raise
             code = HTTP_ERROR_CODES.get(e.status, "bad_request")
             error = ApiError(e.status, code, e.text or e.reason)
@@ -321,15 +329,21 @@ class Api:
             # a bug: never a plain-text 500, and the traceback in the log
             log.exception("%s %s failed unexpectedly", request.method, request.path)
             error = ApiError(500, "internal", "internal error (the broker logged it)")
+        return self.error_response(request, error, versioned=versioned)
+
+    def error_response(
+        self, request: web.Request, error: ApiError, *, versioned: bool = True
+    ) -> web.Response:
+        """The answer to `request` for `error`, counted."""
         if error.status != 307:
             self.metrics.request_errors.labels(str(error.status), error.code).inc()
         response = error.response()
         if versioned:
             response.headers[METADATA_INDEX_HEADER] = str(self.broker.core.meta_applied_index)
-        self._count_request(request, response.status)
+        self.count_request(request, response.status)
         return response
 
-    def _count_request(self, request: web.Request, status: int) -> None:
+    def count_request(self, request: web.Request, status: int) -> None:
         """`laminar_http_requests_total`, by the matched route's template (never the path:
         the label's values stay few), method and status."""
         resource = request.match_info.route.resource
@@ -357,7 +371,7 @@ class Api:
                 f"seen (not within {wait_s:g} s); retry, or ask another broker"
             )
 
-    def _check_body_headers(self, request: web.Request) -> None:
+    def check_body_headers(self, request: web.Request) -> None:
         """Refuse before reading it a body the broker never takes: one declared longer than
         the request limit (413, before any 429: retrying cannot help), or one compressed or
         otherwise encoded (415)."""
@@ -926,7 +940,7 @@ class Api:
                 header = await self.checked_batch(body, limit)
                 batch = body
             else:
-                batch = await self._decode(self._json_batch, body, INLINE_APPEND_BYTES)
+                batch = await self._decode(self.json_batch, body, INLINE_APPEND_BYTES)
                 if len(batch) > limit:
                     raise ApiError(413, "payload_too_large", f"batch exceeds {limit} bytes")
                 header = parse_header(batch)
@@ -949,17 +963,21 @@ class Api:
                 base = await self.commits.wait(future)
                 if span is not None:
                     span.set_attributes({tracing.FIRST_INDEX: base, tracing.DUPLICATE: duplicate})
-        except TimeoutError as e:
-            raise outcome_unknown(
-                "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
-            ) from e
-        except CommitUnknown as e:
-            raise outcome_unknown("outcome_unknown", f"{e}; {APPEND_MAY_COMMIT}") from e
-        except CommitLost as e:
-            raise unavailable(f"{e}: the append was not written; retry") from e
+        except (TimeoutError, CommitUnknown, CommitLost) as e:
+            raise self.commit_error(e) from e
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.appended(topic, header.record_count, len(body))
         return json_response(AppendResult(base, header.record_count, duplicate).to_json())
+
+    def commit_error(self, e: TimeoutError | CommitUnknown | CommitLost) -> ApiError:
+        """The answer to an append whose commit timed out, became unknown or was lost."""
+        if isinstance(e, TimeoutError):
+            return outcome_unknown(
+                "timeout", f"not committed within {self.timeout_s:g} s; {APPEND_MAY_COMMIT}"
+            )
+        if isinstance(e, CommitUnknown):
+            return outcome_unknown("outcome_unknown", f"{e}; {APPEND_MAY_COMMIT}")
+        return unavailable(f"{e}: the append was not written; retry")
 
     async def append_stream(self, request: web.Request) -> web.StreamResponse:
         """Streaming appends over a WebSocket (laminar.server.streams)."""
@@ -971,7 +989,7 @@ class Api:
             raise await self.to_leader(request, replica)
         return await serve_stream(self, request, replica, lambda: self.auth.authorize(request))
 
-    def _json_batch(self, body: bytes) -> bytes:
+    def json_batch(self, body: bytes) -> bytes:
         """A JSON append's body as one batch (ApiError when it is not a valid one). Runs in a
         worker thread for all but small bodies (`_decode`): it touches no shared state."""
         append = parsed(AppendRequest, parse_json(body))

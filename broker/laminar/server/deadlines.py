@@ -43,6 +43,11 @@ class Deadlines:
         cancelled: not by the timeout, nor when the caller is (as `shield`)."""
         if future.done():
             return future.result()
+        return await self.watch(future)  # (a cancelled caller cancels the waiter, not `future`)
+
+    def watch(self, future: asyncio.Future[T]) -> asyncio.Future[T]:
+        """A future of `future`'s outcome, or of TimeoutError once `timeout_s` passed; it is
+        resolved by a callback, never before this returns. Cancelling it leaves `future` be."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[T] = loop.create_future()
         future.add_done_callback(partial(Deadlines._relay, waiter))
@@ -56,7 +61,7 @@ class Deadlines:
             self._compact_at = max(COMPACT_MIN, 2 * len(self._queue))
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._expire)
-        return await waiter  # (a cancelled caller cancels the waiter, not `future`)
+        return waiter
 
     @staticmethod
     def _relay(waiter: asyncio.Future[T], future: asyncio.Future[T]) -> None:

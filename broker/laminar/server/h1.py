@@ -67,6 +67,13 @@ _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HANDED_OVER_HEADERS = frozenset(("transfer-encoding", "expect", "upgrade"))
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
+#: A route's handler that answers without a task (`NOW_HANDLERS`): given a request whose whole
+#: body has arrived, and the body, it either takes the request (True), and answers it later
+#: through `FastRequest.answer`, never before it returns, or leaves it, untouched (False), to
+#: the route's handler through the middlewares.
+NowHandler = Callable[["FastRequest", bytes], bool]
+#: the application's handlers that answer without a task, by (method, route template)
+NOW_HANDLERS: web.AppKey[dict[tuple[str, str], NowHandler]] = web.AppKey("now_handlers", dict)
 
 
 class FastMatch(dict[str, str]):
@@ -139,6 +146,12 @@ class FastRequest(dict[Any, Any]):
         away first)."""
         return await self._connection.body()
 
+    def answer(self, response: web.Response | tuple[str, bytes]) -> None:
+        """Answer a request that a `NowHandler` took: with `response`, or with (`head`,
+        `body`): the status line and header lines (each ending in CRLF, without Content-Length
+        and Connection) and the body. Nothing is sent when the connection has gone."""
+        self._connection.answer_now(self, response)
+
 
 class FastRoutes:
     """The application's routes that the fast path serves, each with its handler wrapped in
@@ -147,10 +160,13 @@ class FastRoutes:
     def __init__(self, app: web.Application, aiohttp_paths: Iterable[str] = ()) -> None:
         kept = set(aiohttp_paths)
         self.max_body_bytes = app._client_max_size
+        now_handlers = app.get(NOW_HANDLERS, {})
         #: method → [(path pattern, route, handler through the middlewares)]
         self._routes: dict[str, list[tuple[re.Pattern[str], web.AbstractRoute, Handler]]] = {}
         #: paths without parameters: (method, path) → (route, handler)
         self._plain: dict[tuple[str, str], tuple[web.AbstractRoute, Handler]] = {}
+        #: the handlers that answer without a task, by route
+        self._now: dict[web.AbstractRoute, NowHandler] = {}
         for route in app.router.routes():
             resource = route.resource
             if resource is None or route.method == "HEAD" or resource.canonical in kept:
@@ -159,6 +175,9 @@ class FastRoutes:
             for middleware in reversed(app.middlewares):
                 handler = functools.partial(middleware, handler=handler)
             canonical = resource.canonical
+            now = now_handlers.get((route.method, canonical))
+            if now is not None:
+                self._now[route] = now
             if not _PARAM.search(canonical):
                 self._plain[(route.method, canonical)] = (route, handler)
                 continue
@@ -180,6 +199,10 @@ class FastRoutes:
             if found is not None:
                 return FastMatch(route, found.groupdict()), handler
         return None
+
+    def now(self, route: web.AbstractRoute) -> NowHandler | None:
+        """The handler of `route` that answers without a task, if it has one."""
+        return self._now.get(route)
 
 
 class FastConnection(asyncio.Protocol):
@@ -221,6 +244,9 @@ class FastConnection(asyncio.Protocol):
         self._answered = False
         #: set while the transport's write buffer is over its limit: the next request waits
         self._drained: asyncio.Future[None] | None = None
+        #: set by `shutdown` while a request a `NowHandler` took is not answered yet: resolved
+        #: by its answer
+        self._now_answered: asyncio.Future[None] | None = None
 
     # ---- asyncio.Protocol --------------------------------------------------------------
 
@@ -288,6 +314,10 @@ class FastConnection(asyncio.Protocol):
         if task is not None and not task.done():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(task), timeout)
+        elif self._request is not None and not self._answered:  # a NowHandler's: its answer
+            self._now_answered = self._loop.create_future()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._now_answered), timeout)
         self._close()
 
     # ---- requests ----------------------------------------------------------------------
@@ -317,6 +347,16 @@ class FastConnection(asyncio.Protocol):
         self._body_left = length - len(self._body)
         self._answered = False
         self._request = request
+        if not self._body_left:
+            now = self._routes.now(request.match_info.route)
+            if now is not None:
+                try:
+                    if now(request, bytes(self._body)):
+                        return  # answered through `answer_now`
+                except Exception:  # a NowHandler leaves or takes a request: this is a bug
+                    log.exception("%s %s failed in its NowHandler", request.method, request.path)
+                    self._close()
+                    return
         self._task = self._loop.create_task(self._serve(request, handler))
 
     def _parse(self, head: bytes) -> tuple[FastRequest, Handler] | None:
@@ -382,6 +422,35 @@ class FastConnection(asyncio.Protocol):
         self._transport.writelines(_encode(response, keep))
         if self._drained is not None:  # a client that does not read holds its next request
             await self._drained
+        self._after_answer(keep)
+
+    def answer_now(self, request: FastRequest, response: web.Response | tuple[str, bytes]) -> None:
+        """`FastRequest.answer`: the answer to the request a `NowHandler` took."""
+        waiting, self._now_answered = self._now_answered, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+        if request is not self._request or self._transport is None:
+            return
+        if self._transport.is_closing():
+            return
+        encoded: tuple[bytes, bytes | bytearray | memoryview]
+        if isinstance(response, tuple):
+            keep = not self._closing_after_answer
+            head, body = response
+            ending = "\r\n" if keep else "Connection: close\r\n\r\n"
+            encoded = (f"{head}Content-Length: {len(body)}\r\n{ending}".encode(), body)
+        else:
+            keep = response.keep_alive is not False and not self._closing_after_answer
+            encoded = _encode(response, keep)
+        self._transport.writelines(encoded)
+        if self._drained is not None:  # a client that does not read holds its next request
+            self._drained.add_done_callback(lambda _: self._after_answer(keep))
+        else:
+            self._after_answer(keep)
+
+    def _after_answer(self, keep: bool) -> None:
+        """The request's answer is sent (or buffered within the transport's limit): read the
+        rest of its body, or go on to the next request."""
         self._answered = True
         if not keep:
             self._closing_after_answer = True
