@@ -127,6 +127,35 @@ async def test_a_log_write_runs_without_the_gil_and_reads_back_after_a_restart(
         threads.close()
 
 
+async def test_a_broker_stopping_with_a_direct_write_in_flight_finishes_it_whole(
+    tmp_path: Path,
+) -> None:
+    """As `Broker.stop` does: the round awaiting the write is cancelled, the loop stops
+    watching, and closing the threads runs the write to its end (not unpublished halfway,
+    nor its descriptor closed under it). Its round never hears of it, so nothing was
+    acknowledged; the log reopens with the batches whole, as entries Raft may keep or cut."""
+    log = small_log(tmp_path)
+    log.append(make_batch(0), term=1)
+    before = log.next_index
+    write = log.begin_write([(make_batch(tag), 2) for tag in range(1, 6)])
+    job = write.direct(sync=True)
+    assert job is not None
+    threads = DiskThreads(1, "disk-test")
+    round_ = threads.run([job])  # handed to the pool: queued or being written now
+    round_.cancel()
+    threads.unwatch()
+    await asyncio.get_running_loop().run_in_executor(None, threads.close)
+    assert job.storage._pins == 0  # finished: unpinned
+    assert log.next_index == before  # unpublished: no round took it
+    write.discard()
+    log.close()
+    reopened = small_log(tmp_path)
+    assert reopened.recovery.cuts == ()  # whole: nothing torn to cut
+    assert reopened.next_index == before + 5 * 3 and reopened.term_at(before) == 2
+    assert [v for _, v in read_records(reopened)][-1] == b"5.2".ljust(20, b".")
+    reopened.close()
+
+
 def test_a_write_that_rolls_a_segment_is_left_to_the_python_threads(tmp_path: Path) -> None:
     log = small_log(tmp_path)
     write = log.begin_write([(make_batch(tag), 1) for tag in range(200)])  # > 4 KiB
