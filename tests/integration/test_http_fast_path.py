@@ -178,3 +178,20 @@ async def test_appends_answered_without_a_task_look_like_the_others(
     assert small_headers["content-type"] == large_headers["content-type"]
     first = orjson.loads(small)
     assert orjson.loads(large) == {**first, "base_index": first["base_index"] + 1}
+
+
+async def test_an_append_with_a_bad_metadata_index_is_400_and_one_seen_is_taken(
+    secured_cluster: LocalCluster,
+) -> None:
+    """`AppendNow` leaves an append whose Laminar-Metadata-Index it cannot take to
+    `Api.append`, which answers a malformed one 400; one this broker has applied is served."""
+    await created(secured_cluster, "indexed")
+    body = orjson.dumps({"records": [{"value": "v"}]})
+    path = "/v1/topics/indexed/partitions/0/records"
+    async with opened(secured_cluster) as (reader, writer):
+        for value, expected in (("1x", 400), ("99999999999999999999", 400), ("0", 200)):
+            writer.write(request("POST", path, body, Laminar_Metadata_Index=value))
+            status, _, text = await answer(reader)
+            assert status == expected, (value, text)
+            if expected == 400:
+                assert orjson.loads(text)["error"]["code"] == "bad_request"

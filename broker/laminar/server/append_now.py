@@ -67,7 +67,10 @@ class AppendNow:
         headers = request.headers
         seen = headers.get(METADATA_INDEX_HEADER)
         if seen is not None and not (
-            seen.isdigit() and len(seen) <= 19 and int(seen) <= core.meta_applied_index
+            seen.isascii()
+            and seen.isdigit()
+            and len(seen) <= 19
+            and int(seen) <= core.meta_applied_index
         ):
             return False
         match = request.match_info
