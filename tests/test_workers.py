@@ -17,6 +17,7 @@ from laminar.workers import (
     broker_of,
     cgroup_cpu_limit,
     expand,
+    peer_address,
     usable_cores,
     worker_address,
     worker_id,
@@ -162,3 +163,38 @@ def test_swim_members_expand_to_their_workers() -> None:
         "b~1": (MemberStatus.LEFT, "10.0.0.1:7073", "10.0.0.1:7074"),
         "c": (MemberStatus.SUSPECT, "10.0.0.1:7070", "10.0.0.1:7071"),
     }
+
+
+def test_a_nodes_peer_address_is_the_one_its_members_expansion_gives() -> None:
+    """`peer_address` (what `Broker.send` looks up for each destination) agrees with `expand`
+    (what `Broker.members` holds) on every node id, those that no member stands for
+    included."""
+    states = [
+        MemberState(
+            Member(
+                name,
+                Addresses(f"10.0.0.{n}:7070", f"10.0.0.{n}:7071", f"10.0.0.{n}:7072"),
+                workers=workers,
+                workers_down=down,
+            ),
+            status,
+            1,
+        )
+        for n, (name, workers, down, status) in enumerate(
+            [
+                ("a", 3, 0b010, MemberStatus.ALIVE),
+                ("b", 2, 0, MemberStatus.LEFT),
+                ("c", 1, 0, MemberStatus.DEAD),
+                ("d", 12, 0b1, MemberStatus.SUSPECT),
+            ]
+        )
+    ]
+    expanded = expand(states)
+    by_id = {state.member.id: state.member for state in states}
+    nodes = [*expanded, "e", "e~1", "a~3", "a~0", "a~01", "a~x", "a~", "a~~1", "d~11", "d~12"]
+    nodes += ["a~\u0661", "a~-1", "a~+1", "a~ 1", "c~1", "~1", ""]
+    for node in nodes:
+        member = by_id.get(broker_of(node))
+        expected = expanded[node][2] if node in expanded else None
+        assert peer_address(member, node) == expected, node
+    assert peer_address(by_id["a"], "b~1") is None  # another member's node

@@ -19,7 +19,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .swim.member import MAX_WORKERS, EventKind, MembershipEvent, MemberState, MemberStatus
+from .swim.member import (
+    MAX_WORKERS,
+    EventKind,
+    Member,
+    MembershipEvent,
+    MemberState,
+    MemberStatus,
+)
 
 WORKER_SEPARATOR = "~"
 #: worker w listens on each of the broker's ports plus PORT_STRIDE·w
@@ -118,6 +125,24 @@ def worker_address(address: str, index: int) -> str:
         return address
     host, _, port = address.rpartition(":")
     return f"{host}:{int(port) + PORT_STRIDE * index}"
+
+
+def peer_address(member: Member | None, node: str) -> str | None:
+    """The peer address that `expand` gives node `node` of SWIM member `member` (the member
+    `broker_of(node)`, or None when SWIM has none), without expanding every member: None
+    when `member` has no such worker."""
+    if member is None or broker_of(node) != member.id:
+        return None
+    _, separator, text = node.partition(WORKER_SEPARATOR)
+    if not separator:
+        index = 0
+    elif text.isascii() and text.isdigit() and text[0] != "0":  # as `worker_id` spells it
+        index = int(text)
+    else:
+        return None
+    if index >= member.workers:
+        return None
+    return worker_address(member.addresses.peer, index)
 
 
 def expand(states: Iterable[MemberState]) -> dict[str, tuple[MemberStatus, str, str]]:

@@ -31,7 +31,7 @@ from ..raft.messages import Message, MessageType
 from ..swim.address import format_address
 from ..swim.member import EventKind, MembershipEvent, MemberState, MemberStatus
 from ..tls import CertificateStore, TlsError
-from ..workers import expand, worker_ids
+from ..workers import broker_of, expand, peer_address, worker_ids
 from .config import BrokerConfig, core_config
 from .dead_letters import DeadLetterMovers
 from .disk_threads import DiskThreads
@@ -224,6 +224,16 @@ class Broker:
         out[self.id] = (MemberStatus.ALIVE, self.api_addr, self.peer_addr)
         return out
 
+    def peer_address(self, node: str) -> str | None:
+        """`members()[node]`'s peer address (None: no such member), without building every
+        member's entry, as `send` needs it for each destination of every round."""
+        if node == self.id:
+            return self.peer_addr
+        if self.swim is not None and self.swim.running:
+            return peer_address(self.swim.member(broker_of(node)), node)
+        followed = self._followed.get(node)
+        return None if followed is None else followed[2]
+
     def _on_member_event(self, event: MembershipEvent) -> None:
         if event.kind in (EventKind.DEAD, EventKind.LEFT):
             for node in worker_ids(event.state.id, event.state.member.workers):
@@ -324,13 +334,12 @@ class Broker:
         by_dst: dict[str, list[Message]] = {}
         for message in messages:
             by_dst.setdefault(message.dst, []).append(message)
-        members = self.members()
         for dst, batch in by_dst.items():
-            member = members.get(dst)
-            if member is None or not member[2]:
+            address = self.peer_address(dst)
+            if not address:
                 self.core.counters["dropped_messages"] += len(batch)
                 continue
-            self.transport.send(dst, member[2], batch)
+            self.transport.send(dst, address, batch)
 
     def internal_client(self) -> AsyncClient:
         """A client of this cluster (through this broker's API) for the broker's own needs."""

@@ -214,6 +214,9 @@ class SwimNode:
     def members(self) -> dict[str, MemberState]:
         return self.core.members()
 
+    def member(self, member_id: str) -> Member | None:
+        return self.core.member(member_id)
+
     def update_self(
         self,
         *,

@@ -360,6 +360,11 @@ class Swim:
         self._events.clear()
         return out
 
+    def member(self, member_id: str) -> Member | None:
+        """What member `member_id` advertises, in our view (None: not a member we know)."""
+        node = self._nodes.get(member_id)
+        return None if node is None else node.member
+
     def members(self) -> dict[str, MemberState]:
         """Our view of every member (ourselves included), by id in sorted order."""
         return {member_id: node.state() for member_id, node in sorted(self._nodes.items())}
