@@ -78,6 +78,16 @@ async def refused(port: int) -> None:
             await asyncio.sleep(0.01)
 
 
+async def taken(
+    held: Held, port: int, *, behind: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, FastRequest]:
+    """A connection whose request `held` took (with `behind` pipelined after it)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"now") + behind)
+    async with asyncio.timeout(TIMEOUT_S):
+        return reader, writer, await held.taken.get()
+
+
 def now_answer(text: str) -> tuple[str, bytes]:
     return "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", text.encode()
 
@@ -85,10 +95,7 @@ def now_answer(text: str) -> tuple[str, bytes]:
 async def test_a_taken_request_is_answered_when_told_and_in_order() -> None:
     held = Held()
     async with serving(held) as (_, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(post(b"now") + post(b"later"))  # pipelined behind the taken one
-        async with asyncio.timeout(TIMEOUT_S):
-            request = await held.taken.get()
+        reader, writer, request = await taken(held, port, behind=post(b"later"))
         # answers go in order: had "later" been answered first, the first answer would be its
         request.answer(now_answer("taken"))
         assert await answer(reader) == (200, b"taken")
@@ -101,14 +108,13 @@ async def test_a_taken_request_is_answered_when_told_and_in_order() -> None:
 
 async def test_an_answer_after_the_client_left_is_dropped() -> None:
     held = Held()
-    async with serving(held) as (_, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(post(b"now"))
-        async with asyncio.timeout(TIMEOUT_S):
-            request = await held.taken.get()
+    async with serving(held) as (runner, port):
+        reader, writer, request = await taken(held, port)
         writer.close()
         await writer.wait_closed()
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(TIMEOUT_S):  # until the server saw it go
+            while runner.server._connections:  # type: ignore[union-attr]
+                await asyncio.sleep(0.01)
         request.answer(now_answer("nobody"))  # no error, nothing sent
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(post(b"next"))
@@ -119,10 +125,7 @@ async def test_an_answer_after_the_client_left_is_dropped() -> None:
 async def test_stopping_the_server_waits_for_the_answer_it_owes() -> None:
     held = Held()
     async with serving(held) as (runner, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(post(b"now"))
-        async with asyncio.timeout(TIMEOUT_S):
-            request = await held.taken.get()
+        reader, writer, request = await taken(held, port)
         stopping = asyncio.ensure_future(runner.cleanup())
         await refused(port)  # the server is stopping: it no longer listens
         request.answer(now_answer("before the end"))
