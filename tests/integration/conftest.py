@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from laminar.client import AsyncClient
 from laminar.client.errors import LaminarError
 from laminar.local_cluster import LocalCluster
 
@@ -85,3 +86,16 @@ def interruptible() -> None:
     tests in the background hands every child SIGINT ignored, and Python then never raises
     KeyboardInterrupt."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+async def settled_log_end(client: AsyncClient, topic: str, partition: int = 0) -> int:
+    """`topic`/`partition`'s log end once its leader committed all it appended (its first entry
+    is a no-op). A description made between the election and that append says 0, and one made
+    before its commit says 1 with nothing readable: neither is where the log rests (CI44)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        state = (await client.describe_topic(topic)).partition_states[partition]
+        if state.leader and state.commit_index >= 0 and state.log_end == state.commit_index + 1:
+            return state.log_end
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{topic}/{partition} did not settle in {WAIT_S} s")

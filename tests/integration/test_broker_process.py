@@ -22,7 +22,7 @@ from laminar.log.batch import Record, encode_batch
 from laminar.server.config import new_secret
 from laminar.workers import usable_cores, worker_index
 
-from .conftest import auth, loopback_prefix, make_cluster
+from .conftest import auth, loopback_prefix, make_cluster, settled_log_end
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +218,7 @@ async def test_long_polls_waiting_when_the_broker_stops_answer_503(tmp_path: Pat
         async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("quiet", partitions=1, replication_factor=1)
             await client.wait_for_leaders("quiet")
-            end = (await client.describe_topic("quiet")).partition_states[0].log_end
+            end = await settled_log_end(client, "quiet")
         base = f"{cluster.urls[0]}/v1/topics/quiet/partitions/0"
         async with aiohttp.ClientSession(headers=auth(cluster)) as session:
 

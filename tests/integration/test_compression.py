@@ -32,7 +32,7 @@ from laminar.log.batch import (
 )
 from laminar.log.compression import RECORDS_BYTES, Codec
 
-from .conftest import auth, make_cluster
+from .conftest import auth, make_cluster, settled_log_end
 from .test_cli import laminar, ok
 
 pytestmark = pytest.mark.integration
@@ -189,7 +189,7 @@ async def test_bad_compressed_batches_get_a_json_400_and_change_nothing(
     topic = "bad-compressed"
     async with AsyncClient(cluster.urls, token=cluster.token) as client:
         await create(client, topic, max_batch_bytes=MAX_BATCH_BYTES)
-        before = (await client.describe_topic(topic)).partition_states[0].log_end
+        before = await settled_log_end(client, topic)
     url = f"{cluster.urls[0]}/v1/topics/{topic}/partitions/0/records"
     async with aiohttp.ClientSession(headers=auth(cluster)) as session:
         for shape, (batch, phrase) in bad_batches().items():

@@ -33,7 +33,7 @@ from laminar.log.batch import (
 from laminar.log.segment import STORE_SUFFIX
 from laminar.log.store import STORE_HEADER_BYTES
 
-from .conftest import auth, make_cluster, wait_until
+from .conftest import auth, make_cluster, settled_log_end, wait_until
 
 pytestmark = pytest.mark.integration
 BATCH = "application/vnd.laminar.batch"
@@ -222,7 +222,7 @@ async def test_poison_batches_with_a_valid_checksum_are_refused_and_change_nothi
     async with AsyncClient(cluster.urls, token=cluster.token) as client:
         await client.create_topic("appends", partitions=1, replication_factor=3)
         await client.wait_for_leaders("appends")
-        end = (await client.describe_topic("appends")).partition_states[0].log_end
+        end = await settled_log_end(client, "appends")
     url = f"{cluster.urls[0]}/v1/topics/appends/partitions/0/records"
     for shape, batch in poison_shapes().items():
         status, body = await post(cluster, url, data=batch, headers={"Content-Type": BATCH})
