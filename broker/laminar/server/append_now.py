@@ -37,6 +37,7 @@ from ..partition.replica import Replica
 from . import request_context, tracing
 from .h1 import FastRequest
 from .http import ApiError, unavailable
+from .logs import REQUEST, RequestContext
 from .request_context import PARTITION, REQUEST_ID_HEADER, request_id
 
 if TYPE_CHECKING:
@@ -98,18 +99,25 @@ class AppendNow:
         batch, header = taken
         if header.is_control or header.is_transactional:
             return False
-        try:
-            future, duplicate = replica.propose(batch, header)
-        except Exception:  # nothing was proposed: Api.append answers it
-            return False
-        # proposed: from here on this request is answered here, whatever happens
-        api.broker.wake()
         rid = request_id(headers.get(REQUEST_ID_HEADER))
-        answer = partial(
-            self._answer, request, rid, started, topic, header.record_count, len(body), duplicate
-        )
-        api.commits.watch(future).add_done_callback(answer)
-        return True
+        # the log context, as the middleware sets it: for lines logged while proposing, and
+        # for the answer's callback (which runs in the context it was added in)
+        context = REQUEST.set(RequestContext(rid, topic, partition))
+        try:
+            try:
+                future, duplicate = replica.propose(batch, header)
+            except Exception:  # nothing was proposed: Api.append answers it
+                return False
+            # proposed: from here on this request is answered here, whatever happens
+            api.broker.wake()
+            answer = partial(
+                self._answer, request, rid, started, topic, header.record_count, len(body),
+                duplicate,
+            )  # fmt: skip
+            api.commits.watch(future).add_done_callback(answer)
+            return True
+        finally:
+            REQUEST.reset(context)
 
     def _batch(
         self, content_type: str, body: bytes, replica: Replica
@@ -138,7 +146,28 @@ class AppendNow:
         duplicate: bool,
         outcome: asyncio.Future[int],
     ) -> None:
-        """Answer the append once its commit's `outcome` is known."""
+        """Answer the append once its commit's `outcome` is known: a fault here (a bug) is
+        answered 500 rather than leaving the connection waiting for its idle timeout."""
+        try:
+            self._answer_outcome(request, rid, started, topic, records, size, duplicate, outcome)
+        except Exception:
+            log.exception("request %s: answering an append failed", rid)
+            error = ApiError(500, "internal", "internal error (the broker logged it)")
+            response = self.api.error_response(cast(web.Request, request), error)
+            response.headers[REQUEST_ID_HEADER] = rid
+            request.answer(response)  # (ignored if the answer went out before the fault)
+
+    def _answer_outcome(
+        self,
+        request: FastRequest,
+        rid: str,
+        started: float,
+        topic: str,
+        records: int,
+        size: int,
+        duplicate: bool,
+        outcome: asyncio.Future[int],
+    ) -> None:
         api = self.api
         try:
             base = outcome.result()
