@@ -168,6 +168,12 @@ class Phases:
 # ---- Laminar ---------------------------------------------------------------------------------
 
 
+def this_tree_env() -> dict[str, str]:
+    """The environment of a Python process this bench starts: it imports this tree's
+    `laminar`, as the bench itself and its brokers do (`LocalCluster.broker_env`)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "broker"), str(REPO)]))
+
+
 def laminar_bench(
     cluster: LocalCluster, arguments: Sequence[str], timeout_s: float
 ) -> dict[str, Any]:
@@ -175,7 +181,7 @@ def laminar_bench(
     seconds (from /proc) and the bench process's (rusage) while it ran."""
     command = [sys.executable, "-m", "laminar", "bench", *arguments, "--json", "--no-progress"]
     command += ["--brokers", ",".join(cluster.urls), "--token-file", str(cluster.token_file)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "broker"), str(REPO)]))
+    env = this_tree_env()
     pids = list(cluster.serving_pids().values())
     before = [cpu_seconds(p) for p in pids]
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -234,7 +240,7 @@ def wrk_floor(
     server = subprocess.Popen(
         [sys.executable, str(HERE / "http_floor.py"), "--port", str(port), "--stack", stack],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True,
+        start_new_session=True, env=this_tree_env(),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

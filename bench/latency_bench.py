@@ -8,8 +8,9 @@ majority's fdatasync), runs `laminar bench produce` at --rate msg/s of 1120-byte
 6 partitions (linger 1 ms) for --seconds, and removes the cluster. Printed per round and as
 medians: p50, p99 and p99.9 from each record's due time to its acknowledgement, and the
 brokers' CPU seconds per million records (from /proc), beside the machine's fdatasync rate.
-To compare two trees, run each in turn with PYTHONPATH=<tree>/broker: the brokers run that
-tree's code (bench/RESULTS.md, issue 22, eighth sitting).
+To compare two trees, run each tree's own copy of this script in turn: the brokers and the
+load run the code of the tree the script is in (`LocalCluster.broker_env`), whatever
+PYTHONPATH or an editable install says (bench/RESULTS.md, issue 22, eighth sitting).
 """
 
 from __future__ import annotations

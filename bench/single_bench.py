@@ -9,7 +9,8 @@ cluster (RF 1, fsync always, every answer after its fdatasync); then the same lo
 bench/http_floor.py on the broker's HTTP stack and on aiohttp's alone, answering each request
 with nothing behind it. Printed per round and as medians: requests/s, server CPU seconds per
 million requests (from /proc), wrk's p50 and p99, and the broker's ratios to both floors.
-To compare two trees, run each with PYTHONPATH=<tree>/broker (bench/RESULTS.md, issue 22).
+To compare two trees, run each tree's own copy of this script: its broker runs the code of
+the tree the script is in (`LocalCluster.broker_env`; bench/RESULTS.md, issue 22).
 """
 
 from __future__ import annotations

@@ -66,6 +66,9 @@ from .server.config import (
 from .tls import client_context
 from .workers import PORT_STRIDE, usable_cores, worker_address, worker_id
 
+#: the directory this `laminar` package was imported from
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
 TOKEN_FILE = "token"
@@ -386,6 +389,18 @@ class LocalCluster:
             command += ["--tls-ca-file", str(self.ca_file)]
         return command
 
+    def broker_env(self) -> dict[str, str]:
+        """The brokers' environment: this process's, with `env` on top, and its `laminar`
+        first on PYTHONPATH when it runs from a source tree (a script that put a checkout on
+        sys.path, such as a bench, measures that checkout's brokers, not whichever one an
+        editable install points at)."""
+        env = {**os.environ, **self.env}
+        root = PACKAGE_ROOT
+        if root.name not in ("site-packages", "dist-packages"):
+            paths = [str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        return env
+
     def start_node(self, node_id: str) -> LocalNode:
         node = self.nodes.get(node_id) or self._add(node_id)
         if node.alive():
@@ -398,7 +413,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, **self.env} if self.env else None,
+                env=self.broker_env(),
             )
         node.pid = node.process.pid
         self.save()

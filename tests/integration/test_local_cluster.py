@@ -14,7 +14,7 @@ import pytest
 
 from laminar.credentials import load as load_credentials
 from laminar.credentials import token_hash
-from laminar.local_cluster import ClusterError, LocalCluster, pid_alive, probe
+from laminar.local_cluster import PACKAGE_ROOT, ClusterError, LocalCluster, pid_alive, probe
 
 from .conftest import interruptible, loopback_prefix
 
@@ -25,6 +25,23 @@ LAMINAR = [sys.executable, "-m", "laminar"]
 def brokers_of(data_dir: Path) -> list[int]:
     document = json.loads((data_dir / "cluster.json").read_text())
     return [node["pid"] for node in document["nodes"].values()]
+
+
+def test_brokers_import_the_laminar_this_process_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that put a checkout on sys.path (a bench) starts that checkout's brokers, not
+    the one PYTHONPATH or an editable install would give them; PYTHONPATH's entries follow."""
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("PYTHONPATH", str(elsewhere))
+    env = LocalCluster(tmp_path / "cluster", 1, env={"LAMINAR_TEST": "1"}).broker_env()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(PACKAGE_ROOT), str(elsewhere)]
+    assert env["LAMINAR_TEST"] == "1"
+    imported = subprocess.run(
+        [sys.executable, "-c", "import laminar; print(laminar.__file__)"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    assert Path(imported).resolve().parent.parent == PACKAGE_ROOT
 
 
 def test_detached_up_status_down(tmp_path: Path) -> None:
