@@ -698,6 +698,26 @@ class SegmentedLog:
         return point
 
 
+@dataclass(slots=True)
+class _Placed:
+    """Batches placed in one segment (`LogWrite._place`): each one's write (position, parts)
+    and index row, and the segment's size and next index after them."""
+
+    writes: list[tuple[int, Sequence[Buffer]]]
+    added: list[tuple[int, int, int, int]]
+    size: int
+    next_index: int
+
+    @property
+    def count(self) -> int:
+        return len(self.writes)
+
+    def apply(self, pending: PendingBatches) -> None:
+        """Count the placed batches, written, in `pending`."""
+        pending.added.extend(self.added)
+        pending.size, pending.next_index = self.size, self.next_index
+
+
 class LogWrite:
     """Batches appended off the event loop, in three steps: `SegmentedLog.begin_write` plans
     them on the loop (verified, stamped, their indexes fixed); `write` writes them in an I/O
@@ -733,17 +753,38 @@ class LogWrite:
         must not be written again (the caller stops, as after a failed `append`)."""
         assert not self._written, "written twice"
         self._written = True
-        log = self._log
-        for parts, record_count, term, timestamp_ms in self._batches:
+        batches = self._batches
+        while batches:
             segment, pending = self._extents[-1]
-            empty = pending.next_index == segment.base_index
-            if log._roll_due(segment, pending.size, empty, self._now_ms):
-                segment, pending = self._roll(segment, pending)
-            segment.write_at(pending.size, parts)
-            relative_index = pending.next_index - segment.base_index
-            pending.added.append((relative_index, pending.size, term, timestamp_ms))
-            pending.size += sum(len(part) for part in parts)
-            pending.next_index += record_count
+            placed = self._place(segment, pending, batches)
+            if placed.count == 0:  # the segment is due to roll before the next batch
+                self._roll(segment, pending)
+                continue
+            for position, parts in placed.writes:
+                segment.write_at(position, parts)
+            placed.apply(pending)
+            batches = batches[placed.count :]
+
+    def _place(
+        self,
+        segment: Segment,
+        pending: PendingBatches,
+        batches: Sequence[tuple[tuple[Buffer, Buffer], int, int, int]],
+    ) -> _Placed:
+        """Where the first of `batches` go in `segment`, after what `pending` holds: as many
+        as it takes before it is due to roll (none: it is due now)."""
+        size, next_index = pending.size, pending.next_index
+        writes: list[tuple[int, Sequence[Buffer]]] = []
+        added: list[tuple[int, int, int, int]] = []
+        for parts, record_count, term, timestamp_ms in batches:
+            empty = next_index == segment.base_index
+            if self._log._roll_due(segment, size, empty, self._now_ms):
+                break
+            writes.append((size, parts))
+            added.append((next_index - segment.base_index, size, term, timestamp_ms))
+            size += sum(len(part) for part in parts)
+            next_index += record_count
+        return _Placed(writes, added, size, next_index)
 
     def _roll(self, old: Segment, pending: PendingBatches) -> tuple[Segment, PendingBatches]:
         log = self._log
@@ -769,28 +810,18 @@ class LogWrite:
         segment rolls on the way; else None (`run` then, in a Python thread). Once it
         succeeded, the log is as after `write`: ready to `publish`."""
         assert not self._written, "written twice"
-        log = self._log
-        if log.closed:
+        if self._log.closed:
             return None
         segment, pending = self._extents[-1]
-        size, next_index = pending.size, pending.next_index
-        writes: list[tuple[int, Sequence[Buffer]]] = []
-        added: list[tuple[int, int, int, int]] = []
-        for parts, record_count, term, timestamp_ms in self._batches:
-            empty = next_index == segment.base_index
-            if log._roll_due(segment, size, empty, self._now_ms):
-                return None
-            writes.append((size, parts))
-            added.append((next_index - segment.base_index, size, term, timestamp_ms))
-            size += sum(len(part) for part in parts)
-            next_index += record_count
+        placed = self._place(segment, pending, self._batches)
+        if placed.count < len(self._batches):
+            return None
 
         def written() -> None:
             self._written = True
-            pending.added.extend(added)
-            pending.size, pending.next_index = size, next_index
+            placed.apply(pending)
 
-        return segment.direct(writes, sync=sync, then=written)
+        return segment.direct(placed.writes, sync=sync, then=written)
 
     def run(self, *, sync: bool) -> None:
         """`write`, then `sync` if asked (one job of an I/O thread)."""
