@@ -65,6 +65,7 @@ from ..metadata import (
 from ..node.core import CoreConfig, Member, NodeCore, Round
 from ..node.store import NodeStorage
 from ..partition.errors import NotLeader, Overloaded, ReplicaClosed, SequenceConflict
+from ..partition.replica import Replica
 from ..partition.status_table import (
     FRESH_MS,
     ReportError,
@@ -74,7 +75,7 @@ from ..partition.status_table import (
 )
 from ..placement import hosts
 from ..raft.messages import Message, MessageType
-from ..raft.raft import Role
+from ..raft.raft import Raft, Role
 from ..swim.config import SwimConfig
 from ..swim.core import Swim
 from ..swim.member import Addresses
@@ -546,12 +547,9 @@ class NodeSimulation(Simulation):
             producer.batch = producer.answer = None
         elif answer is not None and self.ticks - producer.sent_tick < RETRY_PRODUCE_TICKS:
             return
-        found = self._leader_of(group)
-        core = self._core(found[0]) if found is not None else None
-        replica = core.replicas.get(group) if core is not None else None
-        if found is None or replica is None:
+        leader = self._leader_replica(group)
+        if leader is None:
             return
-        node, raft = found
         retry = producer.batch is not None
         if producer.batch is None:
             count = self.rng.randint(1, 3)
@@ -561,33 +559,38 @@ class NodeSimulation(Simulation):
             producer.batch = encode_batch(
                 records, producer_id=producer.id, producer_seq=producer.sequence, now_ms=0
             )
-        batch = producer.batch
-        before = raft.log.last_index()
-
-        async def propose() -> tuple[asyncio.Future[int], bool]:
-            return replica.propose(batch, parse_header(batch))
-
-        try:
-            producer.answer, duplicate = self.loop.run_until_complete(propose())
-        except (NotLeader, ReplicaClosed, Overloaded, SequenceConflict):
+        assert producer.batch is not None
+        proposed = self._propose_on(leader, group, producer.batch)
+        if proposed is None:
             return
+        producer.answer, duplicate = proposed
         producer.sent_tick = self.ticks
         self.stats["retries"] += retry
         self.stats["duplicates_answered"] += duplicate
-        if not duplicate:
-            self.proposals[group][before + 1] = (raft.term, _hash(batch), node.id)
-        self._process(node)
 
     def propose_batch(self, group: str, batch: bytes) -> asyncio.Future[int] | None:
         """Propose `batch` through the leader's `Replica.propose` of `group` (as the HTTP
         append does): the future of its base index (None: no leader, or refused). Its entry
         counts as acknowledged once committed (the base simulation's loss check)."""
+        leader = self._leader_replica(group)
+        proposed = None if leader is None else self._propose_on(leader, group, batch)
+        return None if proposed is None else proposed[0]
+
+    def _leader_replica(self, group: str) -> tuple[SimNode, Raft, Replica] | None:
+        """`group`'s leader: its node, Raft and replica (None: it has none now)."""
         found = self._leader_of(group)
         core = self._core(found[0]) if found is not None else None
         replica = core.replicas.get(group) if core is not None else None
         if found is None or replica is None:
             return None
-        node, raft = found
+        return found[0], found[1], replica
+
+    def _propose_on(
+        self, leader: tuple[SimNode, Raft, Replica], group: str, batch: bytes
+    ) -> tuple[asyncio.Future[int], bool] | None:
+        """`batch` proposed through `leader`'s `Replica.propose`: its future and whether it
+        was a duplicate (None: refused); a new entry is remembered for the loss check."""
+        node, raft, replica = leader
         before = raft.log.last_index()
 
         async def propose() -> tuple[asyncio.Future[int], bool]:
@@ -600,7 +603,7 @@ class NodeSimulation(Simulation):
         if not duplicate:
             self.proposals[group][before + 1] = (raft.term, _hash(batch), node.id)
         self._process(node)
-        return future
+        return future, duplicate
 
     def _check_dedupe(self) -> None:
         """Every producer's sequence is committed once in its partition, and every sequence
