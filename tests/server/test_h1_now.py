@@ -1,7 +1,8 @@
 """The HTTP/1.1 fast path's handlers that answer without a task (laminar.server.h1,
 `NOW_HANDLERS`), on a real server and raw connections: a request such a handler takes is
-answered when it says so, in order with the requests pipelined behind it; one it leaves goes
-to the route's own handler; and stopping the server waits for the answer it owes."""
+answered when it says so, once, in order with the requests pipelined behind it; one it
+leaves goes to the route's own handler; and stopping the server waits for the answer it
+owes."""
 
 from __future__ import annotations
 
@@ -133,4 +134,18 @@ async def test_stopping_the_server_waits_for_the_answer_it_owes() -> None:
         async with asyncio.timeout(TIMEOUT_S):
             await stopping
             assert await reader.read() == b""  # then the connection closes
+        writer.close()
+
+
+async def test_a_request_is_answered_once_even_if_its_handler_answers_again() -> None:
+    held = Held()
+    async with serving(held) as (_, port):
+        reader, writer, request = await taken(held, port, behind=post(b"later"))
+        # more than the socket takes at once: the answer waits to drain, and the request is
+        # still the connection's current one
+        big = b"x" * (16 << 20)
+        request.answer(("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", big))
+        request.answer(now_answer("again"))  # a handler's bug: nothing more goes out
+        assert await answer(reader) == (200, big)
+        assert await answer(reader) == (200, b"handler later")
         writer.close()

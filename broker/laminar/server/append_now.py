@@ -155,7 +155,7 @@ class AppendNow:
             error = ApiError(500, "internal", "internal error (the broker logged it)")
             response = self.api.error_response(cast(web.Request, request), error)
             response.headers[REQUEST_ID_HEADER] = rid
-            request.answer(response)  # (ignored if the answer went out before the fault)
+            request.answer(response)  # (ignored if it was answered before the fault)
 
     def _answer_outcome(
         self,

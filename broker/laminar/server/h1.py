@@ -116,6 +116,7 @@ class FastRequest(dict[Any, Any]):
         self.content_length = content_length
         self.body_exists = bool(content_length)
         self._query: MultiDictProxy[str] | None = None
+        self._answered = False  # (a NowHandler's request: `answer` was called)
 
     @property
     def query(self) -> MultiDictProxy[str]:
@@ -154,7 +155,11 @@ class FastRequest(dict[Any, Any]):
     def answer(self, response: web.Response | tuple[str, bytes]) -> None:
         """Answer a request that a `NowHandler` took: with `response`, or with (`head`,
         `body`): the status line and header lines (each ending in CRLF, without Content-Length
-        and Connection) and the body. Nothing is sent when the connection has gone."""
+        and Connection) and the body. Nothing is sent when the connection has gone, nor for a
+        request answered already (one response per request, whatever its handler does)."""
+        if self._answered:
+            return
+        self._answered = True
         self._connection.answer_now(self, response)
 
 
