@@ -323,7 +323,12 @@ class NodeCore:
             replica.refuse_proposals()
 
     def initial_metadata_voters(self) -> tuple[str, ...]:
-        nodes = self.config.initial_nodes or (() if self.config.joins else (self.id,))
+        """The metadata group's bootstrap voters: placement's pick among the initial nodes;
+        without them, a broker started alone is its one voter (a joining one: none). A
+        broker's vote is its worker 0's (docs/workers.md): its other workers never bootstrap
+        the group themselves (they would each found a metadata group of their own), they
+        learn it from worker 0."""
+        nodes = self.config.initial_nodes or (() if self.config.joins else (broker_of(self.id),))
         return tuple(sorted(metadata_voters(Candidate(n) for n in nodes)))
 
     def _log_config(self, overrides: Mapping[str, object] | None = None) -> LogConfig:
