@@ -354,7 +354,8 @@ def crds(kube: KubeApi) -> KubeApi:
 
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 #: Any refusal in a log: 403 Forbidden (RBAC's, or a namespace being deleted refusing writes).
-FORBIDDEN = re.compile(r"\b403\b|[Ff]orbidden")
+#: (Not the milliseconds of a log line's time, "04:23:48,403": CI48.)
+FORBIDDEN = re.compile(r"(?<![\d,.])403(?!\d)|[Ff]orbidden")
 
 
 def helm(kube: KubeApi, *args: str) -> str:

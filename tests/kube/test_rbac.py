@@ -17,7 +17,14 @@ from laminar.client import AsyncClient, NotFound
 from laminar.local_cluster import LocalCluster
 
 from ..integration.conftest import make_cluster
-from .conftest import ROOT, KubeApi, OperatorIdentity, operator_identity, run_operator
+from .conftest import (
+    FORBIDDEN,
+    ROOT,
+    KubeApi,
+    OperatorIdentity,
+    operator_identity,
+    run_operator,
+)
 from .test_operator import found, trust_operator, wait_for
 
 WATCHED = ("rbac-watched-a", "rbac-watched-b")
@@ -240,3 +247,18 @@ def test_scoped_operator_runs_a_cluster_and_a_topic_through_their_lifecycle(
         assert found(crds, "statefulset/demo", UNWATCHED) is None
         assert not (crds.get("laminarcluster/demo", "-n", UNWATCHED).get("status"))
     assert "rbac-watched-b/demo" in runner.output  # (it did log its work: the check saw it)
+
+
+def test_a_refusal_is_told_from_a_log_lines_milliseconds() -> None:
+    """(No API server: the pattern `run_operator` checks an operator's log with.)"""
+    refusals = [
+        "kopf.objects [ERROR ] APIForbiddenError: ('namespaces \"x\" is forbidden', {})",
+        "aiohttp.client_exceptions.ClientResponseError: 403, message='Forbidden'",
+        '{"kind":"Status","code":403}',
+    ]
+    others = [
+        "[2026-12-05 04:23:48,403] kopf._core.engines.a [INFO    ] Initial authentication",
+        "2026-12-05 04:23:48.403 laminar INFO ready",
+        "partition 1403 of 4030",
+    ]
+    assert [bool(FORBIDDEN.search(line)) for line in refusals + others] == [True] * 3 + [False] * 3
