@@ -146,28 +146,8 @@ class AppendNow:
         duplicate: bool,
         outcome: asyncio.Future[int],
     ) -> None:
-        """Answer the append once its commit's `outcome` is known: a fault here (a bug) is
-        answered 500 rather than leaving the connection waiting for its idle timeout."""
-        try:
-            self._answer_outcome(request, rid, started, topic, records, size, duplicate, outcome)
-        except Exception:
-            log.exception("request %s: answering an append failed", rid)
-            error = ApiError(500, "internal", "internal error (the broker logged it)")
-            response = self.api.error_response(cast(web.Request, request), error)
-            response.headers[REQUEST_ID_HEADER] = rid
-            request.answer(response)  # (ignored if it was answered before the fault)
-
-    def _answer_outcome(
-        self,
-        request: FastRequest,
-        rid: str,
-        started: float,
-        topic: str,
-        records: int,
-        size: int,
-        duplicate: bool,
-        outcome: asyncio.Future[int],
-    ) -> None:
+        """Answer the append once its commit's `outcome` is known. A fault while answering (a
+        bug) is answered 500, not left to the connection's idle timeout."""
         api = self.api
         try:
             base = outcome.result()
@@ -177,16 +157,26 @@ class AppendNow:
             error = unavailable(f"{e}; retry")
         except Exception:
             log.exception("request %s: an append's commit failed unexpectedly", rid)
-            error = ApiError(500, "internal", "internal error (the broker logged it)")
+            error = _internal()
         else:
-            api.metrics.append_latency.observe(time.perf_counter() - started)
-            api.metrics.appended(topic, records, size)
-            api.count_request(cast(web.Request, request), 200)
-            body = orjson.dumps(AppendResult(base, records, duplicate).to_json())
-            index = api.broker.core.meta_applied_index
-            head = f"{_OK_HEAD}{METADATA_INDEX_HEADER}: {index}\r\n{REQUEST_ID_HEADER}: {rid}\r\n"
-            request.answer((head, body))
-            return
+            try:
+                api.metrics.append_latency.observe(time.perf_counter() - started)
+                api.metrics.appended(topic, records, size)
+                api.count_request(cast(web.Request, request), 200)
+                body = orjson.dumps(AppendResult(base, records, duplicate).to_json())
+                index = api.broker.core.meta_applied_index
+                head = (
+                    f"{_OK_HEAD}{METADATA_INDEX_HEADER}: {index}\r\n{REQUEST_ID_HEADER}: {rid}\r\n"
+                )
+                request.answer((head, body))
+                return
+            except Exception:
+                log.exception("request %s: answering an append failed", rid)
+                error = _internal()  # (not sent if the answer went out before the fault)
         response = api.error_response(cast(web.Request, request), error)
         response.headers[REQUEST_ID_HEADER] = rid
         request.answer(response)
+
+
+def _internal() -> ApiError:
+    return ApiError(500, "internal", "internal error (the broker logged it)")
