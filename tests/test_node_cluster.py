@@ -63,7 +63,9 @@ def test_many_seeds_pass() -> None:
     assert f"{CI_SEEDS} passed, 0 failed" in result.stdout
 
 
-@pytest.mark.parametrize("seed", [0, 3, 5])
+# seeds whose run crashes the metadata leader's broker for good (the crash waits for a tick
+# its groups can survive it; which seeds find one depends on their whole random path)
+@pytest.mark.parametrize("seed", [0, 1, 4])
 def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) -> None:
     """Two workers a broker (`laminar.workers`); n2 restarts with three, n3 with one. After
     settling, every partition's voters are one worker on each broker placement picks, the
