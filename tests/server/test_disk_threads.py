@@ -205,3 +205,23 @@ def test_a_storage_in_use_by_a_direct_write_keeps_its_descriptor(tmp_path: Path)
     assert job.finish(0, -1) is None
     assert not first.holds_descriptor and (tmp_path / "a").read_bytes() == b"abc"
     second.close()
+
+
+async def test_the_pools_threads_never_preempt_the_loop_that_hands_them_work(
+    tmp_path: Path,
+) -> None:
+    """They run as SCHED_BATCH: a woken one waits for an idle CPU, or for the event loop's
+    thread to wait, instead of taking that thread's CPU at every job it is handed."""
+    before = set(os.listdir("/proc/self/task"))
+    threads = DiskThreads(2, "disk-test")
+    storage = FileStorage(str(tmp_path / "f"), create=True, files=OpenFiles(4))
+    try:
+        await asyncio.wait_for(threads.run([storage.direct([(0, [b"abc"])], sync=True)]), WAIT_S)
+        started = [int(t) for t in set(os.listdir("/proc/self/task")) - before]
+        assert len(started) == 2  # the pool's
+        assert [os.sched_getscheduler(t) for t in started] == [os.SCHED_BATCH] * 2
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the loop's own is untouched
+    finally:
+        threads.unwatch()
+        threads.close()
+        storage.close()

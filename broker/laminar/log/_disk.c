@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,11 @@ static void queue_push(Job **head, Job **tail, Job *job) {
 
 static void *worker(void *arg) {
     Pool *pool = (Pool *)arg;
+    /* SCHED_BATCH: a job handed over must not preempt the event loop's thread that handed
+     * it (CFS and EEVDF let a woken SCHED_NORMAL thread preempt its waker); the scheduler
+     * runs it on an idle CPU, or when the loop's thread waits. Best effort. */
+    struct sched_param batch = {0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     for (;;) {
         pthread_mutex_lock(&pool->lock);
         while (pool->queue_head == NULL && !pool->stopping) {
