@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -432,8 +433,14 @@ def run_operator(identity: OperatorIdentity, strict: bool = False, **env: str) -
     for writes into a namespace another test is deleting is fine)."""
     from kopf.testing import KopfRunner
 
+    from laminar_operator.logs import LOGGERS
+
     variables = {**identity.env, **env, "KUBECONFIG": str(identity.kubeconfig)}
     saved = {name: os.environ.get(name) for name in variables}
+    # the operator sets its loggers' level (LAMINAR_OPERATOR_LOG_LEVEL), "laminar" among them:
+    # the broker's too, in this process; left at debug, the tests of the API's fast path that
+    # run here next would find it declining every append (it leaves debug logging to the API)
+    levels = {name: logging.getLogger(name).level for name in ("", *LOGGERS)}
     os.environ.update(variables)
     try:
         with KopfRunner(identity.args, timeout=60) as runner:
@@ -444,6 +451,8 @@ def run_operator(identity: OperatorIdentity, strict: bool = False, **env: str) -
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     assert runner.exception is None, runner.output
     denied = re.compile(
         rf'User "{re.escape(identity.user)}" cannot|Not enough permissions'
