@@ -118,6 +118,7 @@ from .http import (
     ApiError,
     accepts,
     damaged,
+    internal,
     json_response,
     malformed,
     outcome_unknown,
@@ -328,7 +329,7 @@ class Api:
         except Exception:
             # a bug: never a plain-text 500, and the traceback in the log
             log.exception("%s %s failed unexpectedly", request.method, request.path)
-            error = ApiError(500, "internal", "internal error (the broker logged it)")
+            error = internal()
         return self.error_response(request, error, versioned=versioned)
 
     def error_response(

@@ -36,7 +36,7 @@ from ..partition.errors import CommitLost, CommitUnknown, ReplicaClosed
 from ..partition.replica import Replica
 from . import request_context, tracing
 from .h1 import FastRequest
-from .http import ApiError, unavailable
+from .http import internal, unavailable
 from .logs import REQUEST, RequestContext
 from .request_context import PARTITION, REQUEST_ID_HEADER, request_id
 
@@ -157,7 +157,7 @@ class AppendNow:
             error = unavailable(f"{e}; retry")
         except Exception:
             log.exception("request %s: an append's commit failed unexpectedly", rid)
-            error = _internal()
+            error = internal()
         else:
             try:
                 api.metrics.append_latency.observe(time.perf_counter() - started)
@@ -172,11 +172,7 @@ class AppendNow:
                 return
             except Exception:
                 log.exception("request %s: answering an append failed", rid)
-                error = _internal()  # (not sent if the answer went out before the fault)
+                error = internal()  # (not sent if the answer went out before the fault)
         response = api.error_response(cast(web.Request, request), error)
         response.headers[REQUEST_ID_HEADER] = rid
         request.answer(response)
-
-
-def _internal() -> ApiError:
-    return ApiError(500, "internal", "internal error (the broker logged it)")

@@ -40,6 +40,10 @@ def json_response(
     )
 
 
+#: the message of every 500: what went wrong is in the broker's log, not in the answer
+INTERNAL_MESSAGE = "internal error (the broker logged it)"
+
+
 class ApiError(Exception):
     def __init__(
         self,
@@ -75,6 +79,11 @@ class ApiError(Exception):
 def unavailable(message: str) -> ApiError:
     """503: nothing was done (no leader known, not ready, shutting down); retry."""
     return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
+
+
+def internal() -> ApiError:
+    """500: a fault of the broker's own (a bug), logged there; the answer says no more."""
+    return ApiError(500, "internal", INTERNAL_MESSAGE)
 
 
 def damaged(replica: Replica, error: CorruptBatchError) -> ApiError:
@@ -548,7 +557,7 @@ class _ApiConnection(web.RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("an answer was being sent already; it cannot become an error")
         if status >= 500:
-            code, text = "internal", "internal error (the broker logged it)"
+            code, text = "internal", INTERNAL_MESSAGE
         else:
             words = str(message or HTTPStatus(status).phrase).split()
             code = "bad_request"

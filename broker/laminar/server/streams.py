@@ -46,7 +46,7 @@ from ..partition.errors import (
     ReplicaClosed,
     SequenceConflict,
 )
-from .http import ApiError, outcome_unknown, unavailable
+from .http import ApiError, internal, outcome_unknown, unavailable
 from .txns_api import check_transactional
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class _Stream:
             ended = None  # the client is gone
         except Exception:
             log.exception("a streaming append on %s failed", self.replica.group)
-            ended = ApiError(500, "internal", "internal error (the broker logged it)")
+            ended = internal()
         finally:
             for task in (reader, acker):
                 task.cancel()
@@ -279,4 +279,4 @@ def _commit_error(error: BaseException) -> ApiError:
     if isinstance(error, CommitLost | ReplicaClosed):
         return unavailable(f"{error}; {MAY_BE_WRITTEN}")
     log.error("a streamed append failed unexpectedly", exc_info=error)
-    return ApiError(500, "internal", "internal error (the broker logged it)")
+    return internal()

@@ -34,7 +34,7 @@ from ...client.errors import LaminarError, OutOfRange
 from ...contract import MAX_INDEX, METADATA_WAIT_S, TOPIC_NAME, WORKER_NODE_ID
 from ...credentials import INTERNAL_PRINCIPAL, Action, Principal
 from ...models import ReadResult
-from ..http import ApiError
+from ..http import INTERNAL_MESSAGE, ApiError
 from .data import INTERNAL_GROUPS_PATH, MAX_BROWSE_RECORDS, Gatherer
 from .session import COOKIE_NAME, LoginLimiter, Session, Sessions, find_principal, session_key
 
@@ -385,7 +385,7 @@ class Console:
                 raise
             except Exception:
                 log.exception("console: %s %s failed unexpectedly", request.method, request.path)
-                response = self._error(viewer, 500, "internal error (the broker logged it)")
+                response = self._error(viewer, 500, INTERNAL_MESSAGE)
             if viewer.new_cookie is not None:
                 self._set_cookie(response, viewer.new_cookie)
             return response
