@@ -19,17 +19,13 @@ code of the tree the script is in: `LocalCluster.broker_env`).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from compare import KAFKA_BATCH_RECORDS, laminar_bench, log
-from machine import fdatasync_per_s, load_avg_1m
+from compare import KAFKA_BATCH_RECORDS, laminar_bench, repeat_rounds
 from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.local_cluster import LocalCluster
@@ -115,18 +111,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=KAFKA_BATCH_RECORDS, help="records a request")
     parser.add_argument("--in-flight", type=int, default=5, help="requests per partition")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="laminar-batch-"))
-    rows: list[dict[str, Any]] = []
-    try:
-        machine = {"fdatasync_per_s": fdatasync_per_s(root), "load_1m": load_avg_1m()}
-        log(f"machine: {machine}")
-        for n in range(args.rounds):
-            rows.append(one_round(root, args))
-            log(f"round {n + 1}: " + ", ".join(f"{k} {rows[-1][k]}" for k in FIGURES))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    medians = {k: statistics.median(r[k] for r in rows) for k in FIGURES}
-    print(json.dumps({"machine": machine, "medians": medians, "rounds": rows}))
+    repeat_rounds("batch", args.rounds, lambda root: one_round(root, args), FIGURES)
 
 
 if __name__ == "__main__":

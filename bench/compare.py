@@ -206,6 +206,26 @@ def laminar_bench(
     return result
 
 
+def repeat_rounds(
+    name: str, rounds: int, one_round: Callable[[Path], dict[str, Any]], figures: Sequence[str]
+) -> None:
+    """`rounds` of `one_round` (each given a scratch directory, removed after), logged as
+    they end; then one JSON line: the machine's limits, the medians of `figures` and every
+    round's figures (`latency_bench.py`, `batch_bench.py`)."""
+    root = Path(tempfile.mkdtemp(prefix=f"laminar-{name}-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        machine = {"fdatasync_per_s": fdatasync_per_s(root), "load_1m": load_avg_1m()}
+        log(f"machine: {machine}")
+        for n in range(rounds):
+            rows.append(one_round(root))
+            log(f"round {n + 1}: " + ", ".join(f"{k} {rows[-1][k]}" for k in figures))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    medians = {k: statistics.median(r[k] for r in rows) for k in figures}
+    print(json.dumps({"machine": machine, "medians": medians, "rounds": rows}))
+
+
 def wrk_path() -> str | None:
     """wrk (Debian's HTTP load generator, C): installed with apt-get when missing and root."""
     found = shutil.which("wrk")

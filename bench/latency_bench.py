@@ -16,15 +16,11 @@ PYTHONPATH or an editable install says (bench/RESULTS.md, issue 22, eighth sitti
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from compare import laminar_bench, log
-from machine import fdatasync_per_s, load_avg_1m
+from compare import laminar_bench, repeat_rounds
 
 from laminar.local_cluster import LocalCluster
 
@@ -51,18 +47,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5000, help="msg/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="each round's load")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="laminar-latency-"))
-    rows: list[dict[str, Any]] = []
-    try:
-        machine = {"fdatasync_per_s": fdatasync_per_s(root), "load_1m": load_avg_1m()}
-        log(f"machine: {machine}")
-        for n in range(args.rounds):
-            rows.append(one_round(root, args.rate, args.seconds))
-            log(f"round {n + 1}: " + ", ".join(f"{k} {rows[-1][k]}" for k in FIGURES))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    medians = {k: statistics.median(r[k] for r in rows) for k in FIGURES}
-    print(json.dumps({"machine": machine, "medians": medians, "rounds": rows}))
+    repeat_rounds(
+        "latency", args.rounds, lambda root: one_round(root, args.rate, args.seconds), FIGURES
+    )
 
 
 if __name__ == "__main__":
