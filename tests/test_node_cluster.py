@@ -39,11 +39,11 @@ def _quiet_repair_reports(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL, logger="laminar")
 
 
-@pytest.mark.parametrize("seed", [2, 3, 4])
+@pytest.mark.parametrize("seed", [3, 4, 5])
 def test_node_cores_converge_and_keep_every_acknowledged_record(seed: int) -> None:
     stats = NodeSimulation(seed).run()
     assert stats["converged_partitions"] == PARTITIONS
-    # (seed 1 is one of the few with no moment the crash for good was survivable)
+    # (seeds 2, 6 and 9 of 0-11 are the ones with no moment the crash for good was survivable)
     assert stats["crashed_for_good"] == 1
     assert stats["status_tables_checked"] == 4  # every node but the one crashed for good
     assert stats["crashes"] >= 1 and stats["acked"] > 300
@@ -63,9 +63,10 @@ def test_many_seeds_pass() -> None:
     assert f"{CI_SEEDS} passed, 0 failed" in result.stdout
 
 
-# seeds whose run crashes the metadata leader's broker for good (the crash waits for a tick
-# its groups can survive it; which seeds find one depends on their whole random path)
-@pytest.mark.parametrize("seed", [0, 1, 4])
+# seeds whose run crashes the metadata leader's broker for good, n2 not being it (its new
+# worker is checked below); the crash waits for a tick its groups can survive it, and which
+# seeds find one depends on their whole random path
+@pytest.mark.parametrize("seed", [1, 7, 10])
 def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) -> None:
     """Two workers a broker (`laminar.workers`); n2 restarts with three, n3 with one. After
     settling, every partition's voters are one worker on each broker placement picks, the

@@ -52,6 +52,15 @@ appends were a quarter of the frames; this removes the half of them sent by the 
 that answered first: 12 % of the frames, bench/RESULTS.md.) An append that does not match is
 answered (rejected) as any other. Safety does not depend on it: the leader neither waits for
 nor counts such an answer.
+
+Owed appends. What a leader's inputs ask to send a follower (a proposal's entries, a commit
+an answer made, a refill of the window an answer freed, a probe) is owed, not sent at once,
+and goes out at the next `ready()`: each follower gets its unsent entries in one append (more
+only where `max_append_bytes` cuts them, up to the window), with the latest commit index. A
+proposal per request, or answers stepped together, used to send an append each, each answered
+in turn: a queue's record and the acquire that rides behind it went as two (bench/RESULTS.md,
+issue 22). Safety does not depend on it: an append holds what the separate ones would have,
+and a leader that steps down before its `ready()` sends none it owed.
 """
 
 from __future__ import annotations
@@ -196,6 +205,9 @@ class Raft:
         self.pending_reads: list[tuple[bytes, int, set[str], str]] = []  # ctx, index, acks, from
         self.read_states: list[tuple[bytes, int]] = []
         self.msgs: list[Message] = []
+        #: followers owed an append at the next `ready()` (`_append_later`), and whether an
+        #: empty one is owed too (it carries the commit index, or probes)
+        self._appends_due: dict[str, bool] = {}
         #: quiesced: idle, not ticked (see the module's docstring)
         self.quiesced = False
         #: the group's preferred leader: a follower knowing no leader campaigns after
@@ -280,6 +292,7 @@ class Raft:
         self.votes = {}
         self.transferee = None
         self.pending_reads = []
+        self._appends_due = {}  # owed by the old role's progress
         last = self.log.last_index()
         self.progress = {}
         for node in self.conf.members():
@@ -370,7 +383,7 @@ class Raft:
                     progress.snapshot_ticks += 1
                     if progress.snapshot_ticks >= self.config.election_ticks:
                         progress.become_probe()  # the snapshot was lost: start over
-                        self._send_append(node)
+                        self._append_later(node)
 
     def _may_quiesce(self) -> bool:
         """Leader: is the group idle? Everything committed and persisted here, every member
@@ -379,6 +392,8 @@ class Raft:
         if hooks is None or not hooks.quiesce:
             return False
         if self.transferee is not None or self.pending_reads or self.read_states:
+            return False
+        if self._appends_due:
             return False
         last = self.log.last_index()
         if self.log.committed != last or self.pending_conf_index > self.log.committed:
@@ -598,7 +613,7 @@ class Raft:
                 progress.match = m.index
                 progress.become_probe()
             if progress is not None:
-                self._send_append(m.src)
+                self._append_later(m.src)
             return
         if m.index >= log.last_index():
             return
@@ -774,7 +789,7 @@ class Raft:
                 if progress.maybe_decrease_to(m.index, hint_next):
                     if progress.state is ProgressState.REPLICATE:
                         progress.become_probe()
-                    self._send_append(m.src)
+                    self._append_later(m.src)
                 return
             if progress.maybe_update(m.index):
                 if progress.state is ProgressState.PROBE:
@@ -788,12 +803,12 @@ class Raft:
                 if self._maybe_commit():
                     self._broadcast_append()
                 elif progress.match < self.log.last_index():
-                    self._send_append(m.src)
+                    self._append_later(m.src)
                 if m.src == self.transferee and progress.match == self.log.last_index():
                     self._send(self._msg(MT.TIMEOUT_NOW, m.src))
             elif progress.state is ProgressState.REPLICATE:
                 # the window moved: keep the pipeline full
-                self._send_append(m.src, send_if_empty=False)
+                self._append_later(m.src, if_empty=False)
         elif m.type is MT.HEARTBEAT_RESP:
             progress.recent_active = True
             progress.probe_sent = False
@@ -803,7 +818,7 @@ class Raft:
             ):
                 progress.inflight.popleft()  # an append may be lost: let one more through
             if progress.match < self.log.last_index():
-                self._send_append(m.src)
+                self._append_later(m.src)
             if m.context:
                 self._ack_read(m.context, m.src)
 
@@ -885,7 +900,7 @@ class Raft:
         if self.progress[to].match == self.log.last_index():
             self._send(self._msg(MT.TIMEOUT_NOW, to))
         else:
-            self._send_append(to)
+            self._append_later(to)
 
     def defer_election(self, ticks: int) -> None:
         """While it knows no leader, start no election for `ticks` ticks (another member,
@@ -988,7 +1003,38 @@ class Raft:
             return  # e.g. a leader that just committed its own removal
         for node in self.progress:
             if node != self.id:
-                self._send_append(node)
+                self._append_later(node)
+
+    def _append_later(self, to: str, *, if_empty: bool = True) -> None:
+        """Owe `to` an append, sent at the next `ready()` (`_send_due_appends`): what a step,
+        a tick or a proposal asks for, however many times, goes out as one message (or as few
+        as `max_append_bytes` allows). `if_empty=False` owes one only if entries are unsent."""
+        due = self._appends_due
+        due[to] = due.get(to, False) or if_empty
+        self._touch()
+
+    def _send_due_appends(self) -> None:
+        """Send the appends owed (`_append_later`): each follower's unsent entries, up to its
+        window, or an empty append if one was owed and none had entries."""
+        due, self._appends_due = self._appends_due, {}
+        if self.role is not Role.LEADER:
+            return  # stepped down since: a new leader starts its followers afresh
+        window = self.config.max_inflight_appends
+        last = self.log.last_index()
+        for node, if_empty in due.items():
+            progress = self.progress.get(node)
+            if progress is None or node == self.id:
+                continue  # removed since
+            self._send_append(node, send_if_empty=if_empty)
+            while (
+                progress.state is ProgressState.REPLICATE
+                and progress.next <= last
+                and not progress.is_paused(window)
+            ):
+                sent_to = progress.next
+                self._send_append(node, send_if_empty=False)
+                if progress.next == sent_to:
+                    break  # nothing went (a snapshot is due, or the log is damaged there)
 
     def _broadcast_heartbeat(self, context: bytes) -> None:
         for node, progress in self.progress.items():
@@ -1059,6 +1105,7 @@ class Raft:
         prev = self._prev_hard
         return bool(
             self.msgs
+            or self._appends_due
             or self.log.unstable
             or self.log.unstable_snapshot
             or self.log.committed > self._applied_commit
@@ -1072,6 +1119,8 @@ class Raft:
         )
 
     def ready(self) -> Ready:
+        if self._appends_due:
+            self._send_due_appends()
         hard_state = self.hard_state()
         ready = Ready(
             hard_state=hard_state if hard_state != self._prev_hard else None,
