@@ -1010,8 +1010,7 @@ class Raft:
         a tick or a proposal asks for, however many times, goes out as one message (or as few
         as `max_append_bytes` allows). `if_empty=False` owes one only if entries are unsent."""
         due = self._appends_due
-        due[to] = due.get(to, False) or if_empty
-        self._touch()
+        due[to] = due.get(to, False) or if_empty  # (its input touched the group already)
 
     def _send_due_appends(self) -> None:
         """Send the appends owed (`_append_later`): each follower's unsent entries, up to its
@@ -1023,7 +1022,7 @@ class Raft:
         last = self.log.last_index()
         for node, if_empty in due.items():
             progress = self.progress.get(node)
-            if progress is None or node == self.id:
+            if progress is None:
                 continue  # removed since
             self._send_append(node, send_if_empty=if_empty)
             while (
