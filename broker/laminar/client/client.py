@@ -2,7 +2,7 @@
 
 What it does for every call:
 
-* **Redirects.** It follows 307/308 itself (aiohttp does not send a POST body again on a 307),
+* **Redirects.** It follows 307/308 itself (laminar.client.h1 follows none),
   sending the same method and body to `Location`, at most `MAX_REDIRECTS` hops per attempt.
 * **Retries.** 503 `unavailable` (the broker did nothing), 429 `overloaded` and connection
   failures are retried with capped exponential backoff (`INITIAL_BACKOFF_S` doubling up to
@@ -42,7 +42,6 @@ import os
 import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -121,6 +120,7 @@ from laminar.models.group_admin import (
 from laminar.placement import Candidate, partition_key, rank
 from laminar.tls import client_context
 
+from . import h1
 from .config import DEFAULT_BROKERS, resolve, resolve_token
 from .errors import (
     Conflict,
@@ -168,26 +168,6 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectorError,
     *(getattr(aiohttp, n) for n in ("ConnectionTimeoutError",) if hasattr(aiohttp, n)),
 )
-#: set by `_http` for one attempt: `_Connector` marks it once the attempt has a connection
-_CONNECTED: ContextVar[list[bool] | None] = ContextVar("laminar_connected", default=None)
-
-
-class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, telling the attempt that runs it when it has a connection: a
-    call's deadline that passes before then (aiohttp raises a bare TimeoutError when its
-    total timeout fires while connecting, or before) means no broker was reached, not that a
-    request may have been sent."""
-
-    async def connect(
-        self,
-        req: aiohttp.ClientRequest,
-        traces: list[aiohttp.tracing.Trace],
-        timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.connector.Connection:
-        connection = await super().connect(req, traces, timeout)
-        if (connected := _CONNECTED.get()) is not None:
-            connected[0] = True
-        return connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,7 +456,8 @@ class AsyncClient:
         self._metadata_index = -1
         self._timeout_s = timeout_s
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # (WebSockets: streaming appends)
+        self._pool: h1.Pool | None = None  # (every other request)
         self._closed = False
         self._first = 0  # the bootstrap broker tried first (the last one that answered)
         self._meta_url: str | None = None
@@ -528,9 +509,18 @@ class AsyncClient:
         for task in self._refreshing.values():
             task.cancel()
         self._refreshing.clear()
+        if self._pool is not None:
+            self._pool.close()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+    def _get_pool(self) -> h1.Pool:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        if self._pool is None:
+            self._pool = h1.Pool(self._max_connections, CONNECT_TIMEOUT_S)
+        return self._pool
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -539,7 +529,7 @@ class AsyncClient:
             # no DNS cache: aiohttp resolves a cached host in a task of its own, which outlives
             # a cancelled call and ends with nobody to take its error (kopf re-raises such
             # orphans when the operator stops); pooled connections resolve once anyway
-            connector = _Connector(
+            connector = aiohttp.TCPConnector(
                 limit=self._max_connections, limit_per_host=0, use_dns_cache=False
             )
             self._session = aiohttp.ClientSession(connector=connector)
@@ -1508,49 +1498,27 @@ class AsyncClient:
         headers: Mapping[str, str],
         deadline: float,
     ) -> _Answer:
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
+        if deadline - asyncio.get_running_loop().time() <= 0:
             raise _Broken(TimeoutError("the call's deadline passed"))
-        timeout = aiohttp.ClientTimeout(
-            total=remaining, sock_connect=min(remaining, CONNECT_TIMEOUT_S)
-        )
-        session = self._get_session()
-        tls = self._ssl() if callable(self._ssl) else self._ssl
-        connected = [False]
-        # (this task's own context: the connector runs in it; put back when the attempt ends)
-        attempt = _CONNECTED.set(connected)
         try:
-            async with session.request(
-                method,
-                URL(url, encoded=True),
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                timeout=timeout,
-                ssl=True if tls is None else tls,
-            ) as response:
-                data = await response.read()
-                self._saw_metadata_index(response.headers.get(METADATA_INDEX_HEADER))
-                return _Answer(response.status, response.headers, data, url)
-        except aiohttp.ClientConnectorCertificateError as e:  # no retry can cure it
-            raise LaminarError(
-                0,
-                "tls_error",
-                f"{_origin(url)}'s certificate is not valid for it or not trusted: "
-                f"{e.certificate_error} (give the cluster's CA: ca_file=, --ca-file or "
-                "LAMINAR_CA_FILE)",
-            ) from e
-        except aiohttp.ClientConnectorSSLError as e:
-            raise LaminarError(
-                0, "tls_error", f"TLS with {_origin(url)} failed (a plain-HTTP broker?): {e}"
-            ) from e
-        except _CONNECT_ERRORS as e:
-            raise _NotConnected(str(e) or type(e).__name__) from e
-        except TimeoutError as e:
-            if not connected[0]:  # nothing was sent: as a connection refused
-                raise _NotConnected("no connection before the call's deadline") from e
-            raise _Broken(e) from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise _Broken(e) from e
-        finally:
-            _CONNECTED.reset(attempt)
+            status, answer_headers, data = await self._get_pool().request(
+                method, url, headers, body, deadline, self._ssl
+            )
+        except h1.NotConnected as e:
+            if isinstance(e.cause, ssl.SSLCertVerificationError):  # no retry can cure it
+                raise LaminarError(
+                    0,
+                    "tls_error",
+                    f"{_origin(url)}'s certificate is not valid for it or not trusted: "
+                    f"{e.cause} (give the cluster's CA: ca_file=, --ca-file or "
+                    "LAMINAR_CA_FILE)",
+                ) from e.cause
+            if isinstance(e.cause, ssl.SSLError):
+                raise LaminarError(
+                    0, "tls_error", f"TLS with {_origin(url)} failed (a plain-HTTP broker?): {e}"
+                ) from e.cause
+            raise _NotConnected(str(e)) from e.cause
+        except h1.Broken as e:
+            raise _Broken(e.cause) from e.cause
+        self._saw_metadata_index(answer_headers.get(METADATA_INDEX_HEADER))
+        return _Answer(status, answer_headers, data, url)

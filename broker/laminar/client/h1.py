@@ -1,0 +1,499 @@
+"""The client's HTTP/1.1 transport: keep-alive connections of its own for every request and
+answer of the API (`AsyncClient._call`). aiohttp's client took about 150 µs of the client's
+CPU a request, and it bounded `laminar bench produce` at 14 records an append (bench/RESULTS.md,
+issue 22, thirteenth sitting). WebSockets (streaming appends) stay aiohttp's.
+
+What it does, and nothing more:
+
+* One request at a time on a connection. An answer is framed as RFC 9112 §6.3 says: none for
+  HEAD, 1xx, 204 and 304; chunked transfer coding; Content-Length; else up to the connection's
+  end. Interim 1xx answers are skipped. A head over `MAX_HEAD_BYTES` or `MAX_HEADERS`, or one
+  that is not HTTP/1.x, fails the request as a broken connection.
+* A connection is kept for the next request to its origin when the answer allows it (HTTP/1.1,
+  no `Connection: close`, framed by its length or chunks, nothing after it) and is dropped
+  once idle for `IDLE_S`, before a server's idle timeout (aiohttp's is 75 s) closes it under a
+  request. At most `limit` connections are open in all: past that a request takes an idle
+  connection of another origin (closed for it) or waits for one to be freed.
+* TLS through asyncio with the caller's context, the server's name checked.
+* A request's deadline (loop time) bounds the wait for a free connection, connecting, and
+  the answer. A request cancelled or timed out closes its connection.
+
+`NotConnected`: nothing was sent (connection refused, TLS handshake failed, deadline passed
+before a connection). `Broken`: the request may have been sent (the connection broke, no answer
+by the deadline, an answer that is not HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+#: an answer's status line and headers may be this long (aiohttp's client allows 8190 bytes a
+#: line and 128 headers)
+MAX_HEAD_BYTES = 64 << 10
+MAX_HEADERS = 128
+#: an idle connection is closed rather than used after this long
+IDLE_S = 15.0
+#: origins whose parsed form is kept (brokers, and where they redirect to)
+MAX_ORIGINS = 1024
+#: a body up to this size goes out in one write with its head (one segment on loopback)
+JOIN_BODY_BYTES = 256 << 10
+
+#: what a request line's target or a header may not contain (a header or request injected)
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+_LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
+
+Answer = tuple[int, CIMultiDictProxy[str], bytes]
+TlsContext = ssl.SSLContext | Callable[[], ssl.SSLContext] | None
+
+
+class NotConnected(Exception):
+    """No connection was made: the request was certainly not sent."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.cause = cause
+
+
+class Broken(Exception):
+    """The connection failed after the request may have been sent."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.cause = cause
+
+
+class ProtocolError(Exception):
+    """An answer that is not valid HTTP/1.1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    tls: bool
+    host: str
+    port: int
+    #: the Host header: the URL's host and port as written
+    authority: str
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(`scheme://authority`, the request target: path and query, "/" at least)."""
+    start = url.find("://")
+    if start < 0:
+        raise ValueError(f"not an absolute URL: {url!r}")
+    slash = url.find("/", start + 3)
+    if slash < 0:
+        return url, "/"
+    return url[:slash], url[slash:]
+
+
+def parse_origin(origin: str) -> Origin:
+    parsed = URL(origin)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"not an http:// or https:// URL: {origin!r}")
+    port = parsed.port
+    assert port is not None  # (http and https have default ports)
+    authority = parsed.raw_authority.rpartition("@")[2]
+    return Origin(parsed.scheme == "https", parsed.host, port, authority)
+
+
+def request_head(
+    method: str, target: str, authority: str, headers: Mapping[str, str], body_bytes: int | None
+) -> bytes:
+    """A request's line and headers; Content-Length when there is a body (or for a POST or
+    PUT without one). ValueError for a line break or control character in any of them."""
+    if _UNSAFE_TARGET.search(target) or not _TOKEN.fullmatch(method):
+        raise ValueError(f"not a valid request: {method} {target!r}")
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name) or _UNSAFE.search(value):
+            raise ValueError(f"not a valid header: {name!r}")
+        lines.append(f"{name}: {value}\r\n")
+    if body_bytes is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {body_bytes or 0}\r\n")
+    lines.append("\r\n")
+    try:
+        return "".join(lines).encode("latin-1")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"a header holds a character HTTP/1.1 cannot carry: {e}") from None
+
+
+def parse_head(head: bytes) -> tuple[int, bool, CIMultiDict[str]]:
+    """An answer's status, whether it is HTTP/1.1, and its headers (the head without its last
+    CRLF CRLF). ProtocolError for anything else."""
+    lines = head.split(b"\r\n")
+    line = lines[0]
+    if (
+        len(line) < 12
+        or line[:7] != b"HTTP/1."
+        or line[7:8] not in (b"0", b"1")
+        or line[8:9] != b" "
+        or not line[9:12].isdigit()
+        or line[12:13] not in (b"", b" ")
+    ):
+        raise ProtocolError(f"not an HTTP/1.x status line: {line[:40]!r}")
+    if len(lines) > MAX_HEADERS + 1:
+        raise ProtocolError(f"an answer with over {MAX_HEADERS} headers")
+    headers: CIMultiDict[str] = CIMultiDict()
+    for raw in lines[1:]:
+        name, colon, value = raw.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name.decode("latin-1")):
+            raise ProtocolError(f"not a header line: {raw[:40]!r}")
+        headers.add(name.decode("ascii"), value.strip(b" \t").decode("latin-1"))
+    return int(line[9:12]), line[7:8] == b"1", headers
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: a request's answer parsed as its bytes arrive."""
+
+    def __init__(self, pool: Pool, origin: Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.open = True
+        self.counted = True  # in the pool's count of open connections
+        self.idle_since = 0.0
+        self._buffer = bytearray()
+        self._answer: asyncio.Future[Answer] | None = None
+        self._no_body = False
+        self._status = 0
+        self._headers: CIMultiDict[str] | None = None
+        self._framing = _LENGTH
+        self._length = 0
+        self._chunks: list[bytes] = []
+        self.keep = False
+
+    # ---- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's are not subclasses)
+
+    def data_received(self, data: bytes) -> None:
+        answer = self._answer
+        if answer is None or answer.done():  # bytes nobody asked for: not HTTP/1.1 keep-alive
+            self.close()
+            return
+        self._buffer += data
+        try:
+            result = self._parse()
+        except (ProtocolError, UnicodeDecodeError, ValueError) as e:
+            answer.set_exception(ProtocolError(str(e)))
+            self.close()
+            return
+        if result is not None:
+            answer.set_result(result)
+
+    def eof_received(self) -> bool:
+        return False  # (closes: connection_lost follows)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.open = False
+        self.pool._gone(self)
+        answer = self._answer
+        if answer is None or answer.done():
+            return
+        if self._headers is not None and self._framing == _UNTIL_CLOSE and exc is None:
+            self.keep = False
+            answer.set_result(self._result(bytes(self._buffer)))
+            return
+        answer.set_exception(exc or ConnectionResetError("the server closed the connection"))
+
+    # ---- one exchange
+
+    async def exchange(
+        self, head: bytes, body: bytes | None, deadline: float, no_body: bool
+    ) -> Answer:
+        transport = self.transport
+        if transport is None or not self.open or transport.is_closing():
+            raise ConnectionResetError("the connection closed")
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Answer] = loop.create_future()
+        self._answer = answer
+        self._no_body = no_body
+        self._headers = None
+        self.keep = False
+        if body is None:
+            transport.write(head)
+        elif len(body) <= JOIN_BODY_BYTES:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
+        timer = loop.call_at(deadline, self._timed_out)
+        try:
+            return await answer
+        finally:
+            timer.cancel()
+            self._answer = None
+
+    def usable(self, now: float | None = None) -> bool:
+        """Open, nothing of the last request left to write, and (given `now`) not idle for
+        `IDLE_S`: a request sent on it reaches a server that reads it."""
+        transport = self.transport
+        return (
+            self.open
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.get_write_buffer_size()
+            and (now is None or now - self.idle_since < IDLE_S)
+        )
+
+    def _timed_out(self) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(TimeoutError("no answer before the call's deadline"))
+
+    def _parse(self) -> Answer | None:
+        buffer = self._buffer
+        while self._headers is None:
+            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if len(buffer) >= MAX_HEAD_BYTES + 4:
+                    raise ProtocolError(f"an answer's head over {MAX_HEAD_BYTES} bytes")
+                return None
+            status, http11, headers = parse_head(bytes(buffer[:end]))
+            del buffer[: end + 4]
+            if status < 200:
+                if status == 101:
+                    raise ProtocolError("an upgrade nobody asked for")
+                continue  # an interim answer
+            self._status, self._headers = status, headers
+            self._frame(status, http11, headers)
+        if self._framing == _LENGTH:
+            if len(buffer) < self._length:
+                return None
+            if len(buffer) > self._length:  # more than the answer: nothing to reuse
+                self.keep = False
+            body = bytes(buffer[: self._length])
+            del buffer[:]
+            return self._result(body)
+        if self._framing == _CHUNKED:
+            return self._dechunk()
+        return None  # up to the connection's end (connection_lost)
+
+    def _frame(self, status: int, http11: bool, headers: CIMultiDict[str]) -> None:
+        tokens = ",".join(headers.getall("Connection", ())).lower().split(",")
+        self.keep = http11 and "close" not in {t.strip() for t in tokens}
+        codings = ",".join(headers.getall("Transfer-Encoding", ())).strip()
+        if self._no_body or status in (204, 304):
+            self._framing, self._length = _LENGTH, 0
+        elif codings:
+            if codings.rpartition(",")[2].strip().lower() == "chunked":
+                self._framing, self._length = _CHUNKED, 0
+                self._chunks = []
+            else:
+                self._framing, self.keep = _UNTIL_CLOSE, False
+        elif "Content-Length" in headers:
+            lengths = {v.strip() for v in headers.getall("Content-Length")}
+            value = lengths.pop()
+            if lengths or not value.isdigit() or len(value) > 18:
+                raise ProtocolError(f"not a valid Content-Length: {value!r}")
+            self._framing, self._length = _LENGTH, int(value)
+        else:
+            self._framing, self.keep = _UNTIL_CLOSE, False
+
+    def _dechunk(self) -> Answer | None:
+        buffer = self._buffer
+        while True:
+            if self._length > 0:  # inside a chunk: its data and CRLF
+                if len(buffer) < self._length + 2:
+                    return None
+                if buffer[self._length : self._length + 2] != b"\r\n":
+                    raise ProtocolError("a chunk not ended by CRLF")
+                self._chunks.append(bytes(buffer[: self._length]))
+                del buffer[: self._length + 2]
+                self._length = 0
+            line_end = buffer.find(b"\r\n")
+            if line_end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    raise ProtocolError("a chunk size line too long")
+                return None
+            if self._length < 0:  # the trailers after the last chunk, up to an empty line
+                if line_end == 0:
+                    del buffer[:2]
+                    if buffer:
+                        self.keep = False
+                    return self._result(b"".join(self._chunks))
+                del buffer[: line_end + 2]
+                continue
+            size = buffer[:line_end].partition(b";")[0].strip()
+            if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+                raise ProtocolError(f"not a chunk size: {bytes(size[:20])!r}")
+            del buffer[: line_end + 2]
+            self._length = int(size, 16) or -1
+
+    def _result(self, body: bytes) -> Answer:
+        assert self._headers is not None
+        self._length = 0
+        return self._status, CIMultiDictProxy(self._headers), body
+
+    def close(self) -> None:
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+        self.pool._gone(self)
+
+
+class Pool:
+    """Keep-alive connections by origin, at most `limit` open in all."""
+
+    def __init__(self, limit: int, connect_timeout_s: float) -> None:
+        if limit < 1:
+            raise ValueError(f"limit={limit} must be at least 1")
+        self._limit = limit
+        self._connect_timeout_s = connect_timeout_s
+        self._origins: dict[str, Origin] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._open = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._connections: set[_Connection] = set()
+        self.closed = False
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        deadline: float,
+        tls: TlsContext = None,
+    ) -> Answer:
+        """One request and its answer (status, headers, body). NotConnected, Broken;
+        ValueError for a request HTTP/1.1 cannot carry."""
+        origin_text, target = split_url(url)
+        origin = self._origins.get(origin_text)
+        if origin is None:
+            if len(self._origins) >= MAX_ORIGINS:
+                self._origins.clear()
+            origin = self._origins[origin_text] = parse_origin(origin_text)
+        head = request_head(
+            method, target, origin.authority, headers, None if body is None else len(body)
+        )
+        connection = await self._connection(origin, deadline, tls)
+        try:
+            answer = await connection.exchange(head, body, deadline, method == "HEAD")
+        except (OSError, TimeoutError, ProtocolError) as e:
+            connection.close()
+            raise Broken(e) from e
+        except BaseException:  # cancelled: what the server sends next is nobody's
+            connection.close()
+            raise
+        if connection.keep and connection.usable() and not self.closed:
+            connection.idle_since = asyncio.get_running_loop().time()
+            self._idle.setdefault(origin, []).append(connection)
+            self._wake()
+        else:
+            connection.close()
+        return answer
+
+    async def _connection(self, origin: Origin, deadline: float, tls: TlsContext) -> _Connection:
+        if self.closed:
+            raise RuntimeError("the client is closed")
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = self._idle.get(origin)
+            while idle:
+                connection = idle.pop()
+                if connection.usable(loop.time()):
+                    return connection
+                connection.close()
+            if self.closed:
+                raise RuntimeError("the client is closed")
+            if self._open < self._limit:
+                break
+            if not self._close_an_idle():
+                await self._wait_for_room(deadline)
+        connection = _Connection(self, origin)
+        self._open += 1
+        self._connections.add(connection)
+        try:
+            context = None
+            if origin.tls:
+                context = tls() if callable(tls) else tls
+                if context is None:
+                    context = _default_context()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError("no connection before the call's deadline")
+            async with asyncio.timeout(min(remaining, self._connect_timeout_s)):
+                await loop.create_connection(
+                    lambda: connection,
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=origin.host if context is not None else None,
+                )
+        except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+            connection.close()
+            raise NotConnected(e) from e
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _close_an_idle(self) -> bool:
+        for connections in self._idle.values():
+            if connections:
+                connections.pop(0).close()
+                return True
+        return False
+
+    async def _wait_for_room(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException as e:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._wake()  # woken, but leaving: the room goes to the next waiter
+            if isinstance(e, TimeoutError):
+                raise NotConnected(TimeoutError("no free connection before the deadline")) from e
+            raise
+
+    def _gone(self, connection: _Connection) -> None:
+        if not connection.counted:
+            return
+        connection.counted = False
+        self._open -= 1
+        self._connections.discard(connection)
+        idle = self._idle.get(connection.origin)
+        if idle and connection in idle:
+            idle.remove(connection)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        """Close every connection; requests after this raise RuntimeError."""
+        self.closed = True
+        for connection in list(self._connections):
+            connection.close()
+        self._idle.clear()
+
+
+_DEFAULT_CONTEXT: list[ssl.SSLContext] = []
+
+
+def _default_context() -> ssl.SSLContext:
+    """The system's CAs, host names checked (aiohttp's `ssl=True`)."""
+    if not _DEFAULT_CONTEXT:
+        _DEFAULT_CONTEXT.append(ssl.create_default_context())
+    return _DEFAULT_CONTEXT[0]

@@ -1,0 +1,321 @@
+"""The client's HTTP/1.1 transport (laminar.client.h1) against real servers on loopback: a
+scripted socket server that sends exact bytes (every framing of an answer, broken ones), and
+aiohttp's own server. The parser's split-point property is checked by feeding its protocol
+the bytes in pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laminar.client import h1
+
+
+class Server:
+    """A socket server on loopback that answers each request with the next scripted bytes."""
+
+    def __init__(self, answers: list[bytes], pause_s: float = 0.0) -> None:
+        self.answers = answers
+        self.pause_s = pause_s
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.requests: list[bytes] = []
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            while self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                self.requests.append(head + await reader.readexactly(length))
+                if self.pause_s:
+                    await asyncio.sleep(self.pause_s)
+                answer = self.answers.pop(0)
+                if answer == b"":  # close without an answer
+                    break
+                writer.write(answer)
+                await writer.drain()
+                if answer.endswith(b"<close>"):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+def deadline(seconds: float = 5.0) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+@contextlib.asynccontextmanager
+async def pool(limit: int = 8) -> AsyncIterator[h1.Pool]:
+    p = h1.Pool(limit, connect_timeout_s=2.0)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize(
+    ("answer", "body", "kept"),
+    [
+        (OK, b"ok", True),
+        (b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n", b"", True),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3;ext=1\r\nabc\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n",
+            b"abc0123456789",
+            True,
+        ),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end<close>", b"until the end<close>", False),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + OK, b"ok", True),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n", b"", True),
+    ],
+)
+async def test_an_answer_is_read_as_its_framing_says_and_its_connection_kept_if_it_may_be(
+    answer: bytes, body: bytes, kept: bool
+) -> None:
+    async with Server([answer, OK]) as server, pool() as p:
+        status, _, got = await p.request("GET", server.url + "/a", {}, None, deadline())
+        assert (status, got) == (int(answer.rpartition(b"HTTP/1.")[2][2:5]), body)
+        assert await p.request("GET", server.url + "/b", {}, None, deadline()) == (
+            200,
+            {"Content-Length": "2"},
+            b"ok",
+        )
+        assert server.connections == (1 if kept else 2)
+
+
+async def test_a_request_carries_its_headers_host_and_length() -> None:
+    async with Server([OK]) as server, pool() as p:
+        await p.request("POST", server.url + "/x?q=1", {"A": "b"}, b"body", deadline())
+        port = server.url.rsplit(":", 1)[1]
+        assert server.requests == [
+            f"POST /x?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nA: b\r\n"
+            "Content-Length: 4\r\n\r\nbody".encode()
+        ]
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "headers"),
+    [
+        ("GET", "/a b", {}),
+        ("GET", "/a\r\nX: y", {}),
+        ("GET", "/", {"X": "a\r\nInjected: 1"}),
+        ("GET", "/", {"X y": "a"}),
+        ("GET", "/", {"X": "é€"}),
+        ("G T", "/", {}),
+    ],
+)
+async def test_a_request_http_cannot_carry_is_refused_before_anything_is_sent(
+    method: str, url: str, headers: dict[str, str]
+) -> None:
+    async with Server([OK]) as server, pool() as p:
+        with pytest.raises(ValueError):
+            await p.request(method, server.url + url, headers, None, deadline())
+        assert server.connections == 0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokXY0\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"x" * (h1.MAX_HEAD_BYTES + 10) + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * (h1.MAX_HEADERS + 1) + b"\r\n",
+        b"",  # the connection closed with no answer
+        b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nshort<close>",
+    ],
+)
+async def test_an_answer_that_is_not_http_breaks_the_request(answer: bytes) -> None:
+    async with Server([answer, OK]) as server, pool() as p:
+        with pytest.raises(h1.Broken):
+            await p.request("GET", server.url + "/", {}, None, deadline())
+        # the next request works, on a new connection
+        assert (await p.request("GET", server.url + "/", {}, None, deadline()))[2] == b"ok"
+        assert server.connections == 2
+
+
+async def test_no_answer_by_the_deadline_breaks_the_request_and_drops_its_connection() -> None:
+    async with Server([OK, OK], pause_s=0.5) as server, pool() as p:
+        with pytest.raises(h1.Broken) as info:
+            await p.request("GET", server.url + "/", {}, None, deadline(0.1))
+        assert isinstance(info.value.cause, TimeoutError)
+        assert (await p.request("GET", server.url + "/", {}, None, deadline()))[2] == b"ok"
+        assert server.connections == 2
+
+
+async def test_a_refused_connection_is_not_connected() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with pool() as p:
+        with pytest.raises(h1.NotConnected):
+            await p.request("GET", f"http://127.0.0.1:{port}/", {}, None, deadline())
+
+
+async def test_a_cancelled_request_closes_its_connection() -> None:
+    async with Server([OK, OK], pause_s=0.3) as server, pool() as p:
+        task = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
+        while not server.requests:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await p.request("GET", server.url + "/", {}, None, deadline()))[2] == b"ok"
+        assert server.connections == 2
+
+
+async def test_the_pool_opens_at_most_its_limit_of_connections() -> None:
+    async with Server([OK] * 6, pause_s=0.05) as server, pool(limit=2) as p:
+        answers = await asyncio.gather(
+            *(p.request("GET", server.url + "/", {}, None, deadline()) for _ in range(6))
+        )
+        assert [a[2] for a in answers] == [b"ok"] * 6
+        assert server.most_open <= 2 and server.connections == 2
+
+
+async def test_a_full_pool_closes_an_idle_connection_of_another_origin() -> None:
+    async with Server([OK, OK]) as one, Server([OK]) as two, pool(limit=1) as p:
+        await p.request("GET", one.url + "/", {}, None, deadline())
+        assert one.open == 1
+        await p.request("GET", two.url + "/", {}, None, deadline())
+        while one.open:  # the idle connection to `one` was closed for `two`'s
+            await asyncio.sleep(0.01)
+
+
+async def test_a_full_pool_waits_no_longer_than_the_deadline() -> None:
+    async with Server([OK, OK], pause_s=0.5) as server, pool(limit=1) as p:
+        first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
+        while not server.requests:
+            await asyncio.sleep(0.01)
+        with pytest.raises(h1.NotConnected):
+            await p.request("GET", server.url + "/", {}, None, deadline(0.1))
+        assert (await first)[2] == b"ok"
+
+
+async def test_against_aiohttps_server_a_kept_connection_serves_every_kind_of_answer() -> None:
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    async def streamed(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)  # no length: chunked
+        for piece in (b"one ", b"two ", b"three"):
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/echo", plain)
+    app.router.add_get("/stream", streamed)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with pool(limit=1) as p:
+            big = bytes(range(256)) * 4096  # 1 MiB: more than one write and one read
+            for _ in range(3):
+                status, _, body = await p.request("POST", url + "/echo", {}, big, deadline())
+                assert (status, body) == (200, big)
+                status, headers, body = await p.request(
+                    "GET", url + "/stream", {}, None, deadline()
+                )
+                assert (status, headers.get("Transfer-Encoding"), body) == (
+                    200,
+                    "chunked",
+                    b"one two three",
+                )
+                status, _, body = await p.request("HEAD", url + "/stream", {}, None, deadline())
+                assert status in (200, 405) and body == b""
+                status, _, body = await p.request("GET", url + "/missing", {}, None, deadline())
+                assert status == 404 and b"Not Found" in body
+    finally:
+        await runner.cleanup()
+
+
+ANSWER = (
+    b"HTTP/1.1 100 Continue\r\n\r\n"
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"
+    b"5\r\nhello\r\n1;x=y\r\n \r\n6\r\nworld!\r\n0\r\nT: t\r\n\r\n"
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(ANSWER) - 1), unique=True))
+def test_an_answer_parses_the_same_whatever_pieces_its_bytes_arrive_in(cuts: list[int]) -> None:
+    async def run() -> tuple[int, str | None, bytes]:
+        p = h1.Pool(1, 1.0)
+        connection = h1._Connection(p, h1.parse_origin("http://127.0.0.1:1"))
+        connection._answer = asyncio.get_running_loop().create_future()
+        edges = [0, *sorted(cuts), len(ANSWER)]
+        for start, end in itertools.pairwise(edges):
+            assert not connection._answer.done()
+            connection.data_received(ANSWER[start:end])
+        status, headers, body = connection._answer.result()
+        assert connection.keep
+        return status, headers.get("x-a"), body
+
+    assert asyncio.run(run()) == (200, "1", b"hello world!")
+
+
+def test_requests_go_and_connections_are_kept_on_uvloop_too() -> None:
+    """uvloop's transports are not asyncio.Transport subclasses (the brokers run on uvloop, and
+    so may the client's users)."""
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+
+    async def run() -> None:
+        async with Server([OK, OK]) as server, pool() as p:
+            for _ in range(2):
+                assert await p.request("GET", server.url + "/", {}, None, deadline()) == (
+                    200,
+                    {"Content-Length": "2"},
+                    b"ok",
+                )
+            assert server.connections == 1
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
