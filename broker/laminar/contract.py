@@ -29,6 +29,7 @@ openapi.yaml and docs/api.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -141,13 +142,21 @@ class Route:
 
     def url(self, **params: str | int) -> str:
         """The path with `params` in it, each percent-encoded (a `/` too)."""
-        if set(params) != set(self.params):
-            raise TypeError(f"{self.path} takes {self.params}, not {tuple(params)}")
-        return PATH_PARAM.sub(lambda m: quote(str(params[m[1]]), safe=""), self.path)
+        return _url(self.path, tuple(params.items()))
 
     def at(self, **params: str | int) -> tuple[str, str]:
         """(method, path with `params`): an `AsyncClient._call`'s first arguments."""
         return self.method, self.url(**params)
+
+
+@functools.lru_cache(maxsize=4096)
+def _url(path: str, items: tuple[tuple[str, str | int], ...]) -> str:
+    """`Route.url`, kept for the paths a client calls again and again (a partition's appends)."""
+    params = dict(items)
+    names = tuple(PATH_PARAM.findall(path))
+    if set(params) != set(names):
+        raise TypeError(f"{path} takes {names}, not {tuple(params)}")
+    return PATH_PARAM.sub(lambda m: quote(str(params[m[1]]), safe=""), path)
 
 
 _NODE = "/v1/nodes/{node}"
