@@ -26,6 +26,7 @@ by the deadline, an answer that is not HTTP).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import ssl
 from collections.abc import Callable, Mapping
@@ -50,6 +51,10 @@ JOIN_BODY_BYTES = 256 << 10
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: an answer's header lines (CRLF between them): a token, a colon, any bytes but CR and LF
+_HEADER_LINES = re.compile(
+    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*)*"
+)
 
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
 
@@ -112,16 +117,25 @@ def request_head(
 ) -> bytes:
     """A request's line and headers; Content-Length when there is a body (or for a POST or
     PUT without one). ValueError for a line break or control character in any of them."""
-    if _UNSAFE_TARGET.search(target) or not _TOKEN.fullmatch(method):
+    if _UNSAFE_TARGET.search(target) or not _TOKEN.fullmatch(method) or not target.isascii():
         raise ValueError(f"not a valid request: {method} {target!r}")
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
-    for name, value in headers.items():
+    if body_bytes is not None or method in ("POST", "PUT", "PATCH"):
+        length = b"Content-Length: %d\r\n\r\n" % (body_bytes or 0)
+    else:
+        length = b"\r\n"
+    lines = _header_lines(authority, tuple(headers.items()))
+    return b"".join((method.encode(), b" ", target.encode(), b" HTTP/1.1\r\n", lines, length))
+
+
+@functools.lru_cache(maxsize=256)
+def _header_lines(authority: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """Host and `headers`, each line ending in CRLF (checked and encoded once for the same
+    headers: a client's differ only when its token or metadata index does)."""
+    lines = [f"Host: {authority}\r\n"]
+    for name, value in headers:
         if not _TOKEN.fullmatch(name) or _UNSAFE.search(value):
             raise ValueError(f"not a valid header: {name!r}")
         lines.append(f"{name}: {value}\r\n")
-    if body_bytes is not None or method in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {body_bytes or 0}\r\n")
-    lines.append("\r\n")
     try:
         return "".join(lines).encode("latin-1")
     except UnicodeEncodeError as e:
@@ -144,11 +158,11 @@ def parse_head(head: bytes) -> tuple[int, bool, CIMultiDict[str]]:
         raise ProtocolError(f"not an HTTP/1.x status line: {line[:40]!r}")
     if len(lines) > MAX_HEADERS + 1:
         raise ProtocolError(f"an answer with over {MAX_HEADERS} headers")
+    if len(lines) > 1 and not _HEADER_LINES.fullmatch(head, len(line) + 2):
+        raise ProtocolError(f"not header lines: {head[len(line) + 2 :][:60]!r}")
     headers: CIMultiDict[str] = CIMultiDict()
     for raw in lines[1:]:
-        name, colon, value = raw.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name.decode("latin-1")):
-            raise ProtocolError(f"not a header line: {raw[:40]!r}")
+        name, _, value = raw.partition(b":")
         headers.add(name.decode("ascii"), value.strip(b" \t").decode("latin-1"))
     return int(line[9:12]), line[7:8] == b"1", headers
 
