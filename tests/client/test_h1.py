@@ -224,6 +224,29 @@ async def test_a_full_pool_closes_an_idle_connection_of_another_origin() -> None
             await asyncio.sleep(0.01)
 
 
+async def test_a_connection_gone_idle_goes_to_a_request_for_its_own_origin_first() -> None:
+    """With the pool full, a request for `b` waits, then one for `a`: the connection to `a`
+    that comes free serves the second (closing it for `b`'s would open a new one to `a`
+    after), and `b`'s request takes the room after."""
+    async with (
+        Server([OK, OK], pause_s=0.2) as a,
+        Server([OK]) as b,
+        pool(limit=1) as p,
+    ):
+        first = asyncio.ensure_future(p.request("GET", a.url + "/", {}, None, deadline()))
+        while not a.requests:
+            await asyncio.sleep(0.01)
+        for_b = asyncio.ensure_future(p.request("GET", b.url + "/", {}, None, deadline()))
+        while len(p._waiters) < 1:
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(p.request("GET", a.url + "/", {}, None, deadline()))
+        while len(p._waiters) < 2:
+            await asyncio.sleep(0)
+        answers = await asyncio.gather(first, for_b, second)
+        assert [answer[2] for answer in answers] == [b"ok"] * 3
+        assert (a.connections, b.connections) == (1, 1)
+
+
 async def test_a_full_pool_waits_no_longer_than_the_deadline() -> None:
     async with Server([OK, OK], pause_s=0.5) as server, pool(limit=1) as p:
         first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))

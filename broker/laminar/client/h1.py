@@ -368,7 +368,8 @@ class Pool:
         self._origins: dict[str, Origin] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        #: requests waiting for a connection, first come first served, with their origins
+        self._waiters: list[tuple[Origin, asyncio.Future[None]]] = []
         self._connections: set[_Connection] = set()
         self.closed = False
 
@@ -404,7 +405,7 @@ class Pool:
         if connection.keep and connection.usable() and not self.closed:
             connection.idle_since = asyncio.get_running_loop().time()
             self._idle.setdefault(origin, []).append(connection)
-            self._wake()
+            self._wake(origin)
         else:
             connection.close()
         return answer
@@ -425,7 +426,7 @@ class Pool:
             if self._open < self._limit:
                 break
             if not self._close_an_idle():
-                await self._wait_for_room(deadline)
+                await self._wait_for_room(origin, deadline)
         connection = _Connection(self, origin)
         self._open += 1
         self._connections.add(connection)
@@ -461,16 +462,17 @@ class Pool:
                 return True
         return False
 
-    async def _wait_for_room(self, deadline: float) -> None:
+    async def _wait_for_room(self, origin: Origin, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
+        entry = (origin, waiter)
+        self._waiters.append(entry)
         try:
             async with asyncio.timeout_at(deadline):
                 await waiter
         except BaseException as e:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if entry in self._waiters:
+                self._waiters.remove(entry)
             elif waiter.done() and not waiter.cancelled():
                 self._wake()  # woken, but leaving: the room goes to the next waiter
             if isinstance(e, TimeoutError):
@@ -488,12 +490,26 @@ class Pool:
             idle.remove(connection)
         self._wake()
 
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.pop(0)
-            if not waiter.done():
+    def _wake(self, idle: Origin | None = None) -> None:
+        """Wake the first waiter: for a connection of `idle` that went idle, the first waiting
+        for that origin if any (another would close it for one of its own)."""
+        waiters = self._waiters
+        first = None
+        i = 0
+        while i < len(waiters):
+            origin, waiter = waiters[i]
+            if waiter.done():  # (its deadline passed or it was cancelled: it is leaving)
+                del waiters[i]
+                continue
+            if idle is None or origin == idle:
+                del waiters[i]
                 waiter.set_result(None)
                 return
+            if first is None:
+                first = i
+            i += 1
+        if first is not None:
+            waiters.pop(first)[1].set_result(None)
 
     def close(self) -> None:
         """Close every connection; requests after this raise RuntimeError."""
