@@ -247,6 +247,26 @@ async def test_a_connection_gone_idle_goes_to_a_request_for_its_own_origin_first
         assert (a.connections, b.connections) == (1, 1)
 
 
+async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() -> None:
+    async with Server([OK], pause_s=0.3) as server:
+        p = h1.Pool(1, connect_timeout_s=2.0)
+        first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
+        while not server.requests:
+            await asyncio.sleep(0.01)
+        waiting = [
+            asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
+            for _ in range(2)
+        ]
+        while len(p._waiters) < 2:
+            await asyncio.sleep(0)
+        p.close()
+        with pytest.raises(h1.Broken):
+            await first
+        for request in waiting:
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(request, 1.0)
+
+
 async def test_a_full_pool_waits_no_longer_than_the_deadline() -> None:
     async with Server([OK, OK], pause_s=0.5) as server, pool(limit=1) as p:
         first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))

@@ -11,9 +11,12 @@ What it does, and nothing more:
   that is not HTTP/1.x, fails the request as a broken connection.
 * A connection is kept for the next request to its origin when the answer allows it (HTTP/1.1,
   no `Connection: close`, framed by its length or chunks, nothing after it) and is dropped
-  once idle for `IDLE_S`, before a server's idle timeout (aiohttp's is 75 s) closes it under a
+  once idle for `IDLE_S`, before a broker's idle timeout (60 s, docs/api.md) closes it under a
   request. At most `limit` connections are open in all: past that a request takes an idle
-  connection of another origin (closed for it) or waits for one to be freed.
+  connection of another origin (closed for it) or waits, first come first served, for one to
+  be freed. A connection gone idle goes to the first waiter for its own origin, if any.
+* A request line or header that could end early or carry another (a control character, a
+  space in the target, a name that is not a token) raises ValueError before anything is sent.
 * TLS through asyncio with the caller's context, the server's name checked.
 * A request's deadline (loop time) bounds the wait for a free connection, connecting, and
   the answer. A request cancelled or timed out closes its connection.
@@ -447,7 +450,10 @@ class Pool:
                     ssl=context,
                     server_hostname=origin.host if context is not None else None,
                 )
-        except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+        except TimeoutError as e:
+            connection.close()
+            raise NotConnected(TimeoutError("no connection before the deadline")) from e
+        except OSError as e:  # (ssl.SSLError is one)
             connection.close()
             raise NotConnected(e) from e
         except BaseException:
@@ -517,6 +523,10 @@ class Pool:
         for connection in list(self._connections):
             connection.close()
         self._idle.clear()
+        waiters, self._waiters = self._waiters, []
+        for _, waiter in waiters:  # (each finds the pool closed)
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 _DEFAULT_CONTEXT: list[ssl.SSLContext] = []
