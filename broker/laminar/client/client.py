@@ -203,18 +203,6 @@ class _Answer:
             return None
 
 
-class _NotConnected(Exception):
-    """The connection could not be made: the request was certainly not sent."""
-
-
-class _Broken(Exception):
-    """The connection failed after the request may have been sent (ambiguous)."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause) or type(cause).__name__)
-        self.cause = cause
-
-
 class _TooManyRedirects(Exception):
     pass
 
@@ -1421,11 +1409,11 @@ class AsyncClient:
                     answer = await self._send(
                         method, base + path_and_query, body, headers, deadline, target
                     )
-                except _NotConnected as e:
+                except h1.NotConnected as e:
                     self._unreachable(base, target)
                     last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
                     continue
-                except _Broken as e:
+                except h1.Broken as e:
                     self._unreachable(base, target)
                     ambiguous = ambiguous or method != "GET"
                     kind = Timeout if isinstance(e.cause, TimeoutError) else Unavailable
@@ -1499,7 +1487,7 @@ class AsyncClient:
         deadline: float,
     ) -> _Answer:
         if deadline - asyncio.get_running_loop().time() <= 0:
-            raise _Broken(TimeoutError("the call's deadline passed"))
+            raise h1.Broken(TimeoutError("the call's deadline passed"))
         try:
             status, answer_headers, data = await self._get_pool().request(
                 method, url, headers, body, deadline, self._ssl
@@ -1517,8 +1505,6 @@ class AsyncClient:
                 raise LaminarError(
                     0, "tls_error", f"TLS with {_origin(url)} failed (a plain-HTTP broker?): {e}"
                 ) from e.cause
-            raise _NotConnected(str(e)) from e.cause
-        except h1.Broken as e:
-            raise _Broken(e.cause) from e.cause
+            raise
         self._saw_metadata_index(answer_headers.get(METADATA_INDEX_HEADER))
         return _Answer(status, answer_headers, data, url)
