@@ -53,11 +53,10 @@ JOIN_BODY_BYTES = 256 << 10
 #: what a request line's target or a header may not contain (a header or request injected)
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOKEN_PATTERN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_TOKEN = re.compile(_TOKEN_PATTERN)
 #: an answer's header lines (CRLF between them): a token, a colon, any bytes but CR and LF
-_HEADER_LINES = re.compile(
-    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*)*"
-)
+_HEADER_LINES = re.compile(f"{_TOKEN_PATTERN}:[^\r\n]*(?:\r\n{_TOKEN_PATTERN}:[^\r\n]*)*".encode())
 
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
 
@@ -178,7 +177,6 @@ class _Connection(asyncio.Protocol):
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.open = True
-        self.counted = True  # in the pool's count of open connections
         self.idle_since = 0.0
         self._buffer = bytearray()
         self._answer: asyncio.Future[Answer] | None = None
@@ -370,9 +368,9 @@ class Pool:
         self._connect_timeout_s = connect_timeout_s
         self._origins: dict[str, Origin] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._open = 0
         #: requests waiting for a connection, first come first served, with their origins
         self._waiters: list[tuple[Origin, asyncio.Future[None]]] = []
+        #: every connection made and not yet gone (`limit` bounds it)
         self._connections: set[_Connection] = set()
         self.closed = False
 
@@ -426,12 +424,11 @@ class Pool:
                 connection.close()
             if self.closed:
                 raise RuntimeError("the client is closed")
-            if self._open < self._limit:
+            if len(self._connections) < self._limit:
                 break
             if not self._close_an_idle():
                 await self._wait_for_room(origin, deadline)
         connection = _Connection(self, origin)
-        self._open += 1
         self._connections.add(connection)
         try:
             context = None
@@ -486,11 +483,9 @@ class Pool:
             raise
 
     def _gone(self, connection: _Connection) -> None:
-        if not connection.counted:
+        if connection not in self._connections:
             return
-        connection.counted = False
-        self._open -= 1
-        self._connections.discard(connection)
+        self._connections.remove(connection)
         idle = self._idle.get(connection.origin)
         if idle and connection in idle:
             idle.remove(connection)
