@@ -313,7 +313,7 @@ async def test_against_aiohttps_server_a_kept_connection_serves_every_kind_of_an
                     b"one two three",
                 )
                 status, _, body = await p.request("HEAD", url + "/stream", {}, None, deadline())
-                assert status in (200, 405) and body == b""
+                assert (status, body) == (200, b"")  # (add_get answers HEAD too)
                 status, _, body = await p.request("GET", url + "/missing", {}, None, deadline())
                 assert status == 404 and b"Not Found" in body
     finally:
