@@ -7,8 +7,10 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -232,13 +234,21 @@ def _local_cluster_serve(cluster: LocalCluster, detach: bool) -> int:
         print(f"export LAMINAR_CA_FILE={cluster.ca_file}")
     if detach:
         return 0
-    print("running; Ctrl-C stops the cluster", flush=True)
+    # The handlers are in place before the line that invites Ctrl-C is out, so a signal at
+    # any instant after it only sets `stopping`: a KeyboardInterrupt could land between the
+    # line's write and a `try`, and escape. SIGTERM stops the brokers the same way.
+    stopping = threading.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in signals}
     try:
-        while all(n.alive() for n in cluster.nodes.values()):
-            time.sleep(0.5)
-        print("laminar: a broker exited; stopping the cluster", file=sys.stderr)
-    except KeyboardInterrupt:
-        pass
+        print("running; Ctrl-C stops the cluster", flush=True)
+        while not stopping.wait(0.5):
+            if not all(n.alive() for n in cluster.nodes.values()):
+                print("laminar: a broker exited; stopping the cluster", file=sys.stderr)
+                break
+    finally:  # a second Ctrl-C while the brokers stop interrupts as usual
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     cluster.stop()
     return 0
 
