@@ -1,0 +1,39 @@
+"""bench/disk_bench.py on a real disk (a few rounds): every case measured, its JSON complete,
+its files removed, its bounds refused when out of range."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import disk_bench
+
+
+def test_every_case_is_measured_and_nothing_is_left_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disk_bench, "CHECKPOINT_ROUNDS", 2)  # the files behind the journal too
+    assert disk_bench.main(["--dir", str(tmp_path), "--rounds", "5", "--max-seconds", "20"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    cases = [f"one_file_{kib}kib" for kib in disk_bench.SIZES_KIB]
+    cases += [f"spread_{files}_files" for files in disk_bench.SPREADS]
+    cases += ["files_extending", "files_zeroed", "journal_extending", "journal_zeroed"]
+    for case in cases:
+        measured = result[case]
+        assert 1 <= measured["rounds"] <= 5, case
+        assert 0 < measured["p50_us"] <= measured["p90_us"], case
+    assert result["spread_4_over_1"] > 0 and result["journal_zeroed_over_files"] > 0
+    assert list(tmp_path.iterdir()) == []  # its directory and files are gone
+
+
+def test_a_round_count_out_of_range_is_refused(tmp_path: Path) -> None:
+    for rounds in ("0", str(disk_bench.MAX_ROUNDS + 1)):
+        with pytest.raises(SystemExit) as exited:
+            disk_bench.main(["--dir", str(tmp_path), "--rounds", rounds])
+        assert exited.value.code == 2
+    assert list(tmp_path.iterdir()) == []
