@@ -46,7 +46,16 @@ SPREADS = (1, 2, 4, 8)
 ROUND_FILES, ROUND_KIB = 4, 64
 #: rounds between two syncs of the files behind a journal
 CHECKPOINT_ROUNDS = 64
+#: zeros written into a file at most: past them, writes go round to its start again
+MAX_ZEROED_BYTES = 64 * 1024 * KIB
 MAX_ROUNDS = 10_000
+
+
+def next_position(position: int, size: int, zeroed: int) -> int:
+    """Where a write of `size` bytes goes after one at `position`: the end of that one, or the
+    file's start when the zeros it was given (`zeroed` bytes, 0: none) would not hold it."""
+    position += size
+    return 0 if zeroed and position + size > zeroed else position
 
 
 def write_zeros(fd: int, size: int) -> None:
@@ -66,6 +75,7 @@ class Round:
     def __init__(self, directory: Path, name: str, files: int, size: int, zeroed: int) -> None:
         """`zeroed`: bytes of zeros written and synced to each file first (0: none)."""
         self.block = os.urandom(size)
+        self.zeroed = zeroed
         self.descriptors = []
         for i in range(files):
             fd = os.open(directory / f"{name}-{i}", os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
@@ -77,7 +87,7 @@ class Round:
         fd = self.descriptors[i]
         os.pwrite(fd, self.block, self.positions[i])
         os.fdatasync(fd)
-        self.positions[i] += len(self.block)
+        self.positions[i] = next_position(self.positions[i], len(self.block), self.zeroed)
 
     def close(self) -> None:
         for fd in self.descriptors:
@@ -95,6 +105,7 @@ class JournalRound(Round):
         super().__init__(directory, name, files, size, 0)
         self.journal = os.open(directory / f"{name}-journal", os.O_CREAT | os.O_RDWR, 0o600)
         write_zeros(self.journal, zeroed)
+        self.journal_zeroed = zeroed
         self.journal_at = 0
         self.rounds = 0
         self.checkpoints = ThreadPoolExecutor(1)
@@ -106,8 +117,11 @@ class JournalRound(Round):
 
     def run(self, pool: ThreadPoolExecutor) -> None:
         writes = [pool.submit(self.write, i) for i in range(len(self.descriptors))]
-        os.pwritev(self.journal, [self.block] * len(self.descriptors), self.journal_at)
-        self.journal_at += len(self.block) * len(self.descriptors)
+        parts = [self.block] * len(self.descriptors)
+        os.pwritev(self.journal, parts, self.journal_at)
+        self.journal_at = next_position(
+            self.journal_at, len(self.block) * len(parts), self.journal_zeroed
+        )
         os.fdatasync(self.journal)
         for write in writes:
             write.result()
@@ -154,17 +168,19 @@ def measure(
     journal: bool = False,
 ) -> dict[str, float]:
     """`rounds` rounds (fewer if they take over `seconds`) of `files` files, `size` bytes each:
-    each file synced, or (`journal`) through a journal."""
-    until = time.monotonic() + seconds
+    each file synced, or (`journal`) through a journal. `zeroed`: into zeros written before,
+    for the rounds or `MAX_ZEROED_BYTES` (the writes then go round)."""
     if journal:
-        zeros = files * size * rounds if zeroed else 0
+        zeros = min(files * size * rounds, MAX_ZEROED_BYTES) if zeroed else 0
         journaled = JournalRound(directory, name, files, size, zeros)
+        until = time.monotonic() + seconds
         try:
             taken = timed(lambda: journaled.run(pool), rounds, until)
         finally:
             journaled.close()
         return summary(taken, files, size)
-    work = Round(directory, name, files, size, size * rounds if zeroed else 0)
+    zeros = min(size * rounds, MAX_ZEROED_BYTES) if zeroed else 0
+    work = Round(directory, name, files, size, zeros)
     until = time.monotonic() + seconds
     try:
         if files == 1:
@@ -195,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= MAX_ROUNDS:
         parser.error(f"--rounds must be 1..{MAX_ROUNDS}")
+    if not 0 < args.max_seconds <= 3600:
+        parser.error("--max-seconds must be above 0 and at most 3600")
     cases = len(SIZES_KIB) + len(SPREADS) + 4
     share_s = args.max_seconds / cases
     directory = Path(tempfile.mkdtemp(prefix="disk-bench-", dir=args.dir))

@@ -31,9 +31,28 @@ def test_every_case_is_measured_and_nothing_is_left_behind(
     assert list(tmp_path.iterdir()) == []  # its directory and files are gone
 
 
-def test_a_round_count_out_of_range_is_refused(tmp_path: Path) -> None:
-    for rounds in ("0", str(disk_bench.MAX_ROUNDS + 1)):
+def test_bounds_out_of_range_are_refused(tmp_path: Path) -> None:
+    for bound in (
+        ["--rounds", "0"],
+        ["--rounds", str(disk_bench.MAX_ROUNDS + 1)],
+        ["--max-seconds", "0"],
+        ["--max-seconds", "3601"],
+    ):
         with pytest.raises(SystemExit) as exited:
-            disk_bench.main(["--dir", str(tmp_path), "--rounds", rounds])
-        assert exited.value.code == 2
+            disk_bench.main(["--dir", str(tmp_path), *bound])
+        assert exited.value.code == 2, bound
     assert list(tmp_path.iterdir()) == []
+
+
+def test_writes_into_zeros_go_round_and_never_grow_the_file(tmp_path: Path) -> None:
+    """What the zeroed cases measure: no write changes the file's size."""
+    work = disk_bench.Round(tmp_path, "zeroed", 1, 4096, 3 * 4096)
+    try:
+        positions = []
+        for _ in range(7):
+            positions.append(work.positions[0])
+            work.one(0)
+        assert positions == [0, 4096, 8192, 0, 4096, 8192, 0]
+        assert (tmp_path / "zeroed-0").stat().st_size == 3 * 4096
+    finally:
+        work.close()
