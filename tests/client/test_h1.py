@@ -9,7 +9,8 @@ import asyncio
 import contextlib
 import itertools
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
@@ -70,6 +71,15 @@ class Server:
         finally:
             self.open -= 1
             writer.close()
+
+
+async def until(condition: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
+    """Wait for `condition` (polled every millisecond), failing after `timeout_s`."""
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def deadline(seconds: float = 5.0) -> float:
@@ -197,8 +207,7 @@ async def test_a_refused_connection_is_not_connected() -> None:
 async def test_a_cancelled_request_closes_its_connection() -> None:
     async with Server([OK, OK], pause_s=0.3) as server, pool() as p:
         task = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
-        while not server.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: server.requests, "the request to arrive")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -220,8 +229,8 @@ async def test_a_full_pool_closes_an_idle_connection_of_another_origin() -> None
         await p.request("GET", one.url + "/", {}, None, deadline())
         assert one.open == 1
         await p.request("GET", two.url + "/", {}, None, deadline())
-        while one.open:  # the idle connection to `one` was closed for `two`'s
-            await asyncio.sleep(0.01)
+        # the idle connection to `one` was closed for `two`'s
+        await until(lambda: not one.open, "the idle connection to close")
 
 
 async def test_a_connection_gone_idle_goes_to_a_request_for_its_own_origin_first() -> None:
@@ -234,14 +243,11 @@ async def test_a_connection_gone_idle_goes_to_a_request_for_its_own_origin_first
         pool(limit=1) as p,
     ):
         first = asyncio.ensure_future(p.request("GET", a.url + "/", {}, None, deadline()))
-        while not a.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: a.requests, "the request to arrive")
         for_b = asyncio.ensure_future(p.request("GET", b.url + "/", {}, None, deadline()))
-        while len(p._waiters) < 1:
-            await asyncio.sleep(0)
+        await until(lambda: len(p._waiters) >= 1, "a waiter")
         second = asyncio.ensure_future(p.request("GET", a.url + "/", {}, None, deadline()))
-        while len(p._waiters) < 2:
-            await asyncio.sleep(0)
+        await until(lambda: len(p._waiters) >= 2, "two waiters")
         answers = await asyncio.gather(first, for_b, second)
         assert [answer[2] for answer in answers] == [b"ok"] * 3
         assert (a.connections, b.connections) == (1, 1)
@@ -251,14 +257,12 @@ async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() ->
     async with Server([OK], pause_s=0.3) as server:
         p = h1.Pool(1, connect_timeout_s=2.0)
         first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
-        while not server.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: server.requests, "the request to arrive")
         waiting = [
             asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
             for _ in range(2)
         ]
-        while len(p._waiters) < 2:
-            await asyncio.sleep(0)
+        await until(lambda: len(p._waiters) >= 2, "two waiters")
         p.close()
         with pytest.raises(h1.Broken):
             await first
@@ -270,8 +274,7 @@ async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() ->
 async def test_a_full_pool_waits_no_longer_than_the_deadline() -> None:
     async with Server([OK, OK], pause_s=0.5) as server, pool(limit=1) as p:
         first = asyncio.ensure_future(p.request("GET", server.url + "/", {}, None, deadline()))
-        while not server.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: server.requests, "the request to arrive")
         with pytest.raises(h1.NotConnected):
             await p.request("GET", server.url + "/", {}, None, deadline(0.1))
         assert (await first)[2] == b"ok"
