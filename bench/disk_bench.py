@@ -39,23 +39,29 @@ from machine import load_avg_1m  # bench/, the script's folder
 
 KIB = 1024
 SIZES_KIB = (4, 16, 64, 256, 1024)
-#: a round's bytes, spread over this many files
+#: a round's bytes, and the numbers of files they are spread over
 SPREAD_KIB = 256
 SPREADS = (1, 2, 4, 8)
 #: the zeros and journal comparisons: files a round, bytes each
 ROUND_FILES, ROUND_KIB = 4, 64
 #: rounds between two syncs of the files behind a journal
 CHECKPOINT_ROUNDS = 64
-#: zeros written into a file at most: past them, writes go round to its start again
-MAX_ZEROED_BYTES = 64 * 1024 * KIB
+#: a file's bytes at most (zeros written, or appended): past them, writes go round to its start
+#: again, an appended file emptied first so that it goes on growing
+MAX_FILE_BYTES = 64 * 1024 * KIB
 MAX_ROUNDS = 10_000
 
 
-def next_position(position: int, size: int, zeroed: int) -> int:
+def advance(fd: int, position: int, size: int, zeroed: int) -> int:
     """Where a write of `size` bytes goes after one at `position`: the end of that one, or the
-    file's start when the zeros it was given (`zeroed` bytes, 0: none) would not hold it."""
+    start when it would not fit the zeros written before (`zeroed` bytes), or, in a file that
+    is appended to (`zeroed` 0), `MAX_FILE_BYTES`; such a file is emptied then."""
     position += size
-    return 0 if zeroed and position + size > zeroed else position
+    if position + size <= (zeroed or MAX_FILE_BYTES):
+        return position
+    if not zeroed:
+        os.ftruncate(fd, 0)
+    return 0
 
 
 def write_zeros(fd: int, size: int) -> None:
@@ -87,7 +93,7 @@ class Round:
         fd = self.descriptors[i]
         os.pwrite(fd, self.block, self.positions[i])
         os.fdatasync(fd)
-        self.positions[i] = next_position(self.positions[i], len(self.block), self.zeroed)
+        self.positions[i] = advance(fd, self.positions[i], len(self.block), self.zeroed)
 
     def close(self) -> None:
         for fd in self.descriptors:
@@ -112,15 +118,16 @@ class JournalRound(Round):
         self.checkpoint: Future[None] | None = None
 
     def write(self, i: int) -> None:
-        os.pwrite(self.descriptors[i], self.block, self.positions[i])
-        self.positions[i] += len(self.block)
+        fd = self.descriptors[i]
+        os.pwrite(fd, self.block, self.positions[i])
+        self.positions[i] = advance(fd, self.positions[i], len(self.block), 0)
 
     def run(self, pool: ThreadPoolExecutor) -> None:
         writes = [pool.submit(self.write, i) for i in range(len(self.descriptors))]
         parts = [self.block] * len(self.descriptors)
         os.pwritev(self.journal, parts, self.journal_at)
-        self.journal_at = next_position(
-            self.journal_at, len(self.block) * len(parts), self.journal_zeroed
+        self.journal_at = advance(
+            self.journal, self.journal_at, len(self.block) * len(parts), self.journal_zeroed
         )
         os.fdatasync(self.journal)
         for write in writes:
@@ -169,9 +176,9 @@ def measure(
 ) -> dict[str, float]:
     """`rounds` rounds (fewer if they take over `seconds`) of `files` files, `size` bytes each:
     each file synced, or (`journal`) through a journal. `zeroed`: into zeros written before,
-    for the rounds or `MAX_ZEROED_BYTES` (the writes then go round)."""
+    for the rounds or `MAX_FILE_BYTES` (the writes then go round)."""
     if journal:
-        zeros = min(files * size * rounds, MAX_ZEROED_BYTES) if zeroed else 0
+        zeros = min(files * size * rounds, MAX_FILE_BYTES) if zeroed else 0
         journaled = JournalRound(directory, name, files, size, zeros)
         until = time.monotonic() + seconds
         try:
@@ -179,7 +186,7 @@ def measure(
         finally:
             journaled.close()
         return summary(taken, files, size)
-    zeros = min(size * rounds, MAX_ZEROED_BYTES) if zeroed else 0
+    zeros = min(size * rounds, MAX_FILE_BYTES) if zeroed else 0
     work = Round(directory, name, files, size, zeros)
     until = time.monotonic() + seconds
     try:

@@ -56,3 +56,18 @@ def test_writes_into_zeros_go_round_and_never_grow_the_file(tmp_path: Path) -> N
         assert (tmp_path / "zeroed-0").stat().st_size == 3 * 4096
     finally:
         work.close()
+
+
+def test_a_file_appended_to_is_emptied_at_its_bound_and_grows_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disk_bench, "MAX_FILE_BYTES", 3 * 4096)
+    work = disk_bench.Round(tmp_path, "appended", 1, 4096, 0)
+    try:
+        sizes = []
+        for _ in range(5):
+            work.one(0)
+            sizes.append((tmp_path / "appended-0").stat().st_size)
+        assert sizes == [4096, 8192, 0, 4096, 8192]  # emptied after the third
+    finally:
+        work.close()
