@@ -131,11 +131,6 @@ static void queue_push(Job **head, Job **tail, Job *job) {
 
 static void *worker(void *arg) {
     Pool *pool = (Pool *)arg;
-    /* SCHED_BATCH: a job handed over must not preempt the event loop's thread that handed
-     * it (CFS and EEVDF let a woken SCHED_NORMAL thread preempt its waker); the scheduler
-     * runs it on an idle CPU, or when the loop's thread waits. Best effort. */
-    struct sched_param batch = {0};
-    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     for (;;) {
         pthread_mutex_lock(&pool->lock);
         while (pool->queue_head == NULL && !pool->stopping) {
@@ -199,14 +194,24 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
+/* Start the pool's threads, each made SCHED_BATCH before this returns: a job handed over must
+ * not preempt the event loop's thread that handed it (CFS and EEVDF let a woken SCHED_NORMAL
+ * thread preempt its waker); the scheduler runs it on an idle CPU, or when the loop's thread
+ * waits. Set here, not by each thread on its start, so that no thread of a started pool is
+ * still SCHED_NORMAL when a job is handed over (a thread not yet scheduled had not set it).
+ * glibc's thread attributes refuse SCHED_BATCH. Best effort: a refusal leaves the thread as
+ * it is. */
 static int start_threads(Pool *self) {
+    struct sched_param batch = {0};
     while (self->threads_started < self->threads_wanted) {
-        int error = pthread_create(&self->threads[self->threads_started], NULL, worker, self);
+        pthread_t *thread = &self->threads[self->threads_started];
+        int error = pthread_create(thread, NULL, worker, self);
         if (error) {
             errno = error;
             PyErr_SetFromErrno(PyExc_OSError);
             return -1;
         }
+        (void)pthread_setschedparam(*thread, SCHED_BATCH, &batch);
         self->threads_started++;
     }
     return 0;
