@@ -34,8 +34,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import load_avg_1m  # bench/, the script's folder
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: machine
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "broker"))
+from machine import load_avg_1m
+
+from laminar.bench import percentile_ms
 
 KIB = 1024
 SIZES_KIB = (4, 16, 64, 256, 1024)
@@ -149,17 +152,13 @@ class JournalRound(Round):
 
 
 def timed(run: Callable[[], object], rounds: int, until: float) -> list[float]:
-    """Each round's microseconds (sorted), `rounds` of them or fewer at `until`."""
+    """Each round's seconds (sorted), `rounds` of them or fewer at `until` (at least one)."""
     taken: list[float] = []
     while len(taken) < rounds and (not taken or time.monotonic() < until):
         started = time.perf_counter()
         run()
-        taken.append((time.perf_counter() - started) * 1e6)
+        taken.append(time.perf_counter() - started)
     return sorted(taken)
-
-
-def percentile(sorted_us: list[float], q: float) -> float:
-    return round(sorted_us[min(len(sorted_us) - 1, int(len(sorted_us) * q))], 1)
 
 
 def measure(
@@ -199,14 +198,16 @@ def measure(
     return summary(taken, files, size)
 
 
-def summary(taken: list[float], files: int, size: int) -> dict[str, float]:
-    """Percentiles of a case's rounds (µs, sorted) of `files` files of `size` bytes."""
-    p50 = percentile(taken, 0.5)
+def summary(taken_s: list[float], files: int, size: int) -> dict[str, float]:
+    """Percentiles of a case's rounds (seconds, sorted) of `files` files of `size` bytes."""
+    p50_ms, p90_ms = (percentile_ms(taken_s, q) for q in (0.5, 0.9))
+    assert p50_ms is not None and p90_ms is not None  # `timed` runs at least one round
+    p50_us = p50_ms * 1000
     return {
-        "p50_us": p50,
-        "p90_us": percentile(taken, 0.9),
-        "mb_per_s": round(files * size / p50, 1),  # bytes per µs
-        "rounds": len(taken),
+        "p50_us": round(p50_us, 1),
+        "p90_us": round(p90_ms * 1000, 1),
+        "mb_per_s": round(files * size / p50_us, 1),  # bytes per µs
+        "rounds": len(taken_s),
     }
 
 
