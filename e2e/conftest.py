@@ -20,6 +20,13 @@ from . import cluster as kind_cluster
 T = TypeVar("T")
 WORKLOAD = Path(__file__).with_name("workload.py")
 WAIT_S = 300.0
+#: kubectl's environment: exec over SPDY, not WebSockets. kubectl 1.32's WebSocket executor
+#: (client-go v0.32 tools/remotecommand) starts reading the connection before it has made
+#: its streams; a command that ends at once (`touch`) can have its output and close read
+#: first, and kubectl then fails with "Unknown stream id 1 ... error: closed all streams"
+#: (CI64). client-go v0.34 makes the streams first; until the pinned Kubernetes has it,
+#: SPDY, whose client opens every stream before the command runs, is used.
+KUBECTL_ENV = {**os.environ, "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
@@ -45,8 +52,9 @@ class Kube:
     def _run(self, tool: Path, *args: str, stdin: str | None = None, timeout_s: float) -> str:
         command = [str(tool), "--kubeconfig", str(self.kubeconfig), *args]
         done = subprocess.run(
-            command, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+            command, input=stdin, capture_output=True, text=True, timeout=timeout_s,
+            check=False, env=KUBECTL_ENV,
+        )  # fmt: skip
         assert done.returncode == 0, (
             f"{' '.join(command[2:])} exited {done.returncode}:\n"
             f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
@@ -78,6 +86,7 @@ class Kube:
             [str(self.tools.kubectl), "--kubeconfig", str(self.kubeconfig), "exec", "-i", pod,
              "--", "python3", "-", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=KUBECTL_ENV,
         )  # fmt: skip
         assert process.stdin is not None
         process.stdin.write(WORKLOAD.read_text())
