@@ -140,7 +140,7 @@ members = st.builds(
     id=ids,
     addresses=st.builds(Addresses, addresses, addresses, addresses),
     weight=st.integers(1, U32),
-    draining=st.booleans(),
+    leaving=st.booleans(),
     epoch=epochs,
 )
 updates = st.one_of(

@@ -15,9 +15,9 @@ CLUSTER = "test-cluster"
 SECRET = b"test-secret-0123456789abcdef0123"
 
 
-def member(name: str, *, epoch: int = 1, weight: int = 1, draining: bool = False) -> Member:
+def member(name: str, *, epoch: int = 1, weight: int = 1, leaving: bool = False) -> Member:
     addresses = Addresses(f"{name}.api:8080", f"{name}.peer:7000", f"{name}:7946")
-    return Member(name, addresses, weight, draining, epoch)
+    return Member(name, addresses, weight, leaving, epoch)
 
 
 def codec(config: SwimConfig | None = None, *, sender: str = "peer:7946") -> Codec:

@@ -53,7 +53,7 @@ CODEC = Codec(CLUSTER, SECRET, 1400, sender=SENDER)
 #: The envelope as docs/formats.md §5 lays it out: str8 sender, u64 timestamp, u64 nonce.
 ENVELOPE = bytes([len(SENDER)]) + SENDER.encode() + struct.pack("<QQ", 1_700_000_000_123, 2**64 - 1)
 UPDATES: tuple[Update, ...] = (
-    Alive(member("n1", epoch=7, weight=3, draining=True), 5),
+    Alive(member("n1", epoch=7, weight=3, leaving=True), 5),
     Suspect("n2", 10**12, 3, "n1"),
     Dead("n3", 2**64 - 1, 2**32 - 1, "n4"),
     Left("n5", 0, 0),
@@ -63,7 +63,7 @@ SYNC = Sync(
     True,
     (
         MemberState(member("n1"), MemberStatus.ALIVE, 3),
-        MemberState(member("n2", weight=9, draining=True), MemberStatus.SUSPECT, 1),
+        MemberState(member("n2", weight=9, leaving=True), MemberStatus.SUSPECT, 1),
         MemberState(member("n3"), MemberStatus.DEAD, 0),
         MemberState(member("ñ4"), MemberStatus.LEFT, 2),
         MemberState(replace(member("n5"), workers=3, workers_down=0b100), MemberStatus.ALIVE, 4),
@@ -317,7 +317,7 @@ def test_the_smallest_allowed_datagram_carries_the_largest_record() -> None:
         "i" * MAX_ID_BYTES,
         Addresses("a" * MAX_ADDRESS_BYTES, "p" * MAX_ADDRESS_BYTES, "g" * MAX_ADDRESS_BYTES),
         weight=2**32 - 1,
-        draining=True,
+        leaving=True,
         epoch=2**64 - 1,
         workers=64,
         workers_down=2**63,

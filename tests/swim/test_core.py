@@ -419,7 +419,7 @@ def test_events_say_what_changed() -> None:
     h.add("a", incarnation=1)
     h.deliver(Gossip(), [Suspect("a", 1, 1, "b")])
     h.deliver(Gossip(), [Alive(member("a", weight=4), 2)])  # refuted, with a new weight
-    h.deliver(Gossip(), [Alive(member("a", weight=4, draining=True), 3)])
+    h.deliver(Gossip(), [Alive(member("a", weight=4, leaving=True), 3)])
     h.deliver(Gossip(), [Dead("a", 1, 3, "b")])
     h.deliver(Gossip(), [Alive(member("a"), 4)])
     h.deliver(Gossip(), [Left("a", 1, 4)])
@@ -617,18 +617,34 @@ def test_leaving_tells_every_live_member_and_stops_probing() -> None:
         h.core.update_self(weight=2)
 
 
-def test_updating_weight_or_draining_raises_the_incarnation_and_is_gossiped() -> None:
+def test_updating_weight_or_leaving_raises_the_incarnation_and_is_gossiped() -> None:
     h = Harness(responsive={"a", "b"})
     h.add("a", "b")
     h.core.update_self(weight=5)
     assert h.core.incarnation == 1
-    h.core.update_self(draining=True)
-    h.core.update_self(weight=5, draining=True)  # no change, no new incarnation
+    h.core.update_self(leaving=True)
+    h.core.update_self(weight=5, leaving=True)  # no change, no new incarnation
     assert h.core.incarnation == 2
     h.run_for(3000)
-    assert Alive(member("me", weight=5, draining=True), 2) in updates_in(h.sent)
+    assert Alive(member("me", weight=5, leaving=True), 2) in updates_in(h.sent)
     with pytest.raises(ValueError):
         h.core.update_self(weight=0)
+
+
+def test_starting_to_leave_is_told_to_every_live_member_at_once() -> None:
+    h = Harness(responsive={"a", "b"})
+    h.add("a", "b", "c")
+    h.deliver(Gossip(), [Dead("c", 1, 0, "a")])
+    h.run_for(3000)
+    h.take_sent()
+    h.core.update_self(leaving=True)  # a broker's graceful stop has begun
+    h.collect()
+    sent = h.take_sent()
+    assert sorted(s.to for s in sent) == ["a:7946", "b:7946"]  # (not the dead one)
+    assert all(s.datagram.updates[0] == Alive(member("me", leaving=True), 1) for s in sent)
+    h.core.update_self(weight=3)  # any other change waits for gossip
+    h.collect()
+    assert h.take_sent() == []
 
 
 # ---- bounds and bad input -----------------------------------------------------------------

@@ -233,18 +233,18 @@ def test_forged_and_foreign_datagrams_are_counted_and_change_nothing() -> None:
     assert not [o for o in sim.observations if o.event.kind is not EventKind.JOINED]
 
 
-def test_weight_and_draining_updates_reach_every_node() -> None:
+def test_weight_and_leaving_updates_reach_every_node() -> None:
     sim = SwimSimulation(14, LOSSY)
     sim.run_until(WARM_UP_MS)
     run_until_converged(sim, limit_ms=MINUTE_MS)
     changed_at = sim.now_ms
     sim.update_self("n04", weight=5)
-    sim.update_self("n09", draining=True)
+    sim.update_self("n09", leaving=True)
 
     def seen_everywhere() -> bool:
         return all(
-            (view["n04"].member.weight, view["n04"].member.draining) == (5, False)
-            and (view["n09"].member.weight, view["n09"].member.draining) == (1, True)
+            (view["n04"].member.weight, view["n04"].member.leaving) == (5, False)
+            and (view["n09"].member.weight, view["n09"].member.leaving) == (1, True)
             for view in (sim.view(n) for n in sim.up())
         )
 

@@ -89,7 +89,7 @@ class SwimNode:
         api_addr: str = "",
         peer_addr: str = "",
         weight: int = 1,
-        draining: bool = False,
+        leaving: bool = False,
         workers: int = 1,
         workers_down: int = 0,
         config: SwimConfig | None = None,
@@ -110,7 +110,7 @@ class SwimNode:
         self._api_addr = api_addr
         self._peer_addr = peer_addr
         self._weight = weight
-        self._draining = draining
+        self._leaving = leaving
         self._workers = (workers, workers_down)
         #: Wall-clock nanoseconds at start: larger than any earlier run's epoch.
         self.epoch = time.time_ns() if epoch is None else epoch
@@ -153,7 +153,7 @@ class SwimNode:
             gossip=self.gossip_addr,
         )
         me = Member(
-            self.node_id, addresses, self._weight, self._draining, self.epoch, *self._workers
+            self.node_id, addresses, self._weight, self._leaving, self.epoch, *self._workers
         )
         try:
             self._core = Swim(
@@ -221,10 +221,10 @@ class SwimNode:
         self,
         *,
         weight: int | None = None,
-        draining: bool | None = None,
+        leaving: bool | None = None,
         workers_down: int | None = None,
     ) -> None:
-        self.core.update_self(weight=weight, draining=draining, workers_down=workers_down)
+        self.core.update_self(weight=weight, leaving=leaving, workers_down=workers_down)
         self._flush()
 
     # ---- plumbing --------------------------------------------------------------------------

@@ -62,7 +62,7 @@ MAC_BYTES = 32  # HMAC-SHA256
 UPDATE_COUNT_BYTES = 1
 MAX_UPDATES_PER_DATAGRAM = 255  # the count is a u8
 MAX_SYNC_ENTRIES_PER_DATAGRAM = 65_535  # the count is a u16
-DRAINING_FLAG = 0x01
+LEAVING_FLAG = 0x01
 WORKERS_FLAG = 0x02  # a worker count (u8) and the down workers' mask (u64) follow
 
 _U8 = struct.Struct("<B")
@@ -151,7 +151,7 @@ def _member_record(member: Member, incarnation: int) -> bytes:
             _str8(member.addresses.gossip),
             _WEIGHT_FLAGS.pack(
                 member.weight,
-                (DRAINING_FLAG if member.draining else 0) | (WORKERS_FLAG if workers else 0),
+                (LEAVING_FLAG if member.leaving else 0) | (WORKERS_FLAG if workers else 0),
             ),
             _WORKERS.pack(member.workers, member.workers_down) if workers else b"",
         )
@@ -380,7 +380,7 @@ class _Reader:
         peer = self.str8(MAX_ADDRESS_BYTES)
         gossip = self.str8(MAX_ADDRESS_BYTES)
         weight, flags = self.unpack(_WEIGHT_FLAGS)
-        if weight < 1 or flags & ~(DRAINING_FLAG | WORKERS_FLAG):
+        if weight < 1 or flags & ~(LEAVING_FLAG | WORKERS_FLAG):
             raise _Malformed("bad weight or flags")
         workers, down = self.unpack(_WORKERS) if flags & WORKERS_FLAG else (1, 0)
         if not 1 <= workers <= MAX_WORKERS or down >> workers:
@@ -389,7 +389,7 @@ class _Reader:
             member_id,
             Addresses(api, peer, gossip),
             weight,
-            bool(flags & DRAINING_FLAG),
+            bool(flags & LEAVING_FLAG),
             epoch,
             workers,
             down,

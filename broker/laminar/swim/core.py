@@ -323,17 +323,19 @@ class Swim:
         self,
         *,
         weight: int | None = None,
-        draining: bool | None = None,
+        leaving: bool | None = None,
         workers_down: int | None = None,
     ) -> None:
-        """Change what we advertise; the new incarnation is gossiped to everyone."""
+        """Change what we advertise; the new incarnation is gossiped to everyone. Leaving is
+        also told to every live member at once, as `leave` is: they stop handing this member
+        leaderships within a datagram's time, not a gossip round's."""
         if self._left:
             raise RuntimeError("this member has left")
         me = self._nodes[self.id]
         member = replace(
             me.member,
             weight=me.member.weight if weight is None else weight,
-            draining=me.member.draining if draining is None else draining,
+            leaving=me.member.leaving if leaving is None else leaving,
             workers_down=me.member.workers_down if workers_down is None else workers_down,
         )
         problem = member_problem(member)
@@ -343,9 +345,15 @@ class Swim:
             return
         if me.incarnation >= MAX_INCARNATION:
             raise RuntimeError("incarnation number exhausted; restart with a new epoch")
+        starts_leaving = member.leaving and not me.member.leaving
         me.member = member
         me.incarnation += 1
-        self._queue(Alive(member, me.incarnation))
+        update = Alive(member, me.incarnation)
+        self._queue(update)
+        if starts_leaving:
+            encoded = encode_update(update)
+            for node in self._others(_LIVE):
+                self._send(node.member.addresses.gossip, Gossip(), first=encoded, exclude=self.id)
 
     # ---- outputs ---------------------------------------------------------------------------
 

@@ -44,7 +44,9 @@ class Member:
     id: str
     addresses: Addresses
     weight: int = 1
-    draining: bool = False
+    #: about to stop (a graceful stop or a pod's preStop has begun): it keeps its place and
+    #: its replicas, but takes no leadership handed over (`laminar.node.core`)
+    leaving: bool = False
     #: Chosen at process start and larger for every restart (e.g. wall-clock ns), so that a
     #: restarted process replaces its previous run whatever the incarnation numbers say.
     epoch: int = 0
@@ -92,7 +94,7 @@ class MemberState:
 class EventKind(StrEnum):
     JOINED = "joined"  # first seen alive, back from dead/left, or a new epoch (a restart)
     ALIVE = "alive"  # a suspect member refuted the suspicion
-    UPDATED = "updated"  # an alive member changed its weight, draining flag, workers or addresses
+    UPDATED = "updated"  # an alive member changed its weight, leaving flag, workers or addresses
     SUSPECT = "suspect"
     DEAD = "dead"
     LEFT = "left"

@@ -3,7 +3,7 @@
 N real `Swim` cores exchange real (encoded, authenticated) datagrams through a simulated
 network that loses, duplicates and delays (so reorders) them and can be partitioned. Nodes
 can crash (stop sending and receiving), restart with a new epoch, leave, and change their
-weight or draining flag; foreign datagrams can be injected. Time is virtual: the simulation
+weight or leaving flag; foreign datagrams can be injected. Time is virtual: the simulation
 jumps from one due event (a delivery, or a core's next timer) to the next, so ten minutes of
 a 20-node cluster take seconds. Everything random comes from one `random.Random(seed)`,
 iteration is in sorted order and no wall clock is read, so a seed replays exactly.
@@ -144,11 +144,11 @@ class SwimSimulation:
         self._after(node, ticked=False)
 
     def update_self(
-        self, member_id: str, *, weight: int | None = None, draining: bool | None = None
+        self, member_id: str, *, weight: int | None = None, leaving: bool | None = None
     ) -> None:
         node = self.nodes[member_id]
         assert node.core is not None, f"{member_id} is down"
-        node.core.update_self(weight=weight, draining=draining)
+        node.core.update_self(weight=weight, leaving=leaving)
         self._after(node, ticked=False)
 
     def isolate(self, member_ids: Iterable[str]) -> None:
