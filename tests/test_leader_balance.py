@@ -3,6 +3,8 @@ over in-memory storage, with a deterministic network and a failure detector the 
 
 * Preferred leaders spread a topic's leaderships evenly, new groups are led by them from the
   start, and leadership comes back to them after a broker stops and returns.
+* A broker that is stopping (leaving) hands its leaderships only to brokers that stay, and
+  none is handed to it, by a handoff or a rebalance.
 * Idle groups quiesce: no Raft messages at all while nothing happens; a proposal wakes its
   group, and the failure detector's word that a leader is gone wakes its followers, which
   elect another.
@@ -25,7 +27,14 @@ from laminar.partition.reconcile import Step, StepKind, next_step, rebalance_to
 from laminar.placement import Candidate, partition_key, place, preferred_leaders
 from laminar.raft.messages import ConfState, Message, MessageType
 from laminar.raft.raft import Role
-from laminar.swim.member import MemberStatus
+from laminar.swim.member import (
+    Addresses,
+    EventKind,
+    MembershipEvent,
+    MemberState,
+    MemberStatus,
+)
+from laminar.swim.member import Member as SwimMember
 
 TICK_MS = 100
 NODES = ("n1", "n2", "n3")
@@ -72,6 +81,34 @@ class Cluster:
             directory.crash()
         self.status[node] = MemberStatus.DEAD
         self.in_flight = [m for m in self.in_flight if node not in (m.src, m.dst)]
+
+    def leave(self, node: str) -> None:
+        """`node` starts stopping, and the others hear so (SWIM's update of its flag)."""
+        self.cores[node].leave()
+        addresses = Addresses(f"{node}:8080", f"{node}:7000", f"{node}:7001")
+        state = MemberState(SwimMember(node, addresses, leaving=True), MemberStatus.ALIVE, 2)
+        for other, core in self.cores.items():
+            if other != node:
+                core.on_member_event(MembershipEvent(EventKind.UPDATED, state, self.now_ms))
+
+    def hand_off(self, *nodes: str) -> Counter[tuple[str, str]]:
+        """Each of `nodes` hands its leaderships away, as a stopping broker does, until none
+        has anything left to move; how often each (group, receiver) was handed over."""
+        handed: Counter[tuple[str, str]] = Counter()
+        for _ in range(200):
+            moving = False
+            for node in nodes:
+                core = self.cores[node]
+                pending = {g: r.raft.transferee for g, r in core.replicas.items()}
+                if core.transfer_leaderships(core.alive()):
+                    moving = True
+                for group, replica in core.replicas.items():
+                    if replica.raft.transferee not in (None, pending[group]):
+                        handed[group, replica.raft.transferee] += 1
+            if not moving:
+                return handed
+            self.step()
+        raise AssertionError(f"still handing over after 200 ticks: {handed}")
 
     def _carry_out(self, core: NodeCore) -> bool:
         round_ = core.begin()
@@ -265,6 +302,47 @@ def test_a_rebalance_waits_for_a_configuration_change_and_a_lagging_preferred() 
     raft.pending_conf_index = -1
     raft.progress[other].match = -1  # it lags
     assert rebalance_to(raft, other, ready=ready, lag_indexes=0) is None
+
+
+def test_brokers_stopping_together_hand_their_leaderships_only_to_one_that_stays() -> None:
+    cluster = Cluster()
+    cluster.create_topic(30)
+    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster.leave("n1")
+    cluster.leave("n2")
+    handed = cluster.hand_off("n1", "n2")
+    # each of their 20 groups went once, to n3: never from one leaving broker to the other
+    assert {receiver for _, receiver in handed} == {"n3"}, handed
+    assert sorted(handed.values()) == [1] * 20, handed
+    cluster.run_until(cluster.all_led, 100)  # (its elections end)
+    assert cluster.counts() == {"n1": 0, "n2": 0, "n3": 30}
+
+
+def test_brokers_that_all_stop_hand_over_nothing() -> None:
+    cluster = Cluster()
+    cluster.create_topic(9)
+    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    for node in NODES:
+        cluster.leave(node)
+    assert cluster.hand_off(*NODES) == Counter()
+    assert cluster.counts() == {"n1": 3, "n2": 3, "n3": 3}
+
+
+def test_no_rebalance_hands_a_leadership_back_to_a_leaving_preferred_leader() -> None:
+    cluster = Cluster()
+    cluster.create_topic(30)
+    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster.leave("n2")
+    handed = cluster.hand_off("n2")
+    assert len(handed) == 10 and cluster.counts()["n2"] == 0, handed
+    stayers = [cluster.cores["n1"], cluster.cores["n3"]]
+    rebalances = sum(c.counters["leader_rebalances"] for c in stayers)
+    # long past the rebalance's wait for a preferred leader alive a while, and its retry pause
+    balance = stayers[0].balance
+    cluster.run(balance.alive_ticks + 2 * balance.retry_ticks)
+    assert cluster.all_led() and cluster.counts()["n2"] == 0
+    assert sum(c.counters["leader_rebalances"] for c in stayers) == rebalances
+    assert not any(r.raft.eager for r in cluster.cores["n2"].replicas.values())
 
 
 # ---- quiescence ----------------------------------------------------------------------------

@@ -296,6 +296,17 @@ DEAD_GRACE_MS = Setting(
     flag="--dead-grace-ms",
     env="LAMINAR_DEAD_GRACE_MS",
 )
+LEAVING_HOLD_MS = Setting(
+    "leaving_hold_ms",
+    int,
+    60_000,
+    "after a handoff (POST /v1/nodes/{id}/handoff: a pod's preStop), the broker stays leaving "
+    "this long: no leadership is handed to it or back to it (a stopping broker stays leaving "
+    "until it is gone)",
+    unit="ms",
+    flag="--leaving-hold-ms",
+    env="LAMINAR_LEAVING_HOLD_MS",
+)
 DEFAULT_REPLICATION_FACTOR = Setting(
     "default_replication_factor",
     int,

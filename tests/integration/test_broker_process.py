@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,6 +173,29 @@ async def test_graceful_stop_hands_over_leadership(tmp_path: Path) -> None:
             assert [r.value for r in records] == [b"before", b"after"]
     finally:
         cluster.stop()
+
+
+async def test_brokers_stopped_together_do_not_hand_their_leaderships_back_and_forth(
+    tmp_path: Path,
+) -> None:
+    """Every broker of a cluster gets SIGTERM at once (a cluster's deletion, `local-cluster
+    down`): each says it is leaving, so none hands a group to another one stopping, once it
+    has heard. A group is handed over at most once by each broker (before it heard that the
+    others were stopping too), where they used to hand every group back and forth until the
+    handoff's deadline: hundreds of times."""
+    cluster = make_cluster(tmp_path / "together")
+    try:
+        async with AsyncClient(cluster.urls, token=cluster.token) as client:
+            await client.create_topic("together", partitions=6, replication_factor=3)
+            await client.wait_for_leaders("together")
+    finally:
+        cluster.stop()
+    handed: dict[str, int] = {}
+    for node in cluster.nodes:
+        for group in re.findall(rf"{node} hands (\S+) to ", cluster.tail(node, 1_000_000)):
+            handed[group] = handed.get(group, 0) + 1
+    # (none may be handed over at all: a broker that hears the others first hands nothing)
+    assert max(handed.values(), default=0) <= len(cluster.nodes), handed
 
 
 async def test_append_backpressure_is_bounded_in_bytes(tmp_path: Path) -> None:

@@ -207,6 +207,10 @@ class NodeCore:
         self._retained_at_ms = 0
         #: when this node saw each member that is away die or leave
         self._away_since_ms: dict[str, int] = {}
+        #: brokers SWIM says are leaving (stopping): handed no leadership
+        self._leaving: set[str] = set()
+        #: this node is stopping (`leave`): it hands its leaderships away and takes none
+        self.leaving = False
         #: when this node first looked for each broker of the metadata group's configuration
         #: that SWIM has not heard from yet (`unheard`)
         self._unheard_since_ms: dict[str, int] = {}
@@ -289,7 +293,27 @@ class NodeCore:
             self._away_since_ms.setdefault(event.state.id, self.now_ms)
         elif event.kind in (EventKind.JOINED, EventKind.ALIVE):
             self._away_since_ms.pop(event.state.id, None)
+        if event.state.member.leaving and event.kind not in (EventKind.DEAD, EventKind.LEFT):
+            self._leaving.add(event.state.id)
+        else:
+            self._leaving.discard(event.state.id)  # (a restart joins with a new epoch)
         self._control_due = True
+
+    def leave(self, leaving: bool = True) -> None:
+        """This node is stopping (or, `leaving` False, no longer): it campaigns early for
+        nothing and takes no leadership handed over (its broker advertises it as leaving,
+        so others hand it none)."""
+        self.leaving = leaving
+        if leaving:
+            for replica in self.all_replicas():
+                replica.raft.eager = False
+
+    def takes_leadership(self, node: str) -> bool:
+        """Whether leaderships may be handed to `node` (a handoff, a rebalance): not while
+        it, or its broker, is stopping."""
+        if node == self.id:
+            return not self.leaving
+        return broker_of(node) not in self._leaving
 
     # ---- opening ---------------------------------------------------------------------------
 
@@ -1057,7 +1081,9 @@ class NodeCore:
                     self._compact_metadata(force=True)
             self._compact_metadata()
         strictly_alive = self._wake_quiesced()
-        ready = self.balance.observe(alive, self._ticks)
+        ready = frozenset(
+            n for n in self.balance.observe(alive, self._ticks) if self.takes_leadership(n)
+        )
         budget = self.balance.transfers_per_pass
         plans: dict[str, TopicPlan] = {}
         for replica, swept in self._control_visits():
@@ -1132,10 +1158,15 @@ class NodeCore:
         the others defer their own elections to an alive preferred leader for a while (to
         anyone while this node has just started: SWIM may not know the others yet)."""
         raft = replica.raft
-        raft.eager = preferred == self.id and strictly_alive.issuperset(raft.conf.voters)
+        raft.eager = (
+            preferred == self.id
+            and not self.leaving
+            and strictly_alive.issuperset(raft.conf.voters)
+        )
         if replica.group not in self._fresh or preferred == self.id:
             return
-        if preferred in strictly_alive or self._ticks < self.balance.defer_ticks:
+        leads_soon = preferred in strictly_alive and self.takes_leadership(preferred)
+        if leads_soon or self._ticks < self.balance.defer_ticks:
             raft.defer_election(self.balance.defer_ticks)
 
     def _control_visits(self) -> list[tuple[Replica, bool]]:
@@ -1324,16 +1355,19 @@ class NodeCore:
         storage.log.remove_through(commit)
 
     def transfer_leaderships(self, alive: set[str]) -> bool:
-        """Hand each leadership to a caught-up voter in `alive` (one pass: a broker about to
-        stop calls it until it returns False, nothing left to move): the partition's
-        preferred leader among the others (so that what this node led spreads evenly), else
-        the first caught up."""
+        """Hand each leadership to a caught-up voter in `alive` that takes leaderships (one
+        pass: a broker about to stop calls it until it returns False, nothing left to move):
+        the partition's preferred leader among the others (so that what this node led
+        spreads evenly), else the first caught up. Never to a broker that is stopping too:
+        brokers stopped together would hand their groups back and forth until the last one
+        went (a cluster's deletion, `local-cluster down`)."""
         moved = False
         without_me = [
             replace(c, draining=True) if c.id == broker_of(self.id) else c
             for c in self.candidates()
         ]
         plans: dict[str, TopicPlan] = {}
+        takers = {n for n in alive if n != self.id and self.takes_leadership(n)}
         for replica in self.all_replicas():
             raft = replica.raft
             if raft.role is not Role.LEADER:
@@ -1343,10 +1377,8 @@ class NodeCore:
                 continue
             last = raft.log.last_index()
             successors = [
-                n
-                for n in raft.conf.voters
-                if n != self.id and n in alive and raft.progress[n].match >= last - 1
-            ] or [n for n in raft.conf.voters if n != self.id and n in alive]
+                n for n in raft.conf.voters if n in takers and raft.progress[n].match >= last - 1
+            ] or [n for n in raft.conf.voters if n in takers]
             topic = self.state.topics.get(replica.topic) if replica is not self.meta else None
             if topic is not None and replica.partition < topic.partitions:
                 plan = plans.get(topic.name)

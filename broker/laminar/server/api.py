@@ -732,7 +732,8 @@ class Api:
         node = self._node(request)
         if node != self.broker.id:
             raise self._redirect(request, node, f"node {node}")
-        leading = await self.broker.hand_off_leaderships(HANDOFF_TIMEOUT_S)
+        hold_s = self.broker.config.leaving_hold_ms / 1000
+        leading = await self.broker.hand_off_leaderships(HANDOFF_TIMEOUT_S, hold_s=hold_s)
         return json_response(Handoff(node, leading).to_json())
 
     async def weight(self, request: web.Request) -> web.Response:

@@ -116,6 +116,8 @@ class BrokerConfig:
     #: a broker SWIM reports dead keeps its place in placement this long (a restart after a
     #: crash moves nothing); one that left keeps it until it is back (`counts_for_placement`)
     dead_grace_ms: int = settings.DEAD_GRACE_MS.default
+    #: a handoff alone (a pod's preStop) leaves the broker leaving this long (docs/api.md)
+    leaving_hold_ms: int = settings.LEAVING_HOLD_MS.default
     default_replication_factor: int = settings.DEFAULT_REPLICATION_FACTOR.default
     segment_bytes: int = settings.SEGMENT_BYTES.default
     #: Kubernetes status reporting (docs/kubernetes.md): the LaminarCluster object this broker
@@ -164,6 +166,8 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.fsync_interval_ms < 1:
             raise ConfigError("fsync_interval_ms must be positive")
+        if not 0 <= self.leaving_hold_ms <= 86_400_000:
+            raise ConfigError("--leaving-hold-ms must be in [0, 86400000] (a day)")
         if self.tick_ms < 5 or self.election_ticks < 3:
             raise ConfigError("tick_ms must be >= 5 and election_ticks >= 3")
         if (self.kube_namespace is None) != (self.kube_cluster is None):

@@ -65,6 +65,9 @@ class Broker:
                 raise BrokerError(f"TLS: {e}") from e
         self.core = NodeCore(core_config(config), NodeStorage(config.worker_data_dir), self.members)
         self.core.wake = self.wake
+        self._stopping = False
+        #: when a handoff's leaving ends (`hand_off_leaderships` with `hold_s`)
+        self._leaving_ends: asyncio.TimerHandle | None = None
         #: the partition status table: what every other broker hosts and leads
         self.status = StatusGossip(self)
         self.transport = PeerTransport(
@@ -187,6 +190,9 @@ class Broker:
         """Hand leaderships to caught-up voters, leave the gossip group, persist, close."""
         if not self._running:
             return
+        self._stopping = True
+        if self._leaving_ends is not None:
+            self._leaving_ends.cancel()
         if graceful:
             await self.hand_off_leaderships(timeout_s=3.0)
         self.core.refuse_proposals()
@@ -366,16 +372,32 @@ class Broker:
             return False, "not caught up with the cluster metadata"
         return True, "ready"
 
-    async def hand_off_leaderships(self, timeout_s: float) -> int:
+    async def hand_off_leaderships(self, timeout_s: float, *, hold_s: float | None = None) -> int:
         """Hand every leadership to a caught-up voter (a broker about to stop: the pod's
-        preStop); returns how many groups it still leads after at most `timeout_s`."""
+        preStop, or SIGTERM); returns how many groups it still leads after at most
+        `timeout_s`. The broker is leaving from then on: it advertises so (SWIM), and takes
+        no leadership handed over or handed back by a rebalance, until it stops, or for
+        `hold_s` after the handoff if it is not stopping."""
+        self._leave(True)
         loop = asyncio.get_running_loop()
+        if self._leaving_ends is not None:
+            self._leaving_ends.cancel()
+            self._leaving_ends = None
         deadline = loop.time() + timeout_s
-        alive = self.core.alive()
-        while loop.time() < deadline and self.core.transfer_leaderships(alive):
+        # (who is alive and who is leaving too are read again each pass)
+        while loop.time() < deadline and self.core.transfer_leaderships(self.core.alive()):
             self._wake.set()
             await asyncio.sleep(HANDOFF_POLL_S)
+        if hold_s is not None and not self._stopping:
+            self._leaving_ends = loop.call_later(hold_s, self._leave, False)
         return self.core.leading()
+
+    def _leave(self, leaving: bool) -> None:
+        if not leaving and self._stopping:
+            return
+        self.core.leave(leaving)
+        if self.swim is not None and self.swim.running:
+            self.swim.update_self(leaving=leaving)
 
     def collect_removed(self, view: View) -> list[str]:
         """Drop replicas that their group's leader (in `view`) no longer counts; during a
