@@ -9,7 +9,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.client import AsyncClient
 from laminar.local_cluster import LocalCluster
@@ -18,6 +17,7 @@ from laminar.log.segment import STORE_SUFFIX
 from laminar.log.store import STORE_HEADER_BYTES
 
 from .conftest import auth, make_cluster, wait_until
+from .test_metrics import samples, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -67,16 +67,13 @@ async def storage_metric(cluster: LocalCluster, node: str, name: str) -> float:
     return await counter(cluster, node, f"laminar_storage_{name}_total")
 
 
-async def counter(cluster: LocalCluster, node: str, sample_name: str) -> float:
-    """The value of the unlabelled sample `sample_name` in `node`'s metrics."""
-    url = f"{cluster.nodes[node].api_url}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == sample_name:
-                return sample.value
-    raise AssertionError(f"no metric {sample_name}")
+async def counter(cluster: LocalCluster, node: str, name: str) -> float:
+    """The value of `node`'s unlabelled counter `name` (its exposition name)."""
+    async with aiohttp.ClientSession() as session:
+        _, families = await scrape(session, cluster.nodes[node].api_url)
+    found = samples(families, name)
+    assert len(found) == 1, f"{name}: {found}"
+    return found[0][1]
 
 
 async def loaded_cluster(tmp_path: Path) -> tuple[LocalCluster, list[bytes], str]:
