@@ -214,6 +214,14 @@ class Cluster:
                 yield node, group
 
 
+def balanced(partitions: int) -> Cluster:
+    """Three node cores with a topic of `partitions`, every one led, the leaderships even."""
+    cluster = Cluster()
+    cluster.create_topic(partitions)
+    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    return cluster
+
+
 def skew(counts: dict[str, int]) -> float:
     mean = sum(counts.values()) / len(counts)
     return max(counts.values()) / mean
@@ -257,9 +265,7 @@ def test_a_new_topic_is_led_by_its_preferred_leaders_evenly() -> None:
 
 
 def test_leadership_comes_back_to_balance_after_a_broker_returns() -> None:
-    cluster = Cluster()
-    cluster.create_topic(60)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(60)
     cluster.stop("n2")
     # the others take over n2's partitions (their followers are woken by its death)
     cluster.run_until(lambda: cluster.all_led(), 100)
@@ -273,9 +279,7 @@ def test_leadership_comes_back_to_balance_after_a_broker_returns() -> None:
 
 
 def test_a_restart_of_every_broker_elects_the_preferred_leaders_at_once() -> None:
-    cluster = Cluster()
-    cluster.create_topic(30)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(30)
     for node in NODES:
         cluster.stop(node)
     for node in NODES:
@@ -286,9 +290,7 @@ def test_a_restart_of_every_broker_elects_the_preferred_leaders_at_once() -> Non
 
 
 def test_a_rebalance_waits_for_a_configuration_change_and_a_lagging_preferred() -> None:
-    cluster = Cluster()
-    cluster.create_topic(9)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(9)
     cluster.run_until(cluster.quiet, 100)
     group, leader = next(iter(sorted(cluster.leaders().items())))
     raft = cluster.cores[leader].replicas[group].raft
@@ -305,9 +307,7 @@ def test_a_rebalance_waits_for_a_configuration_change_and_a_lagging_preferred() 
 
 
 def test_brokers_stopping_together_hand_their_leaderships_only_to_one_that_stays() -> None:
-    cluster = Cluster()
-    cluster.create_topic(30)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(30)
     cluster.leave("n1")
     cluster.leave("n2")
     handed = cluster.hand_off("n1", "n2")
@@ -319,9 +319,7 @@ def test_brokers_stopping_together_hand_their_leaderships_only_to_one_that_stays
 
 
 def test_brokers_that_all_stop_hand_over_nothing() -> None:
-    cluster = Cluster()
-    cluster.create_topic(9)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(9)
     for node in NODES:
         cluster.leave(node)
     assert cluster.hand_off(*NODES) == Counter()
@@ -329,9 +327,7 @@ def test_brokers_that_all_stop_hand_over_nothing() -> None:
 
 
 def test_no_rebalance_hands_a_leadership_back_to_a_leaving_preferred_leader() -> None:
-    cluster = Cluster()
-    cluster.create_topic(30)
-    cluster.run_until(lambda: cluster.all_led() and skew(cluster.counts()) == 1.0, 300)
+    cluster = balanced(30)
     cluster.leave("n2")
     handed = cluster.hand_off("n2")
     assert len(handed) == 10 and cluster.counts()["n2"] == 0, handed
