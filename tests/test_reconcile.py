@@ -83,6 +83,18 @@ def test_a_leader_outside_the_target_hands_over_before_leaving() -> None:
     ]
 
 
+def test_a_leader_outside_the_target_hands_over_to_no_broker_that_is_stopping() -> None:
+    conf = ConfState(("a", "b", "c", "d"))
+    everyone = {"a", "b", "c", "d"}
+    step = next_step(conf, ["b", "c", "d"], leader="a", caught_up=everyone, alive=everyone,
+                     leaving={"b"})  # fmt: skip
+    assert step == Step(StepKind.TRANSFER_LEADERSHIP, "c")
+    # every successor stopping: the leader keeps leading until one is not, or is gone
+    step = next_step(conf, ["b", "c", "d"], leader="a", caught_up=everyone, alive=everyone,
+                     leaving={"b", "c", "d"})  # fmt: skip
+    assert step is None
+
+
 def test_growing_and_shrinking_the_replication_factor() -> None:
     assert [s.kind for s in converge(["a"], ["a", "b", "c"], leader="a")] == [
         StepKind.ADD_LEARNER,

@@ -1069,11 +1069,12 @@ class NodeCore:
         self.counters["control_passes"] += 1
         candidates = self.candidates()
         alive = self.alive()
+        leaving = frozenset(n for n in alive if not self.takes_leadership(n))
         meta = self.meta
         if meta is not None:
             if meta.raft.role is Role.LEADER:
                 target = metadata_voters(candidates)
-                self._reconcile(meta, target, alive, followers=alive)
+                self._reconcile(meta, target, alive, leaving, followers=alive)
                 progress = meta.raft.progress
                 if any(p.match < 0 for n, p in progress.items() if n != self.id):
                     # a member with nothing yet learns the metadata from a snapshot, never
@@ -1106,7 +1107,7 @@ class NodeCore:
                 settled = not raft.conf.learners and raft.conf.voters == plan.voters[partition]
                 if not settled:  # (a settled group has no step to take)
                     target = list(plan.targets[partition])
-                    self._reconcile(replica, target, alive, followers=frozenset())
+                    self._reconcile(replica, target, alive, leaving, followers=frozenset())
                 if self._has_queue_duties(replica, topic_state):
                     self._queue_duties(replica, topic_state)
                 if settled and budget > 0 and self._rebalance(replica, preferred, ready):
@@ -1312,7 +1313,13 @@ class NodeCore:
         log.info("%s: retention removed %d segments", replica.group, removed)
 
     def _reconcile(
-        self, replica: Replica, target: list[str], alive: set[str], *, followers: Iterable[str]
+        self,
+        replica: Replica,
+        target: list[str],
+        alive: set[str],
+        leaving: frozenset[str],
+        *,
+        followers: Iterable[str],
     ) -> None:
         raft = replica.raft
         step = leader_step(
@@ -1320,6 +1327,7 @@ class NodeCore:
             target,
             alive=alive,
             followers=frozenset(followers),
+            leaving=leaving,
             lag_indexes=CATCH_UP_LAG_INDEXES,
         )
         if step is None:

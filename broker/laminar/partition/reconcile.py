@@ -59,13 +59,15 @@ def next_step(
     caught_up: Set[str],
     alive: Set[str],
     followers: Set[str] = frozenset(),
+    leaving: Set[str] = frozenset(),
 ) -> Step | None:
     """The next change toward `target` voters, or None once the configuration matches it.
 
     `caught_up`: members whose log matches the leader's closely enough to be promoted or to
     take over leadership; `alive`: members the failure detector believes alive;
     `followers`: nodes that should follow the group as learners when they are not target
-    voters (the metadata group: every live node).
+    voters (the metadata group: every live node); `leaving`: members that are stopping, to
+    which no leadership is handed (the leader waits for another successor, or their stop).
     """
     voters, learners = set(conf.voters), set(conf.learners)
     wanted = set(target)
@@ -105,7 +107,9 @@ def next_step(
             if len(rest & alive & caught_up) > len(rest) // 2:
                 return Step(StepKind.REMOVE, victim)
             return None
-        successors = [n for n in target if n in caught_up and n in alive and n != leader]
+        successors = [
+            n for n in target if n in caught_up and n in alive and n not in leaving and n != leader
+        ]
         if successors:
             return Step(StepKind.TRANSFER_LEADERSHIP, successors[0])
         return None
@@ -121,15 +125,22 @@ def leader_step(
     *,
     alive: Set[str],
     followers: Set[str] = frozenset(),
+    leaving: Set[str] = frozenset(),
     lag_indexes: int,
 ) -> Step | None:
     """The next step for the group `raft` leads (None while a change is pending): members
-    within `lag_indexes` of the leader's log count as caught up."""
+    within `lag_indexes` of the leader's log count as caught up (`next_step` for the rest)."""
     if raft.pending_conf_index > raft.log.committed or not target:
         return None
     caught_up = {n for n in raft.progress if raft.caught_up(n, lag_indexes)}
     return next_step(
-        raft.conf, target, leader=raft.id, caught_up=caught_up, alive=alive, followers=followers
+        raft.conf,
+        target,
+        leader=raft.id,
+        caught_up=caught_up,
+        alive=alive,
+        followers=followers,
+        leaving=leaving,
     )
 
 
