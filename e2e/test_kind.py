@@ -285,7 +285,9 @@ def test_2_a_cluster_of_three_brokers(kube: Kube) -> None:
             "restartPolicy": "Never",
             "containers": [{
                 "name": "client", "image": BROKER_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sleep", "7200"],
+                # (a shell that ends on SIGTERM: `sleep` as the pod's first process ignores
+                # it, and deleting the pod would wait out its 30 s grace)
+                "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 7200 & wait"],
                 "env": [{"name": "LAMINAR_CA_FILE", "value": f"{CA_DIR}/ca.crt"},
                         {"name": "LAMINAR_TOKEN_FILE", "value": f"{TOKEN_DIR}/client-token"}],
                 "volumeMounts": [{"name": "ca", "mountPath": CA_DIR, "readOnly": True},
