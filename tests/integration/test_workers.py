@@ -9,7 +9,8 @@
 * the steer port: the kernel hands a connection to the worker its source port names;
 * metrics: each broker's /metrics has every one of its workers', labelled;
 * draining a worker moves its partitions to its broker's other worker; SIGHUP reaches every
-  worker.
+  worker;
+* a broker's handoff (a pod's preStop) moves the leaderships of all its workers.
 """
 
 from __future__ import annotations
@@ -367,3 +368,35 @@ async def test_sighup_reaches_every_worker_and_stops_none(cluster: LocalCluster)
     await wait_until("the added token accepted by every worker", accepted)
     assert all(node.alive() for node in cluster.nodes.values())
     assert {broker: cluster.worker_pids(broker) for broker in cluster.nodes} == before
+
+
+async def test_a_brokers_handoff_moves_every_workers_leaderships(cluster: LocalCluster) -> None:
+    """POST /v1/nodes/{broker}/handoff (the pod's preStop, `laminar node handoff`): worker 0
+    asks its other workers over the local feed, so one call moves the leaderships of every
+    worker of the broker, and the client never needs the workers' own addresses. (Last in
+    this module: the broker is then leaving for the cluster's --leaving-hold-ms.)"""
+    topic, broker = "handed", "n2"
+    async with AsyncClient(cluster.urls, token=cluster.token) as client:
+        await client.create_topic(topic, partitions=2 * PARTITIONS, replication_factor=3)
+        await client.wait_for_leaders(topic)
+
+        async def led_by_the_broker() -> set[str]:
+            states = (await client.describe_topic(topic)).partition_states
+            return {s.leader for s in states if s.leader and broker_of(s.leader) == broker}
+
+        async def both_workers_lead() -> object:
+            return len(await led_by_the_broker()) == 2
+
+        await wait_until("both workers of n2 lead a partition", both_workers_lead)
+        # what cannot move: partitions of the module's other topics with one replica, on n2
+        # (after the one-copy test: one on each worker, so both workers' counts are summed)
+        stuck = 0
+        for other in await client.topics():
+            for state in (await client.describe_topic(other.name)).partition_states:
+                stuck += [broker_of(r) for r in state.replicas] == [broker]
+        assert await client.handoff(broker) == stuck  # (asked at n1: redirected to n2)
+
+        async def none_led_by_the_broker() -> object:  # (as the brokers' status reports it)
+            return not await led_by_the_broker()
+
+        await wait_until("no partition led by a worker of n2", none_led_by_the_broker)

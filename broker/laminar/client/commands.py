@@ -48,7 +48,6 @@ from laminar.models import AcquiredMessage, Handoff, TopicList, TxnDescription, 
 from laminar.tls import TlsError, client_context
 from laminar.txn.producer import TxnProducer
 
-from ..workers import broker_of
 from .client import AsyncClient, check_consumer, check_group
 from .config import DEFAULT_BROKERS, ClientConfigError, resolve
 from .errors import Forbidden, LaminarError, NotFound, OutOfRange, Unauthorized
@@ -1489,12 +1488,8 @@ async def _node_undrain(client: AsyncClient, args: argparse.Namespace) -> int:
 async def _node_handoff(client: AsyncClient, args: argparse.Namespace) -> int:
     if not args.id:
         raise SystemExit("laminar node handoff: give the node id (or set LAMINAR_NODE_ID)")
-    # a broker's workers (docs/workers.md) each hand over their own leaderships
-    members = [m.id for m in (await client.cluster()).members]
-    workers = [m for m in members if m != args.id and broker_of(m) == args.id]
-    leading = 0
-    for node in [args.id, *workers]:
-        leading += await client.handoff(node)
+    # (a broker's id hands over for every one of its workers: docs/workers.md)
+    leading = await client.handoff(args.id)
     if args.json:
         _print_json(Handoff(args.id, leading).to_json())
     else:

@@ -728,12 +728,13 @@ class Api:
 
     async def handoff(self, request: web.Request) -> web.Response:
         """The node hands its leaderships to caught-up replicas (served by that node itself:
-        others redirect to it)."""
+        others redirect to it); a broker's id (its worker 0) does so for each of its
+        workers."""
         node = self._node(request)
         if node != self.broker.id:
             raise self._redirect(request, node, f"node {node}")
         hold_s = self.broker.config.leaving_hold_ms / 1000
-        leading = await self.broker.hand_off_leaderships(HANDOFF_TIMEOUT_S, hold_s=hold_s)
+        leading = await self.broker.hand_off_broker(HANDOFF_TIMEOUT_S, hold_s=hold_s)
         return json_response(Handoff(node, leading).to_json())
 
     async def weight(self, request: web.Request) -> web.Response:

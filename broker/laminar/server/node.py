@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..client import AsyncClient
+from ..contract import HANDOFF_TIMEOUT_S
 from ..credentials import internal_token
 from ..log.errors import STORAGE_FAILURES
 from ..node.core import Member, NodeCore
@@ -44,6 +45,8 @@ from .worker_feed import FeedClient, FeedServer
 log = logging.getLogger(__name__)
 SYNC_THREADS = 4
 HANDOFF_POLL_S = 0.05
+#: how much longer than a handoff's own deadline worker 0 waits for the other workers' answers
+FEED_ANSWER_S = 2.0
 
 
 class BrokerError(Exception):
@@ -126,6 +129,7 @@ class Broker:
                 self._on_table,
                 self._on_member_event,
                 lambda: self.render_metrics() if self.render_metrics else "# EOF\n",
+                lambda hold_s: self.hand_off_leaderships(HANDOFF_TIMEOUT_S, hold_s=hold_s),
             )
             # (kept in _tasks: a task nothing refers to may be collected while it runs)
             self._tasks.append(asyncio.create_task(self.follow.run(), name=f"feed-{self.id}"))
@@ -391,6 +395,19 @@ class Broker:
         if hold_s is not None and not self._stopping:
             self._leaving_ends = loop.call_later(hold_s, self._leave, False)
         return self.core.leading()
+
+    async def hand_off_broker(self, timeout_s: float, *, hold_s: float | None = None) -> int:
+        """`hand_off_leaderships` on this worker and, from worker 0, on every other worker of
+        the broker at once (asked over the local feed: no network address is needed, so a
+        pod's preStop works while its cluster's Services are being deleted); how many groups
+        they still lead, counting a worker that did not answer in time as leading none."""
+        if self.feed is None:
+            return await self.hand_off_leaderships(timeout_s, hold_s=hold_s)
+        own, others = await asyncio.gather(
+            self.hand_off_leaderships(timeout_s, hold_s=hold_s),
+            self.feed.handoff(hold_s, timeout_s + FEED_ANSWER_S),
+        )
+        return own + sum(others.values())
 
     def _leave(self, leaving: bool) -> None:
         if not leaving and self._stopping:

@@ -13,6 +13,11 @@ table it was sent while worker 0 is away, and connects again.
 
 Worker 0 also asks the others for their metrics (`FeedServer.scrape`, for its `/metrics`):
 `{"scrape": n}` down the feed, answered `{"scrape": n, "text": <OpenMetrics text>}` up it.
+And it asks them to hand their leaderships over when the broker is told to (`FeedServer.handoff`,
+for `POST /v1/nodes/{broker}/handoff`, a pod's preStop): `{"handoff": n, "hold_s": s}`, answered
+`{"handoff": n, "leading": k}` once the worker has moved what it could. So a broker hands over
+every worker's leaderships without its client reaching the workers' own addresses (the peer
+Service's names, which a deleted cluster's pods lose first).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,8 @@ MAX_LINE_BYTES = 16 << 20
 #: how long worker 0 waits for the other workers' metrics (a worker that does not answer in
 #: time is left out of that scrape)
 SCRAPE_TIMEOUT_S = 2.0
+#: what worker 0 asks of the others, each answered with a field of a type
+_ANSWERS: dict[str, tuple[str, type]] = {"scrape": ("text", str), "handoff": ("leading", int)}
 
 
 class FeedError(Exception):
@@ -148,9 +155,9 @@ class FeedServer:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: scrapes awaiting an answer: (worker, scrape number) -> its text
-        self._scrapes: dict[tuple[int, int], asyncio.Future[str]] = {}
-        self._scrape_number = 0
+        #: what was asked and awaits an answer: (worker, kind, number) -> the answer
+        self._waiting: dict[tuple[int, str, int], asyncio.Future[Any]] = {}
+        self._asked = 0
 
     @property
     def down(self) -> int:
@@ -193,41 +200,54 @@ class FeedServer:
     async def scrape(self, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[int, str]:
         """Each connected worker's metrics (OpenMetrics text), by worker index; those that do
         not answer within `timeout_s` are left out."""
-        self._scrape_number += 1
-        number = self._scrape_number
-        waiting: dict[int, asyncio.Future[str]] = {}
+        return await self._ask("scrape", {}, timeout_s)
+
+    async def handoff(self, hold_s: float | None, timeout_s: float) -> dict[int, int]:
+        """Each connected worker hands its leaderships over (`Broker.hand_off_leaderships`,
+        leaving for `hold_s` after it if not stopping): how many groups each still leads, by
+        worker index; those that do not answer within `timeout_s` are left out."""
+        return await self._ask("handoff", {"hold_s": hold_s}, timeout_s)
+
+    async def _ask(self, kind: str, fields: dict[str, Any], timeout_s: float) -> dict[int, Any]:
+        """Send `kind` (numbered, with `fields`) to every connected worker; their answers, by
+        worker index, as far as they came within `timeout_s` (the others are logged)."""
+        self._asked += 1
+        number = self._asked
+        waiting: dict[int, asyncio.Future[Any]] = {}
         loop = asyncio.get_running_loop()
-        line = json.dumps({"scrape": number}).encode() + b"\n"
+        line = json.dumps({kind: number, **fields}).encode() + b"\n"
         for worker, writer in list(self._writers.items()):
-            waiting[worker] = self._scrapes[(worker, number)] = loop.create_future()
+            waiting[worker] = self._waiting[(worker, kind, number)] = loop.create_future()
             writer.write(line)
         try:
             if waiting:
                 await asyncio.wait(list(waiting.values()), timeout=timeout_s)
         finally:
             for worker in waiting:
-                self._scrapes.pop((worker, number), None)
+                self._waiting.pop((worker, kind, number), None)
         out = {w: f.result() for w, f in waiting.items() if f.done() and not f.cancelled()}
-        if len(out) < len(waiting):
-            log.warning(
-                "workers %s did not send their metrics in time", sorted(set(waiting) - set(out))
-            )
+        late = sorted(set(waiting) - set(out))
+        if late:
+            log.warning("workers %s did not answer %s %d in time", late, kind, number)
         return out
 
     def _answered(self, worker: int, line: bytes) -> None:
-        """A line from `worker`: the answer to a scrape. Anything else is logged and dropped,
-        never the connection (that would count the worker down, and move its leaderships)."""
+        """A line from `worker`: the answer to a scrape or a handoff. Anything else is logged
+        and dropped, never the connection (that would count the worker down, and move its
+        leaderships)."""
         try:
             raw = json.loads(line)
-            number, text = raw["scrape"], raw["text"]
-            if not isinstance(number, int) or not isinstance(text, str):
-                raise TypeError("scrape must be a number and text a string")
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("worker %d sent what is not a scrape's answer: %s", worker, e)
+            kind = next(k for k in _ANSWERS if k in raw)
+            field, field_type = _ANSWERS[kind]
+            number, value = raw[kind], raw[field]
+            if not isinstance(number, int) or not isinstance(value, field_type):
+                raise TypeError(f"{kind} must be a number and {field} a {field_type.__name__}")
+        except (ValueError, KeyError, TypeError, StopIteration) as e:
+            log.warning("worker %d sent what answers nothing asked: %r", worker, e)
             return
-        waiting = self._scrapes.get((worker, number))
+        waiting = self._waiting.get((worker, kind, number))
         if waiting is not None and not waiting.done():
-            waiting.set_result(text)
+            waiting.set_result(value)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -273,6 +293,7 @@ class FeedClient:
         on_table: Callable[[list[MemberState]], None],
         on_event: Callable[[MembershipEvent], None],
         metrics: Callable[[], str],
+        handoff: Callable[[float | None], Awaitable[int]] | None = None,
     ) -> None:
         self.path = socket_path(data_dir)
         self.worker = worker
@@ -280,6 +301,10 @@ class FeedClient:
         self._on_event = on_event
         #: this worker's metrics, OpenMetrics text (sent when worker 0 scrapes)
         self._metrics = metrics
+        #: hands this worker's leaderships over (leaving for a hold, in seconds, if given);
+        #: how many groups it still leads
+        self._handoff = handoff
+        self._handoffs: set[asyncio.Task[None]] = set()
         #: set once the first table arrived
         self.ready = asyncio.Event()
 
@@ -301,6 +326,11 @@ class FeedClient:
                         answer = {"scrape": message["scrape"], "text": self._rendered()}
                         writer.write(json.dumps(answer).encode() + b"\n")
                         continue
+                    if "handoff" in message:  # (its own task: the feed goes on meanwhile)
+                        task = asyncio.create_task(self._hand_off(message, writer))
+                        self._handoffs.add(task)
+                        task.add_done_callback(self._handoffs.discard)
+                        continue
                     states, events = _members(message)
                     self._on_table(states)
                     for event in events:
@@ -311,6 +341,22 @@ class FeedClient:
             finally:
                 writer.close()
             await asyncio.sleep(RECONNECT_S)
+
+    async def _hand_off(self, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        """Worker 0's `{"handoff": n, "hold_s": s}`: hand over, then answer how many groups
+        this worker still leads (on the connection it came by, if still open)."""
+        number, hold_s = message["handoff"], message.get("hold_s")
+        if self._handoff is None or not isinstance(number, int):
+            return
+        if hold_s is not None and not isinstance(hold_s, (int, float)):
+            hold_s = None
+        try:
+            leading = await self._handoff(hold_s)
+        except Exception:
+            log.exception("worker %d could not hand its leaderships over", self.worker)
+            return
+        if not writer.is_closing():
+            writer.write(json.dumps({"handoff": number, "leading": leading}).encode() + b"\n")
 
     def _rendered(self) -> str:
         """This worker's metrics; a failure to render them is logged and sends none (it must
