@@ -132,6 +132,33 @@ async def test_a_handoff_waits_past_the_clients_timeout_for_the_brokers_answer()
         await runner.cleanup()
 
 
+async def test_an_unreachable_redirect_names_where_it_pointed() -> None:
+    """A broker that answers 307 to a node the client cannot reach (a worker's address whose
+    name a deleted cluster's Service took with it): the error names that node, not the broker
+    that was reached (it named the seed URL: a pod's failed preStop said it could not connect
+    to 127.0.0.1)."""
+    unreachable = closed_port_url()
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{unreachable}{request.path}")
+
+    app = web.Application()
+    app.router.add_get("/v1/topics/{topic}/partitions/{p}/records", redirect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        seed = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with AsyncClient([seed], timeout_s=0.3) as client:
+            with pytest.raises(Unavailable) as info:
+                await client.read("t", 0, 0)
+        assert info.value.code == "unreachable", info.value
+        assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_closed_client_refuses_calls() -> None:
     client = AsyncClient([closed_port_url()], timeout_s=0.2)
     await client.close()

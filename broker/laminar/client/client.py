@@ -211,6 +211,13 @@ def _origin(url: str) -> str:
     return str(URL(url).origin()).rstrip("/")
 
 
+def _not_reached(base: str, origin: str | None, error: BaseException) -> str:
+    """Why the broker at `base` (or the one it redirected to, `origin`) was not reached."""
+    if origin is None or origin == _origin(base):
+        return f"cannot connect to {base}: {error}"
+    return f"cannot connect to {origin} (where {base} redirected): {error}"
+
+
 def _dedupe(urls: Sequence[str]) -> list[str]:
     """Non-empty URLs in order, each once."""
     return list(dict.fromkeys(u for u in urls if u))
@@ -780,7 +787,8 @@ class AsyncClient:
                         break
                     except _CONNECT_ERRORS as e:
                         self._unreachable(base, target)
-                        last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
+                        reached = _not_reached(base, _origin(url), e)
+                        last = Unavailable(0, "unreachable", reached)
                         break
                     self._answered(base)
                     return AppendStream(
@@ -1411,7 +1419,7 @@ class AsyncClient:
                     )
                 except h1.NotConnected as e:
                     self._unreachable(base, target)
-                    last = Unavailable(0, "unreachable", f"cannot connect to {base}: {e}")
+                    last = Unavailable(0, "unreachable", _not_reached(base, e.origin, e))
                     continue
                 except h1.Broken as e:
                     self._unreachable(base, target)
@@ -1505,6 +1513,7 @@ class AsyncClient:
                 raise LaminarError(
                     0, "tls_error", f"TLS with {_origin(url)} failed (a plain-HTTP broker?): {e}"
                 ) from e.cause
+            e.origin = _origin(url)
             raise
         self._saw_metadata_index(answer_headers.get(METADATA_INDEX_HEADER))
         return _Answer(status, answer_headers, data, url)

@@ -70,6 +70,8 @@ class NotConnected(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause) or type(cause).__name__)
         self.cause = cause
+        #: the origin that could not be reached, when the caller says (a redirect's target)
+        self.origin: str | None = None
 
 
 class Broken(Exception):
