@@ -5,8 +5,10 @@ connection refusals on loopback; nothing stands in for a broker)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import socket
+from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
@@ -68,10 +70,10 @@ async def test_an_unreachable_cluster_is_unavailable_after_the_deadline() -> Non
             await client.read("t", 0, 1)
 
 
-async def test_a_deadline_that_passes_while_connecting_means_unreachable() -> None:
-    """A broker whose accept queue is full never completes a connection: the call's deadline
-    passes while connecting, nothing was sent, so the cluster is unreachable (Unavailable),
-    not a Timeout whose request may have gone out."""
+@contextlib.contextmanager
+def never_accepting() -> Iterator[str]:
+    """The URL of a listener whose accept queue is full: the kernel drops further SYNs, so a
+    connection to it never completes."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(0)
@@ -86,13 +88,21 @@ async def test_a_deadline_that_passes_while_connecting_means_unreachable() -> No
                     break
                 if len(filling) > 16:
                     break
-            async with AsyncClient([f"http://127.0.0.1:{address[1]}"], timeout_s=0.5) as client:
-                with pytest.raises(Unavailable) as info:
-                    await client.topics()
-            assert info.value.code == "unreachable", info.value
+            yield f"http://127.0.0.1:{address[1]}"
         finally:
             for s in filling:
                 s.close()
+
+
+async def test_a_deadline_that_passes_while_connecting_means_unreachable() -> None:
+    """A broker whose accept queue is full never completes a connection: the call's deadline
+    passes while connecting, nothing was sent, so the cluster is unreachable (Unavailable),
+    not a Timeout whose request may have gone out."""
+    with never_accepting() as url:
+        async with AsyncClient([url], timeout_s=0.5) as client:
+            with pytest.raises(Unavailable) as info:
+                await client.topics()
+        assert info.value.code == "unreachable", info.value
 
 
 async def test_a_broker_that_never_answers_is_a_timeout() -> None:
@@ -136,27 +146,28 @@ async def test_an_unreachable_redirect_names_where_it_pointed() -> None:
     """A broker that answers 307 to a node the client cannot reach (a worker's address whose
     name a deleted cluster's Service took with it): the error names that node, not the broker
     that was reached (it named the seed URL: a pod's failed preStop said it could not connect
-    to 127.0.0.1)."""
-    unreachable = closed_port_url()
+    to 127.0.0.1). The node never completes a connection, so the call's one attempt ends there
+    at its deadline."""
+    with never_accepting() as unreachable:
 
-    async def redirect(request: web.Request) -> web.Response:
-        raise web.HTTPTemporaryRedirect(f"{unreachable}{request.path}")
+        async def redirect(request: web.Request) -> web.Response:
+            raise web.HTTPTemporaryRedirect(f"{unreachable}{request.path}")
 
-    app = web.Application()
-    app.router.add_get("/v1/topics/{topic}/partitions/{p}/records", redirect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        seed = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with AsyncClient([seed], timeout_s=0.3) as client:
-            with pytest.raises(Unavailable) as info:
-                await client.read("t", 0, 0)
-        assert info.value.code == "unreachable", info.value
-        assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
-    finally:
-        await runner.cleanup()
+        app = web.Application()
+        app.router.add_get("/v1/topics/{topic}/partitions/{p}/records", redirect)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            seed = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            async with AsyncClient([seed], timeout_s=0.5) as client:
+                with pytest.raises(Unavailable) as info:
+                    await client.read("t", 0, 0)
+            assert info.value.code == "unreachable", info.value
+            assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
+        finally:
+            await runner.cleanup()
 
 
 async def test_a_closed_client_refuses_calls() -> None:
