@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import inspect
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from laminar.client import AsyncClient, Client, Record, Timeout, Unavailable
 from laminar.client.sync import ASYNC_ONLY
@@ -68,6 +69,17 @@ async def test_an_unreachable_cluster_is_unavailable_after_the_deadline() -> Non
             await client.append("t", 0, [Record(b"v")], producer_id=1, sequence=0)
         with pytest.raises(Unavailable):
             await client.read("t", 0, 1)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """The URL of `app` served on loopback (standing in for a broker)."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
 
 
 @contextlib.contextmanager
@@ -130,16 +142,8 @@ async def test_a_handoff_waits_past_the_clients_timeout_for_the_brokers_answer()
 
     app = web.Application()
     app.router.add_post("/v1/nodes/{id}/handoff", slow_handoff)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        async with AsyncClient([f"http://127.0.0.1:{port}"], timeout_s=0.3) as client:
-            assert await client.handoff("n1") == 2
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url, AsyncClient([url], timeout_s=0.3) as client:
+        assert await client.handoff("n1") == 2
 
 
 async def test_an_unreachable_redirect_names_where_it_pointed() -> None:
@@ -155,19 +159,11 @@ async def test_an_unreachable_redirect_names_where_it_pointed() -> None:
 
         app = web.Application()
         app.router.add_get("/v1/topics/{topic}/partitions/{p}/records", redirect)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            seed = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            async with AsyncClient([seed], timeout_s=0.5) as client:
-                with pytest.raises(Unavailable) as info:
-                    await client.read("t", 0, 0)
-            assert info.value.code == "unreachable", info.value
-            assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
-        finally:
-            await runner.cleanup()
+        async with serving(app) as seed, AsyncClient([seed], timeout_s=0.5) as client:
+            with pytest.raises(Unavailable) as info:
+                await client.read("t", 0, 0)
+        assert info.value.code == "unreachable", info.value
+        assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
 
 
 async def test_a_closed_client_refuses_calls() -> None:

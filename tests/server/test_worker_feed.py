@@ -1,7 +1,10 @@
-"""A broker's workers' metrics in one scrape (docs/workers.md): worker 0 asks the others over
-the local feed (a real Unix socket) and labels every sample with its worker; a worker that
-does not answer is left out, and the scrape still answers; a worker that sends garbage keeps
-its connection (which says it runs)."""
+"""What worker 0 asks the other workers over the local feed (docs/workers.md), on a real Unix
+socket:
+* metrics: one scrape labels every sample with its worker; a worker that does not answer is
+  left out, and the scrape still answers; a worker that sends garbage keeps its connection
+  (which says it runs);
+* a handoff: worker 0 adds up what each still leads; a worker that does not answer in time is
+  left out; a worker's handoff does not hold up its feed."""
 
 from __future__ import annotations
 
@@ -15,6 +18,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.server.metrics import merge_workers
 from laminar.server.worker_feed import FeedClient, FeedServer, socket_path
+
+
+class Connected:
+    """Worker 0's record of which workers are down (`FeedServer`'s `on_workers`)."""
+
+    def __init__(self) -> None:
+        self.down: list[int] = []
+        self._changed = asyncio.Event()
+
+    def changed(self, mask: int) -> None:
+        self.down.append(mask)
+        self._changed.set()
+
+    async def until_down(self, mask: int) -> None:
+        """Wait until the workers down are those of `mask`."""
+        while not self.down or self.down[-1] != mask:
+            self._changed.clear()
+            await asyncio.wait_for(self._changed.wait(), 10)
 
 
 def worker_text(appended: int, latency_s: float) -> str:
@@ -54,31 +75,20 @@ def test_merged_metrics_label_each_sample_with_its_worker_and_name_each_family_o
 async def test_worker_0_scrapes_the_others_over_the_feed_and_leaves_out_a_silent_one(
     tmp_path: Path,
 ) -> None:
-    down: list[int] = []
-    changed = asyncio.Event()
-
-    def on_workers(mask: int) -> None:
-        down.append(mask)
-        changed.set()
-
-    async def until_down(mask: int) -> None:
-        while not down or down[-1] != mask:
-            changed.clear()
-            await asyncio.wait_for(changed.wait(), 10)
-
-    server = FeedServer(tmp_path, 3, lambda: [], on_workers)
+    workers = Connected()
+    server = FeedServer(tmp_path, 3, lambda: [], workers.changed)
     await server.start()
     text = worker_text(7, 0.1)
     client = FeedClient(tmp_path, 1, lambda table: None, lambda event: None, lambda: text)
     following = asyncio.create_task(client.run())
     silent = None
     try:
-        await until_down(0b100)  # worker 1 connected
+        await workers.until_down(0b100)  # worker 1 connected
         assert await server.scrape() == {1: text}
         # worker 2 connects and never answers: left out when the wait ends
         reader, silent = await asyncio.open_unix_connection(str(socket_path(tmp_path)))
         silent.write(json.dumps({"worker": 2}).encode() + b"\n")
-        await until_down(0)
+        await workers.until_down(0)
         assert await server.scrape(timeout_s=0.5) == {1: text}
         asked: dict[str, object] = {}
         while "scrape" not in asked:  # (the member table comes first)
@@ -92,7 +102,60 @@ async def test_worker_0_scrapes_the_others_over_the_feed_and_leaves_out_a_silent
         mine = worker_text(1, 0.2)
         silent.write(json.dumps({"scrape": 3, "text": mine}).encode() + b"\n")
         assert await answering == {1: text, 2: mine}
-        assert down[-1] == 0
+        assert workers.down[-1] == 0
+    finally:
+        following.cancel()
+        if silent is not None:
+            silent.close()
+        await server.stop()
+
+
+async def test_worker_0_asks_the_others_to_hand_over_and_hears_how_many_groups_each_leads(
+    tmp_path: Path,
+) -> None:
+    holds: list[float | None] = []
+    release = asyncio.Event()
+
+    async def handoff(hold_s: float | None) -> int:
+        holds.append(hold_s)
+        await release.wait()  # (a handoff takes a while: the feed goes on meanwhile)
+        return 3
+
+    workers = Connected()
+    server = FeedServer(tmp_path, 3, lambda: [], workers.changed)
+    await server.start()
+    client = FeedClient(
+        tmp_path, 1, lambda table: None, lambda event: None, lambda: "# EOF\n", handoff
+    )
+    following = asyncio.create_task(client.run())
+    silent = None
+    try:
+        await workers.until_down(0b100)  # worker 1 connected
+        handing = asyncio.create_task(server.handoff(60.0, timeout_s=10))
+        # worker 1 is handing over: its feed still answers a scrape
+        assert await server.scrape(timeout_s=10) == {1: "# EOF\n"}
+        assert holds == [60.0] and not handing.done()
+        release.set()
+        assert await handing == {1: 3}
+        # worker 2 connects and never answers: left out when the wait ends
+        reader, silent = await asyncio.open_unix_connection(str(socket_path(tmp_path)))
+        silent.write(json.dumps({"worker": 2}).encode() + b"\n")
+        await workers.until_down(0)
+        assert await server.handoff(None, timeout_s=0.5) == {1: 3}
+        assert holds == [60.0, None]
+        asked: dict[str, object] = {}
+        while "handoff" not in asked:  # (the member table comes first)
+            asked = json.loads(await reader.readline())
+        assert asked == {"handoff": 3, "hold_s": None}  # (asks are numbered with scrapes)
+        # a late answer (to an ask that has ended), and one of the wrong type: both dropped
+        silent.write(json.dumps({"handoff": 3, "leading": 3}).encode() + b"\n")
+        answering = asyncio.create_task(server.handoff(1.5, timeout_s=10))
+        asked = json.loads(await reader.readline())
+        assert asked == {"handoff": 4, "hold_s": 1.5}
+        silent.write(json.dumps({"handoff": 4, "leading": "many"}).encode() + b"\n")
+        silent.write(json.dumps({"handoff": 4, "leading": 2}).encode() + b"\n")
+        assert await answering == {1: 3, 2: 2}
+        assert workers.down[-1] == 0  # (no answer cost a worker its connection)
     finally:
         following.cancel()
         if silent is not None:
