@@ -166,6 +166,31 @@ async def test_an_unreachable_redirect_names_where_it_pointed() -> None:
         assert f"cannot connect to {unreachable} (where {seed} redirected)" in str(info.value)
 
 
+async def test_a_redirect_target_that_could_not_be_reached_is_not_asked_first_again() -> None:
+    """A broker redirects a read to a node the client cannot reach. The client forgets that
+    node as the partition's route, not the broker that answered: the next read goes to the
+    broker again and is served. (It forgot the broker and kept the node as the route, so the
+    next call spent its whole deadline connecting to the node.)"""
+    reads = 0
+    with never_accepting() as unreachable:
+
+        async def records(request: web.Request) -> web.Response:
+            nonlocal reads
+            reads += 1
+            if reads == 1:
+                raise web.HTTPTemporaryRedirect(f"{unreachable}{request.path}")
+            return web.Response(body=b"", content_type="application/vnd.laminar.batch")
+
+        app = web.Application()
+        app.router.add_get("/v1/topics/{topic}/partitions/{p}/records", records)
+        async with serving(app) as seed, AsyncClient([seed], timeout_s=0.5) as client:
+            with pytest.raises(Unavailable) as info:
+                await client.read("t", 0, 0)
+            assert unreachable in str(info.value)
+            result = await client.read("t", 0, 0)
+    assert result.records == [] and reads == 2
+
+
 async def test_a_closed_client_refuses_calls() -> None:
     client = AsyncClient([closed_port_url()], timeout_s=0.2)
     await client.close()

@@ -786,7 +786,7 @@ class AsyncClient:
                         last = error
                         break
                     except _CONNECT_ERRORS as e:
-                        self._unreachable(base, target)
+                        self._unreachable(_origin(url), target)  # where a redirect pointed
                         reached = _not_reached(base, _origin(url), e)
                         last = Unavailable(0, "unreachable", reached)
                         break
@@ -1365,6 +1365,8 @@ class AsyncClient:
             self._first = self._brokers.index(base)
 
     def _unreachable(self, base: str, target: _Target) -> None:
+        """No connection to `base` (a bootstrap broker, a cached leader, or where a redirect
+        pointed): try the next bootstrap broker first, and forget it as a route."""
         if self._brokers[self._first] == base:
             self._first = (self._first + 1) % len(self._brokers)
         if target.kind == "meta" and self._meta_url == base:
@@ -1418,7 +1420,7 @@ class AsyncClient:
                         method, base + path_and_query, body, headers, deadline, target
                     )
                 except h1.NotConnected as e:
-                    self._unreachable(base, target)
+                    self._unreachable(e.origin or base, target)  # where a redirect pointed
                     last = Unavailable(0, "unreachable", _not_reached(base, e.origin, e))
                     continue
                 except h1.Broken as e:
