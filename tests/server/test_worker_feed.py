@@ -113,11 +113,11 @@ async def test_worker_0_scrapes_the_others_over_the_feed_and_leaves_out_a_silent
 async def test_worker_0_asks_the_others_to_hand_over_and_hears_how_many_groups_each_leads(
     tmp_path: Path,
 ) -> None:
-    holds: list[float | None] = []
+    holds: list[tuple[float | None, float]] = []
     release = asyncio.Event()
 
-    async def handoff(hold_s: float | None) -> int:
-        holds.append(hold_s)
+    async def handoff(hold_s: float | None, timeout_s: float) -> int:
+        holds.append((hold_s, timeout_s))
         await release.wait()  # (a handoff takes a while: the feed goes on meanwhile)
         return 3
 
@@ -131,27 +131,28 @@ async def test_worker_0_asks_the_others_to_hand_over_and_hears_how_many_groups_e
     silent = None
     try:
         await workers.until_down(0b100)  # worker 1 connected
-        handing = asyncio.create_task(server.handoff(60.0, timeout_s=10))
+        handing = asyncio.create_task(server.handoff(60.0, timeout_s=10, answer_s=0))
         # worker 1 is handing over: its feed still answers a scrape
         assert await server.scrape(timeout_s=10) == {1: "# EOF\n"}
-        assert holds == [60.0] and not handing.done()
+        assert holds == [(60.0, 10)] and not handing.done()  # (the worker's own budget)
         release.set()
         assert await handing == {1: 3}
         # worker 2 connects and never answers: left out when the wait ends
         reader, silent = await asyncio.open_unix_connection(str(socket_path(tmp_path)))
         silent.write(json.dumps({"worker": 2}).encode() + b"\n")
         await workers.until_down(0)
-        assert await server.handoff(None, timeout_s=0.5) == {1: 3}
-        assert holds == [60.0, None]
+        assert await server.handoff(None, timeout_s=0.3, answer_s=0.2) == {1: 3}
+        assert holds == [(60.0, 10), (None, 0.3)]
         asked: dict[str, object] = {}
         while "handoff" not in asked:  # (the member table comes first)
             asked = json.loads(await reader.readline())
-        assert asked == {"handoff": 3, "hold_s": None}  # (asks are numbered with scrapes)
+        # (asks are numbered with scrapes)
+        assert asked == {"handoff": 3, "hold_s": None, "timeout_s": 0.3}
         # a late answer (to an ask that has ended), and one of the wrong type: both dropped
         silent.write(json.dumps({"handoff": 3, "leading": 3}).encode() + b"\n")
-        answering = asyncio.create_task(server.handoff(1.5, timeout_s=10))
+        answering = asyncio.create_task(server.handoff(1.5, timeout_s=10, answer_s=0))
         asked = json.loads(await reader.readline())
-        assert asked == {"handoff": 4, "hold_s": 1.5}
+        assert asked == {"handoff": 4, "hold_s": 1.5, "timeout_s": 10}
         silent.write(json.dumps({"handoff": 4, "leading": "many"}).encode() + b"\n")
         silent.write(json.dumps({"handoff": 4, "leading": 2}).encode() + b"\n")
         assert await answering == {1: 3, 2: 2}

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..client import AsyncClient
-from ..contract import HANDOFF_TIMEOUT_S
 from ..credentials import internal_token
 from ..log.errors import STORAGE_FAILURES
 from ..node.core import Member, NodeCore
@@ -129,7 +128,7 @@ class Broker:
                 self._on_table,
                 self._on_member_event,
                 lambda: self.render_metrics() if self.render_metrics else "# EOF\n",
-                lambda hold_s: self.hand_off_leaderships(HANDOFF_TIMEOUT_S, hold_s=hold_s),
+                lambda hold_s, timeout_s: self.hand_off_leaderships(timeout_s, hold_s=hold_s),
             )
             # (kept in _tasks: a task nothing refers to may be collected while it runs)
             self._tasks.append(asyncio.create_task(self.follow.run(), name=f"feed-{self.id}"))
@@ -405,7 +404,7 @@ class Broker:
             return await self.hand_off_leaderships(timeout_s, hold_s=hold_s)
         own, others = await asyncio.gather(
             self.hand_off_leaderships(timeout_s, hold_s=hold_s),
-            self.feed.handoff(hold_s, timeout_s + FEED_ANSWER_S),
+            self.feed.handoff(hold_s, timeout_s, answer_s=FEED_ANSWER_S),
         )
         return own + sum(others.values())
 

@@ -14,8 +14,9 @@ table it was sent while worker 0 is away, and connects again.
 Worker 0 also asks the others for their metrics (`FeedServer.scrape`, for its `/metrics`):
 `{"scrape": n}` down the feed, answered `{"scrape": n, "text": <OpenMetrics text>}` up it.
 And it asks them to hand their leaderships over when the broker is told to (`FeedServer.handoff`,
-for `POST /v1/nodes/{broker}/handoff`, a pod's preStop): `{"handoff": n, "hold_s": s}`, answered
-`{"handoff": n, "leading": k}` once the worker has moved what it could. So a broker hands over
+for `POST /v1/nodes/{broker}/handoff`, a pod's preStop): `{"handoff": n, "hold_s": s,
+"timeout_s": t}`, answered `{"handoff": n, "leading": k}` once the worker has moved what it
+could within t seconds. So a broker hands over
 every worker's leaderships without its client reaching the workers' own addresses (the peer
 Service's names, which a deleted cluster's pods lose first).
 """
@@ -29,7 +30,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..swim import Addresses, EventKind, Member, MembershipEvent, MemberState, MemberStatus
 from ..workers import standing_events
@@ -52,6 +53,15 @@ _ANSWERS: dict[str, tuple[str, type]] = {"scrape": ("text", str), "handoff": ("l
 
 class FeedError(Exception):
     pass
+
+
+def _seconds(value: object) -> TypeGuard[float]:
+    """Whether `value` (from a feed line) is a duration: a finite number ≥ 0, not a bool."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value < float("inf")
+    )
 
 
 def socket_path(data_dir: Path) -> Path:
@@ -202,11 +212,15 @@ class FeedServer:
         not answer within `timeout_s` are left out."""
         return await self._ask("scrape", {}, timeout_s)
 
-    async def handoff(self, hold_s: float | None, timeout_s: float) -> dict[int, int]:
-        """Each connected worker hands its leaderships over (`Broker.hand_off_leaderships`,
-        leaving for `hold_s` after it if not stopping): how many groups each still leads, by
-        worker index; those that do not answer within `timeout_s` are left out."""
-        return await self._ask("handoff", {"hold_s": hold_s}, timeout_s)
+    async def handoff(
+        self, hold_s: float | None, timeout_s: float, *, answer_s: float
+    ) -> dict[int, int]:
+        """Each connected worker hands its leaderships over within `timeout_s`
+        (`Broker.hand_off_leaderships`, leaving for `hold_s` after it if not stopping): how
+        many groups each still leads, by worker index; those that do not answer within
+        `timeout_s` + `answer_s` are left out."""
+        fields = {"hold_s": hold_s, "timeout_s": timeout_s}
+        return await self._ask("handoff", fields, timeout_s + answer_s)
 
     async def _ask(self, kind: str, fields: dict[str, Any], timeout_s: float) -> dict[int, Any]:
         """Send `kind` (numbered, with `fields`) to every connected worker; their answers, by
@@ -293,7 +307,7 @@ class FeedClient:
         on_table: Callable[[list[MemberState]], None],
         on_event: Callable[[MembershipEvent], None],
         metrics: Callable[[], str],
-        handoff: Callable[[float | None], Awaitable[int]] | None = None,
+        handoff: Callable[[float | None, float], Awaitable[int]] | None = None,
     ) -> None:
         self.path = socket_path(data_dir)
         self.worker = worker
@@ -301,8 +315,8 @@ class FeedClient:
         self._on_event = on_event
         #: this worker's metrics, OpenMetrics text (sent when worker 0 scrapes)
         self._metrics = metrics
-        #: hands this worker's leaderships over (leaving for a hold, in seconds, if given);
-        #: how many groups it still leads
+        #: hands this worker's leaderships over (leaving for a hold, in seconds, if given)
+        #: within a timeout in seconds; how many groups it still leads
         self._handoff = handoff
         self._handoffs: set[asyncio.Task[None]] = set()
         #: set once the first table arrived
@@ -343,15 +357,20 @@ class FeedClient:
             await asyncio.sleep(RECONNECT_S)
 
     async def _hand_off(self, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
-        """Worker 0's `{"handoff": n, "hold_s": s}`: hand over, then answer how many groups
-        this worker still leads (on the connection it came by, if still open)."""
+        """Worker 0's `{"handoff": n, "hold_s": s, "timeout_s": t}`: hand over, then answer
+        how many groups this worker still leads (on the connection it came by, if still open).
+        """
         number, hold_s = message["handoff"], message.get("hold_s")
+        timeout_s = message.get("timeout_s")
         if self._handoff is None or not isinstance(number, int):
             return
-        if hold_s is not None and not isinstance(hold_s, (int, float)):
+        if not _seconds(hold_s):
             hold_s = None
+        if not _seconds(timeout_s):
+            log.warning("worker %d: a handoff without a valid timeout_s: %r", self.worker, message)
+            return
         try:
-            leading = await self._handoff(hold_s)
+            leading = await self._handoff(hold_s, timeout_s)
         except Exception:
             log.exception("worker %d could not hand its leaderships over", self.worker)
             return
