@@ -163,6 +163,30 @@ def test_the_authenticator_reloads_a_changed_file_and_keeps_the_old_on_errors(
     assert auth.authenticate(f"Bearer {first}").name == "app"
 
 
+def test_a_token_that_authenticated_is_refused_once_retired_and_its_roles_follow_the_file(
+    tmp_path: Path,
+) -> None:
+    """The authenticator remembers the tokens that authenticated (each is hashed once): a
+    reload forgets them, so a retired token is refused and an edited principal's roles hold
+    from the next request."""
+    path = tmp_path / "credentials.yaml"
+    first = add_principal(path, "app", ["producer"], ["orders"])
+    second = add_principal(path, "app")
+    auth = Authenticator(internal_token=new_token(), credentials_file=path)
+    for _ in range(2):  # hashed, then remembered
+        assert auth.authenticate(f"Bearer {first}").may(Action.PRODUCE, "orders")
+    assert retire_tokens(path, "app") == 1  # the oldest: `first`
+    assert auth.reload()
+    with pytest.raises(ApiError) as refused:
+        auth.authenticate(f"Bearer {first}")
+    assert refused.value.status == 401
+    assert auth.authenticate(f"Bearer {second}").may(Action.PRODUCE, "orders")
+    path.write_text(path.read_text().replace("producer", "consumer"))
+    assert auth.reload()
+    app = auth.authenticate(f"Bearer {second}")
+    assert app.may(Action.CONSUME, "orders") and not app.may(Action.PRODUCE, "orders")
+
+
 def test_adding_and_retiring_tokens(tmp_path: Path) -> None:
     path = tmp_path / "credentials.yaml"
     first = add_principal(path, "app", ["consumer"], ["orders*"])
