@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from laminar.log import LogConfig, MemoryDirectory, Record, SegmentedLog, encode_batch
+from laminar.log import (
+    LogConfig,
+    MemoryDirectory,
+    Record,
+    SegmentedLog,
+    encode_batch,
+    segmented_log,
+)
+from laminar.log.batch import BATCH_HEADER_BYTES, verify_batch
+from laminar.log.errors import BatchChecksumError
 from laminar.raft import (
     ConfChange,
     ConfChangeKind,
@@ -278,6 +287,39 @@ def test_entries_written_later_are_part_of_the_log_only_once_published() -> None
     assert [e.index for e in storage.entries(0, 1 << 20)] == [0, 2, 5, 6]
     directory.crash()  # synced by the flush
     assert open_storage(directory).last_index() == 9
+
+
+def test_a_batch_checked_as_it_was_proposed_is_written_without_checking_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader checks a batch as it enters the cluster (the API's `verify_batch`) and tells
+    the storage (`checked`): its write takes that check's header and digest. Data at that
+    index that is not the very object checked (another leader's entry, which replaced the
+    proposal) is checked, and what `checked` said is forgotten by the write."""
+    verified: list[int] = []
+
+    def counting(data: bytes, limit: int, *, check_records: bool = True) -> object:
+        verified.append(len(data))
+        return verify_batch(data, limit, check_records=check_records)
+
+    monkeypatch.setattr(segmented_log, "verify_batch", counting)
+    storage = open_storage(MemoryDirectory())
+    first, second = entries_from(0, [(2, 1), (1, 1)])
+    storage.checked(0, first.data, *verify_batch(first.data, CONFIG.batch_limit_bytes))
+    damaged = bytearray(second.data)
+    damaged[-1] ^= 1
+    # index 2 was checked as a proposal; the entry there now holds other (damaged) bytes
+    storage.checked(2, second.data, *verify_batch(second.data, CONFIG.batch_limit_bytes))
+    with pytest.raises(BatchChecksumError):
+        storage.write_later([first, Entry(2, 1, 1, bytes(damaged))])
+    assert verified == [len(damaged)]  # `first` was not checked again
+    storage.write_later([first, second])  # forgotten by the last write: both checked
+    assert verified == [len(damaged), len(first.data), len(second.data)]
+    flush = storage.flush(sync=True)
+    flush.run()
+    flush.publish()
+    stored = [(e.index, e.data[BATCH_HEADER_BYTES:]) for e in storage.entries(0, 1 << 20)]
+    assert stored == [(0, first.data[BATCH_HEADER_BYTES:]), (2, second.data[BATCH_HEADER_BYTES:])]
 
 
 def test_a_conflicting_suffix_is_cut_when_the_write_is_planned() -> None:

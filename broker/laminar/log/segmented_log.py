@@ -388,19 +388,28 @@ class SegmentedLog:
         return self._stream
 
     def begin_write(
-        self, batches: Sequence[tuple[Buffer, int]], *, check_records: bool = True
+        self,
+        batches: Sequence[tuple[Buffer, int]],
+        *,
+        check_records: bool = True,
+        checked: Sequence[tuple[BatchHeader, int] | None] = (),
     ) -> LogWrite:
         """Plan appending `batches` ((batch, term) each) at next_index, for a `LogWrite` to
         write off the event loop and publish back on it (see `LogWrite`). Each batch is
         verified as `append` does, before anything is planned (a bad one raises, the log
-        unchanged)."""
+        unchanged), but for those whose `checked[i]` gives the header and payload digest that
+        `verify_batch` gave for them already."""
         self._check_writable()
         limit = self.config.batch_limit_bytes
         planned: list[tuple[tuple[Buffer, Buffer], int, int, int]] = []
         results: list[AppendResult] = []
         next_index = self.next_index
-        for batch, term in batches:
-            header, digest = verify_batch(batch, limit, check_records=check_records)
+        for i, (batch, term) in enumerate(batches):
+            known = checked[i] if i < len(checked) else None
+            if known is not None and known[0].batch_bytes <= limit:
+                header, digest = known
+            else:
+                header, digest = verify_batch(batch, limit, check_records=check_records)
             stamped = stamp_header(batch, next_index, term, digest)
             parts = (stamped, memoryview(batch)[BATCH_HEADER_BYTES:])
             planned.append((parts, header.record_count, term, batch_timestamp(header)))

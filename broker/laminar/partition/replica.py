@@ -223,9 +223,13 @@ class Replica:
 
     # ---- appends ---------------------------------------------------------------------------
 
-    def propose(self, batch: bytes, header: BatchHeader) -> tuple[asyncio.Future[int], bool]:
+    def propose(
+        self, batch: bytes, header: BatchHeader, digest: int | None = None
+    ) -> tuple[asyncio.Future[int], bool]:
         """Propose a verified batch: a future resolving to its base index once committed, and
-        whether it is a duplicate (then the future gives the original's base index)."""
+        whether it is a duplicate (then the future gives the original's base index). With
+        `digest`, the payload digest `verify_batch` gave with `header`, the log does not check
+        the batch again when it writes it."""
         if self.closed or self.closing:
             raise ReplicaClosed(f"{self.group} is closed")
         raft = self.raft
@@ -247,6 +251,8 @@ class Replica:
         except ProposalDropped as e:
             raise NotLeader(raft.lead) from e
         self.producers.record_header(header, base)
+        if digest is not None:
+            self.storage.checked(base, batch, header, digest)
         future: asyncio.Future[int] = answer_future(loop)
         self.pending[base] = PendingAppend(
             raft.term, base + header.record_count - 1, len(batch), future

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import xxhash
 
-from ..log.batch import decode_batch, parse_header, split_batches
+from ..log.batch import BatchHeader, decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
 from ..log.segmented_log import LogWrite, SegmentedLog
 from ..log.storage import Directory, DirectWrite, Storage
@@ -83,6 +83,9 @@ class LogStorage:
         self._hint: Storage | None = None
         self._staged: set[str] = set()  # files written by `stage_file`, made durable by `sync`
         self._planned: LogWrite | None = None  # entries `write_later` planned, for `flush`
+        #: batches this node checked as they entered the cluster, by the index proposed at
+        #: (`checked`): `write_later` does not check them again
+        self._checked: dict[int, tuple[bytes, BatchHeader, int]] = {}
         #: called whenever `planned` or `needs_sync` may have become true (the node's round
         #: flushes only the storages that said so)
         self.on_pending: Callable[[], None] = _nothing
@@ -294,9 +297,17 @@ class LogStorage:
             if result.base_index != entry.index:
                 raise StorageError(f"entry {entry.index} landed at {result.base_index}")
 
+    def checked(self, index: int, batch: bytes, header: BatchHeader, digest: int) -> None:
+        """A leader proposed `batch` at `index` after `verify_batch` gave `header` and
+        `digest` for it: `write_later` uses them, for an entry at `index` whose data is this
+        very object, instead of checking the batch again. Forgotten by the next `write_later`
+        (a proposal is written by the round after it)."""
+        self._checked[index] = (batch, header, digest)
+
     def write_later(self, entries: list[Entry]) -> None:
         """Plan writing entries, replacing any overlapping suffix (cut now): `flush` writes
         them off the event loop, and they are part of the log once its `publish` ran."""
+        checked, self._checked = self._checked, {}
         if not entries:
             return
         if self._planned is not None:
@@ -306,8 +317,15 @@ class LogStorage:
         first = entries[0].index
         if first <= self.last_index():
             self.log.truncate(first)
-        # header and checksum only, as `append`
-        write = self.log.begin_write([(e.data, e.term) for e in entries], check_records=False)
+        # header and checksum only, as `append`; not again for what this node checked (the
+        # very bytes: an entry that replaced a proposal is checked)
+        known = [
+            None if (c := checked.get(e.index)) is None or c[0] is not e.data else c[1:]
+            for e in entries
+        ]
+        write = self.log.begin_write(
+            [(e.data, e.term) for e in entries], check_records=False, checked=known
+        )
         for entry, result in zip(entries, write.results, strict=True):
             if result.base_index != entry.index:
                 write.discard()

@@ -395,14 +395,15 @@ class Api:
                 close=True,
             )
 
-    async def checked_batch(self, batch: bytes, limit_bytes: int) -> BatchHeader:
-        """The header of a batch a client appends, once checked (else ApiError: 413 over
+    async def checked_batch(self, batch: bytes, limit_bytes: int) -> tuple[BatchHeader, int]:
+        """The header and payload digest (`verify_batch`'s: for `Replica.propose`) of a batch
+        a client appends, once checked (else ApiError: 413 over
         `limit_bytes`, 400 for a corrupt or a control batch). A compressed batch is decompressed
         to check its records: in a worker thread for all but small ones (the codecs let go of
         the GIL), so that the event loop never waits on it."""
         try:
             compressed = parse_header(batch).is_compressed
-            header, _ = await self._decode(
+            header, digest = await self._decode(
                 lambda data: verify_batch(data, limit_bytes),
                 batch,
                 INLINE_APPEND_BYTES if compressed else len(batch),
@@ -413,7 +414,7 @@ class Api:
             raise ApiError(400, "corrupt_batch", str(e)) from e
         if header.is_control:
             raise ApiError(400, "corrupt_batch", "control batches are for Raft only")
-        return header
+        return header, digest
 
     async def _decode(self, decode: Callable[[bytes], T], body: bytes, inline_bytes: int) -> T:
         """`decode(body)`: on the event loop when the body is at most `inline_bytes`, else in
@@ -939,8 +940,9 @@ class Api:
         with tracing.span(tracing.DECODE, topic, partition) as span:
             body = await read_body(request, self.body_timeout_s)
             limit = replica.log.config.batch_limit_bytes
+            digest: int | None = None
             if request.content_type == BATCH_TYPE:
-                header = await self.checked_batch(body, limit)
+                header, digest = await self.checked_batch(body, limit)
                 batch = body
             else:
                 batch = await self._decode(self.json_batch, body, INLINE_APPEND_BYTES)
@@ -953,7 +955,7 @@ class Api:
             check_transactional(self, topic, partition, header.producer_id)
         try:
             with tracing.span(tracing.PROPOSE, topic, partition, header.record_count):
-                future, duplicate = replica.propose(batch, header)
+                future, duplicate = replica.propose(batch, header, digest)
         except NotLeader as e:
             raise self._redirect(request, e.leader, replica.group) from e
         except Overloaded as e:

@@ -96,7 +96,7 @@ class AppendNow:
             return False
         if taken is None:
             return False
-        batch, header = taken
+        batch, header, digest = taken
         if header.is_control or header.is_transactional:
             return False
         rid = request_id(headers.get(REQUEST_ID_HEADER))
@@ -105,7 +105,7 @@ class AppendNow:
         context = REQUEST.set(RequestContext(rid, topic, partition))
         try:
             try:
-                future, duplicate = replica.propose(batch, header)
+                future, duplicate = replica.propose(batch, header, digest)
             except Exception:  # nothing was proposed: Api.append answers it
                 return False
             # proposed: from here on this request is answered here, whatever happens
@@ -121,18 +121,19 @@ class AppendNow:
 
     def _batch(
         self, content_type: str, body: bytes, replica: Replica
-    ) -> tuple[bytes, BatchHeader] | None:
-        """The batch of an append's `body`, verified, with its header; None when `Api.append`
-        has to decode it in a worker thread, or answer that it is too large."""
+    ) -> tuple[bytes, BatchHeader, int | None] | None:
+        """The batch of an append's `body`, verified, with its header and (a binary body's)
+        payload digest; None when `Api.append` has to decode it in a worker thread, or answer
+        that it is too large."""
         limit = replica.log.config.batch_limit_bytes
         if content_type == BATCH_TYPE:
-            if parse_header(body).is_compressed and len(body) > self.inline_bytes:
+            if len(body) > self.inline_bytes and parse_header(body).is_compressed:
                 return None
-            header, _ = verify_batch(body, limit)
-            return body, header
+            header, digest = verify_batch(body, limit)
+            return body, header, digest
         if content_type == JSON_TYPE and len(body) <= self.inline_bytes:
             batch = self.api.json_batch(body)
-            return (batch, parse_header(batch)) if len(batch) <= limit else None
+            return (batch, parse_header(batch), None) if len(batch) <= limit else None
         return None
 
     def _answer(

@@ -176,7 +176,7 @@ class _Stream:
                 authorized_at = now
             batch = message.data
             try:
-                header = await self.api.checked_batch(batch, limit)
+                header, digest = await self.api.checked_batch(batch, limit)
             except ApiError as e:
                 return e
             if header.is_transactional:
@@ -190,7 +190,7 @@ class _Stream:
                 return refused
             started = time.perf_counter()
             try:
-                future, duplicate = self.replica.propose(batch, header)
+                future, duplicate = self.replica.propose(batch, header, digest)
             except NotLeader as e:
                 return self.api.redirect(self.request, e.leader, self.replica.group)
             except SequenceConflict as e:

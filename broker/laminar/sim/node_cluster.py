@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
-from ..log.batch import Record, encode_batch, parse_header
+from ..log.batch import Record, encode_batch, parse_header, verify_batch
 from ..log.storage import MemoryDirectory
 from ..metadata import (
     METADATA_GROUP,
@@ -594,7 +594,9 @@ class NodeSimulation(Simulation):
         before = raft.log.last_index()
 
         async def propose() -> tuple[asyncio.Future[int], bool]:
-            return replica.propose(batch, parse_header(batch))
+            # (checked as the API checks it: the log then writes it without checking again)
+            limit = replica.log.config.batch_limit_bytes
+            return replica.propose(batch, *verify_batch(batch, limit))
 
         try:
             future, duplicate = self.loop.run_until_complete(propose())
