@@ -260,6 +260,27 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
             f"batch header needs {BATCH_HEADER_BYTES} bytes, got {max(0, len(data) - offset)}"
         )
     magic, version, attributes, *fields = BATCH_HEADER.unpack_from(data, offset)
+    fields.append(attributes)
+    # (built as tuple.__new__ builds it: this runs several times per append)
+    header: BatchHeader = _new_tuple(BatchHeader, fields)
+    if (
+        magic != BATCH_MAGIC
+        or version != BATCH_VERSION
+        or attributes & ~KNOWN_ATTRIBUTES
+        or header.record_count < 1
+        or header.max_timestamp_ms < header.first_timestamp_ms
+        or attributes & CODEC_MASK
+        or header.payload_bytes < header.record_count * RECORD_HEADER_BYTES
+    ):
+        _check_header(magic, version, attributes, header)  # raises, or passes a compressed one
+    return header
+
+
+_new_tuple = tuple.__new__
+
+
+def _check_header(magic: bytes, version: int, attributes: int, header: BatchHeader) -> None:
+    """The checks of `parse_header`, one at a time, raising the first that fails."""
     if magic != BATCH_MAGIC:
         raise BatchFramingError(f"bad batch magic {bytes(magic)!r}")
     if version != BATCH_VERSION:
@@ -267,7 +288,6 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
     if attributes & ~KNOWN_ATTRIBUTES:
         raise BatchFramingError(f"unsupported batch attributes {attributes:#x}")
     codec = codec_of((attributes & CODEC_MASK) >> CODEC_SHIFT)
-    header = BatchHeader._make((*fields, attributes))
     if header.record_count < 1:
         raise BatchFramingError("a batch needs at least one record")
     if codec is not Codec.NONE:
@@ -282,7 +302,6 @@ def parse_header(data: Buffer, offset: int = 0) -> BatchHeader:
         )
     if header.max_timestamp_ms < header.first_timestamp_ms:
         raise BatchFramingError("max_timestamp_ms is below first_timestamp_ms")
-    return header
 
 
 def verify_batch(
