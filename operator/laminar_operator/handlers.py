@@ -107,6 +107,15 @@ XDP_NOT_ALLOWED = (
 )
 
 
+#: A deleted object's timers (`cluster_status`, `refresh_topic_status`) must have exited before
+#: its deletion handlers run and its finalizer goes. kopf waits this long in memory for a
+#: timer run that is under way (a call to the brokers: at most ADMIN_TIMEOUT_S), then looks
+#: again every TIMER_EXIT_POLL_S. kopf's default is to look again after 60 s, so a Topic or
+#: LaminarCluster deleted while its timer ran stayed for a minute (`kubectl delete` waited).
+TIMER_EXIT_WAIT_S = 2.0
+TIMER_EXIT_POLL_S = 1.0
+
+
 def xdp_allowed(environ: Any = os.environ) -> bool:
     return str(environ.get(XDP_ALLOWED_ENV, "")).strip().lower() in ("1", "true", "yes")
 
@@ -121,6 +130,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # (--namespace) or in all (--all-namespaces). So it needs no cluster-wide read of
     # namespaces or CRDs (docs/kubernetes.md, "Privileges").
     settings.scanning.disabled = True
+    settings.background.instant_exit_timeout = TIMER_EXIT_WAIT_S
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
     logs.configure(logs.level_of(os.environ))
     memo.events = events.EventLimiter()
     memo.kube = KubeClient(Credentials.from_environment())
