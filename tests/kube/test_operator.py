@@ -28,9 +28,11 @@ from laminar.credentials import dump, parse, replace_file, token_hash
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar_operator.ca_rotation import CaState, split_bundle
+from laminar_operator.handlers import TIMER_EXIT_POLL_S
 
 from ..integration.conftest import loopback_prefix, make_cluster
 from .conftest import ROOT, KubeApi, OperatorIdentity, operator_identity, run_operator
+from .held_proxy import HeldProxy
 
 WAIT_S = 60.0
 
@@ -260,6 +262,53 @@ def test_topics_follow_their_objects(
 
     crds.kubectl("delete", f"topic.laminarmq.io/{name}", "-n", namespace, "--timeout=60s")
     wait_for("the topic deleted", lambda: describe(brokers, name) is None)
+
+
+def test_a_topic_deleted_while_its_status_timer_waits_on_the_brokers_goes_within_seconds(
+    crds: KubeApi, namespace: str, operator: Any, brokers: LocalCluster, records: Records
+) -> None:
+    """kopf ends a deleted object's timers before its deletion handlers run. A timer run held
+    up in a call to the brokers made the deletion wait kopf's default poll of 60 s (CI75: a
+    `kubectl delete` of a Topic timed out); with the operator's TIMER_EXIT_WAIT_S and
+    TIMER_EXIT_POLL_S it goes on within seconds of the call's end. Here the call is in flight
+    for sure: its bytes stop at a proxy until kopf says it found the timer still running."""
+    proxy = HeldProxy(brokers.urls[0])
+    kopf_objects = logging.getLogger("kopf.objects")
+    level = kopf_objects.level
+    kopf_objects.setLevel(logging.DEBUG)  # kopf says what it waits for at debug
+    try:
+        crds.apply(local_cluster_object(namespace, [proxy.url]))
+        trust_operator(crds, namespace, brokers)
+        topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+        topic["metadata"] = {"name": f"held-{namespace}", "namespace": namespace}
+        name = topic["metadata"]["name"]
+        crds.apply(topic)
+        wait_for("the topic on the brokers", lambda: describe(brokers, name))
+        what = f"topic.laminarmq.io/{name}"
+        wait_for(
+            "ReconcileSuccess",
+            lambda: (
+                (c := condition(crds, what, namespace, "ReconcileSuccess")) is not None
+                and c["status"] == "True"
+            ),
+        )
+        proxy.hold()
+        assert proxy.arrived.wait(WAIT_S), "no timer run called the brokers"  # held there now
+        crds.kubectl("delete", what, "-n", namespace, "--wait=false")
+        wait_for(
+            "kopf finding the status timer still running",
+            lambda: records.containing(name, "is still exiting"),
+        )
+        proxy.release()
+        wait_for(
+            "the Topic gone (its finalizer let go)",
+            lambda: crds.kubectl("get", what, "-n", namespace, check=False).returncode != 0,
+            timeout_s=TIMER_EXIT_POLL_S * 20,  # kopf's own default would take 60 s
+        )
+        assert describe(brokers, name) is None
+    finally:
+        kopf_objects.setLevel(level)
+        proxy.close()
 
 
 def test_unreachable_brokers_are_explained_and_do_not_hold_deletion_of_a_gone_cluster(
@@ -1134,6 +1183,10 @@ class Records(logging.Handler):
     def of(self, name: str, message: str) -> list[logging.LogRecord]:
         with self.lock:  # logging.Handler's (an RLock that emit runs under)
             return [r for n, r in self.seen if n == name and r.getMessage() == message]
+
+    def containing(self, name: str, text: str) -> list[logging.LogRecord]:
+        with self.lock:
+            return [r for n, r in self.seen if n == name and text in r.getMessage()]
 
 
 @pytest.fixture()
