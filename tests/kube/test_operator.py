@@ -292,6 +292,9 @@ def test_a_topic_deleted_while_its_status_timer_waits_on_the_brokers_goes_within
                 and c["status"] == "True"
             ),
         )
+        # once the topic is reconciled, its status timer is what calls the brokers (every
+        # TOPIC_STATUS_INTERVAL_S): the LaminarCluster's handlers call them only to scale, to
+        # change its workers or to rotate its CA, which this test does not
         proxy.hold()
         assert proxy.arrived.wait(WAIT_S), "no timer run called the brokers"  # held there now
         crds.kubectl("delete", what, "-n", namespace, "--wait=false")
