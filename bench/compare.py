@@ -53,7 +53,9 @@ lam_single_stream_* streamed; http_floor_* the HTTP stack's floor); *_publish_* 
 batches (Laminar 500 records per append); *_kafka_batch_* / *_default_batch_* about 14
 records; lam_queue_p50_ms / rabbit_r3_queue_p50_ms at 1000 msg/s and *_queue_p50_ms_<rate>
 at each rate; target_* the issue's targets (true: met, false: missed, null: not measured);
-load_avg_1m at the start (load_avg_1m_end at the end).
+load_avg_1m at the start (load_avg_1m_end at the end); machine: the CPUs, 4 KiB fdatasyncs a
+second in one file, and sync_round_us, the p50 µs of 4 files x 64 KiB appended and synced at
+once (a group commit's disk work, measured as the sitting starts).
 
 Every phase is bounded in count and time; every server is stopped and every data directory
 removed in finally blocks (also on Ctrl-C, SIGTERM, SIGHUP).
@@ -77,6 +79,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "broker"))
 
+import disk_bench  # noqa: E402
 from machine import cpu_seconds, fdatasync_per_s, load_avg_1m, run_in_group  # noqa: E402
 from queue_peers import signals_raise  # noqa: E402
 
@@ -775,6 +779,23 @@ def _f(value: Any, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def sync_round_us(root: Path) -> float:
+    """p50 µs of a group commit's disk work on this machine now: 4 files of 64 KiB appended and
+    fdatasync'd at once (bench/disk_bench.py's "4 files x 64 KiB, extending"). The fdatasync
+    rate of one small file does not show it: the disk of the day can cost a round 40 % more
+    while that rate moves 9 % (bench/RESULTS.md, issue 22, eighteenth sitting)."""
+    directory = Path(tempfile.mkdtemp(prefix="sync-round-", dir=root))
+    try:
+        with ThreadPoolExecutor(disk_bench.ROUND_FILES) as pool:
+            measured = disk_bench.measure(
+                directory, pool, "round", disk_bench.ROUND_FILES,
+                disk_bench.ROUND_KIB * disk_bench.KIB, rounds=200, seconds=5.0,
+            )  # fmt: skip
+        return measured["p50_us"]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def tables(result: dict[str, Any]) -> str:
     """The sitting as Markdown tables (for bench/RESULTS.md)."""
     m, b = result["median"], result["best"]
@@ -782,7 +803,9 @@ def tables(result: dict[str, Any]) -> str:
     lines = [
         f"Sitting {result['started_utc']} UTC, commit {result['commit']}, {rounds} round(s), "
         f"{result['wall_s']:.0f} s; {result['machine']['cpus']} CPUs, "
-        f"{_f(result['machine']['fdatasync_4k_per_s'])} fdatasync'd 4 KiB writes/s; "
+        f"{_f(result['machine']['fdatasync_4k_per_s'])} fdatasync'd 4 KiB writes/s, a round of "
+        f"4 x 64 KiB appends synced at once in {_f(result['machine'].get('sync_round_us'))} µs "
+        "p50; "
         f"load average (1 min) {result['load_avg_1m']} at the start, "
         f"{result['load_avg_1m_end']} at the end. Figures: median of the rounds (best).",
         "",
@@ -1022,7 +1045,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "queue": lambda n: queue_round(a, root, phases, n),
     }
     try:
-        result["machine"] = {"cpus": os.cpu_count(), "fdatasync_4k_per_s": fdatasync_per_s(root)}
+        result["machine"] = {
+            "cpus": os.cpu_count(),
+            "fdatasync_4k_per_s": fdatasync_per_s(root),
+            "sync_round_us": sync_round_us(root),
+        }
         for n in range(1, a.rounds + 1):
             figures: dict[str, Any] = {}
             for system in SYSTEMS:
