@@ -42,7 +42,11 @@ from .waits import CoreWaits
 from .worker_feed import FeedClient, FeedServer
 
 log = logging.getLogger(__name__)
-SYNC_THREADS = 4
+#: threads for a round's disk work: its logs' fdatasyncs run at once, and concurrent ones share
+#: the file system's journal commits. A round of an RF 3 broker with 192 partitions syncs up to
+#: 192 logs: 16 threads took 4-17 % more appends a second there than 4 did, in five interleaved
+#: pairs (bench/RESULTS.md, issue 22, nineteenth sitting). Idle ones cost nothing.
+SYNC_THREADS = 16
 HANDOFF_POLL_S = 0.05
 #: how much longer than a handoff's own deadline worker 0 waits for the other workers' answers
 FEED_ANSWER_S = 2.0
