@@ -75,6 +75,8 @@ OTHER_CPU_WARN_PCT = 10.0  # other processes above this (100 = one core): phase 
 INSTALL_TIMEOUT_S = 1800.0
 START_TIMEOUT_S = 90.0
 SETUP_TIMEOUT_S = 60.0
+#: how long an R3 cluster may take to have every route up and the stream's replicas current
+SETTLE_TIMEOUT_S = 60.0
 
 METRICS = (
     "publish_msgs_per_s",
@@ -397,7 +399,8 @@ def _stop(topo: Topology, peers: Path, started: Mapping[str, int], logf: IO[str]
 
 def _create_stream(topo: Topology, peers: Path, logf: IO[str], log: Log) -> str:
     """(Re)create stream BENCH (file storage, R1/R3) with the peers' nats_bench.py setup and
-    return the server URL the client should use (the stream leader in the cluster)."""
+    return the server URL the client should use (the stream leader in the cluster, once the
+    cluster has settled: `_wait_settled`)."""
     url = f"nats://127.0.0.1:{topo.client_ports[0]}"
     cmd = [
         str(peers / "venv/bin/python"),
@@ -422,8 +425,54 @@ def _create_stream(topo: Topology, peers: Path, logf: IO[str], log: Log) -> str:
         m = re.search(r"leader n([123])\b", cp.stdout)
         if m is None:
             raise PeerError(f"no stream leader in: {cp.stdout.strip()}")
-        url = f"nats://127.0.0.1:{topo.client_ports[int(m.group(1)) - 1]}"
+        leader = int(m.group(1))
+        _wait_settled(topo, leader, log)
+        url = f"nats://127.0.0.1:{topo.client_ports[leader - 1]}"
     return url
+
+
+def _monitor(port: int, path: str) -> dict[str, Any]:
+    """A server's monitoring endpoint as JSON ({} when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            answer: dict[str, Any] = json.load(r)
+            return answer
+    except (OSError, ValueError):
+        return {}
+
+
+def _unsettled(topo: Topology, leader: int) -> str | None:
+    """Why the cluster is not ready for a run yet (None: ready): a server without a route to
+    each other server, or the stream BENCH, as its leader (server `leader`, 1-based) sees it,
+    with a replica that is not current."""
+    for port in topo.http_ports:
+        routes = _monitor(port, "/routez").get("routes") or []
+        remotes = {r.get("remote_id") for r in routes}
+        if len(remotes) < len(topo.http_ports) - 1:
+            return f"server on :{port} has routes to {len(remotes)} of the others"
+    port = topo.http_ports[leader - 1]
+    jsz = _monitor(port, "/jsz?accounts=true&streams=true")
+    streams = [s for a in jsz.get("account_details") or [] for s in a.get("stream_detail") or []]
+    cluster = next((s.get("cluster") or {} for s in streams if s.get("name") == "BENCH"), {})
+    if cluster.get("leader") != f"n{leader}":
+        return f"n{leader} does not lead stream BENCH (leader {cluster.get('leader')!r})"
+    replicas = cluster.get("replicas") or []
+    lagging = [r.get("name") for r in replicas if not r.get("current")]
+    if len(replicas) < topo.replicas - 1 or lagging:
+        return f"stream BENCH has {len(replicas)} followers, not current: {lagging}"
+    return None
+
+
+def _wait_settled(topo: Topology, leader: int, log: Log) -> None:
+    """Before a run on an R3 cluster: wait until every route is up and the stream's replicas
+    are current. A run started while the routes were still forming stalled twice (nineteenth
+    sitting of issue 22): jsbench published for a second, then sat idle to its time limit."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while (why := _unsettled(topo, leader)) is not None:
+        if time.monotonic() > deadline:
+            raise PeerError(f"NATS {topo.label} not settled after {SETTLE_TIMEOUT_S:g}s: {why}")
+        time.sleep(0.2)
+    log(f"NATS {topo.label}: routes up, stream replicas current")
 
 
 def _jsbench(
