@@ -64,6 +64,8 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import run_in_group
 
+from laminar.local_cluster import get_json
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEERS_SRC = REPO_ROOT.parent / "shared" / "peers"
 PEERS_SRC_ENV = "LAMINAR_PEERS_SRC"
@@ -433,12 +435,8 @@ def _create_stream(topo: Topology, peers: Path, logf: IO[str], log: Log) -> str:
 
 def _monitor(port: int, path: str) -> dict[str, Any]:
     """A server's monitoring endpoint as JSON ({} when it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-            answer: dict[str, Any] = json.load(r)
-            return answer
-    except (OSError, ValueError):
-        return {}
+    _, body = get_json(f"http://127.0.0.1:{port}{path}", timeout_s=2.0)
+    return body if isinstance(body, dict) else {}
 
 
 def _unsettled(topo: Topology, leader: int) -> str | None:
@@ -465,8 +463,9 @@ def _unsettled(topo: Topology, leader: int) -> str | None:
 
 def _wait_settled(topo: Topology, leader: int, log: Log) -> None:
     """Before a run on an R3 cluster: wait until every route is up and the stream's replicas
-    are current. A run started while the routes were still forming stalled twice (nineteenth
-    sitting of issue 22): jsbench published for a second, then sat idle to its time limit."""
+    are current. A run started while the routes were still forming stalled in the eighth and
+    nineteenth sittings of issue 22: jsbench published for a second, then sat idle to its time
+    limit."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while (why := _unsettled(topo, leader)) is not None:
         if time.monotonic() > deadline:
