@@ -562,18 +562,26 @@ def test_8_the_xdp_router_and_two_workers_in_the_pods(kube: Kube) -> None:
         assert leads is not None, f"{pod}'s /metrics has no replica of its worker 1"
         # a connection to the steer port from a source port naming worker w is worker w's
         address = kube.get(f"pod/{pod}")["status"]["podIP"]
-        base = 41000 + 10 * ordinal  # (fresh source ports: no TIME_WAIT met)
+        # fresh source ports (no TIME_WAIT met) below the pod's ephemeral range: the producer
+        # in the same pod has its own connections on ports from that range (one took 41020,
+        # and the bind failed with EADDRINUSE, in CI88)
+        base = SOURCE_PORT_BASE + 10 * ordinal
         out = kube.kubectl("exec", "-i", CLIENT, "--", "python3", "-", address, str(STEER_PORT),
                            str(base), stdin=STEERED)  # fmt: skip
         assert json.loads(out) == [[w % 2, f"{pod}~{w % 2}" if w % 2 else pod] for w in range(6)]
     LEDGER.check(kube)
 
 
+#: the first source port of the steered connections: below Linux's ephemeral range (from
+#: 32768), which only connections that name their own port use
+SOURCE_PORT_BASE = 21000
 #: In the client pod: which worker (node id) answers GET /v1/cluster on a connection to the
 #: steer port from a source port naming worker (port mod 2), for 6 fresh source ports.
 STEERED = """
 import json, os, socket, ssl, sys
 address, port, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])  # (base: even)
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+assert base + 6 <= low, f"source ports {base}-{base + 5} fall in the ephemeral range from {low}"
 context = ssl.create_default_context(cafile=os.environ["LAMINAR_CA_FILE"])
 context.check_hostname = False  # (by IP; the CA is still checked)
 token = open(os.environ["LAMINAR_TOKEN_FILE"]).read().strip()
