@@ -19,10 +19,11 @@ A fresh local cluster of real `laminar serve` processes on loopback (--brokers, 
            RabbitMQ consumer's acks are one-way): bench/RESULTS.md found no difference.
            msgs/s = accepted / (last accept answered - start).
   latency  a fresh topic; the consumers long-poll while this process publishes at a fixed
-           rate (--rates, msg/s) for --duration s: every --linger-ms the records that are due
-           go out as one append, partitions in turn. Each record carries its due time; its
-           latency = time its accept was answered - due time (no coordinated omission; one
-           clock, CLOCK_REALTIME, shared by the processes). 200 warm-up records not counted.
+           rate (--rates, msg/s) for --duration s: every --linger-ms (a fixed schedule) the
+           records due go out as one append, partitions in turn. Each record carries its due
+           time; its latency = time its accept was answered - due time (no coordinated
+           omission; one clock, CLOCK_REALTIME, shared by the processes). 200 warm-up records
+           not counted.
            Also reported: due time -> delivered (the acquire answer holding it reached the
            consumer). That one is what the peers' latency measures: RabbitMQ's is the time
            its consumer received the message - the time just before the publish (its ack
@@ -66,6 +67,7 @@ sys.path.insert(0, str(HERE.parent / "broker"))
 from machine import fdatasync_per_s  # noqa: E402
 from queue_peers import signals_raise  # noqa: E402
 
+from laminar.bench import sleep_to_next_tick  # noqa: E402
 from laminar.client import AsyncClient, NotFound  # noqa: E402
 from laminar.local_cluster import LocalCluster, probe  # noqa: E402
 from laminar.log.batch import Record, encode_batch  # noqa: E402
@@ -463,6 +465,7 @@ async def _publish_at_rate(
         started = time.monotonic()
         hard = started + a.duration + a.max_seconds
         sent = turn = 0
+        tick = time.perf_counter()
         while sent < total and time.monotonic() < hard:
             elapsed = time.monotonic() - started
             due = min(total, int(elapsed * rate) + 1) - sent
@@ -474,7 +477,7 @@ async def _publish_at_rate(
                 task.add_done_callback(pending.discard)
                 sent += due
                 turn += 1
-            await asyncio.sleep(a.linger_ms / 1000)
+            tick = await sleep_to_next_tick(tick, a.linger_ms / 1000)
         if pending:
             await asyncio.gather(*pending)
         publish_elapsed = time.monotonic() - started

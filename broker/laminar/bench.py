@@ -54,6 +54,16 @@ def percentile_ms(sorted_s: Sequence[float], fraction: float) -> float | None:
     return round(sorted_s[position] * 1000, 3)
 
 
+async def sleep_to_next_tick(tick: float, period_s: float) -> float:
+    """Sleep until `period_s` after `tick` (a `time.perf_counter()` reading) and return that
+    time: a fixed schedule, which neither the caller's work nor the event loop's timer
+    rounding (whole milliseconds) stretches. A tick already past is not made up: the next one
+    is now."""
+    tick = max(tick + period_s, time.perf_counter())
+    await asyncio.sleep(tick - time.perf_counter())
+    return tick
+
+
 class Progress:
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.total = total
@@ -213,6 +223,7 @@ async def _produce_at_rate(
     started = time.perf_counter()
     sent = 0
     turn = 0
+    linger_s = options.linger_ms / 1000
 
     streams: list[AppendStream] = []
 
@@ -231,6 +242,7 @@ async def _produce_at_rate(
                 stream = await client.append_stream(options.topic, partition, max_in_flight=4096)
                 streams.append(await stack.enter_async_context(stream))
             started = time.perf_counter()
+        tick = started
         while sent < total:
             now = time.perf_counter()
             due_count = min(total, int((now - started) * options.rate) + 1) - sent
@@ -241,7 +253,7 @@ async def _produce_at_rate(
                 turn += 1
                 pending.add(task)
                 task.add_done_callback(pending.discard)
-            await asyncio.sleep(options.linger_ms / 1000)
+            tick = await sleep_to_next_tick(tick, linger_s)
         if pending:
             await asyncio.gather(*pending)
     elapsed = time.perf_counter() - started
