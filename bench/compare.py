@@ -29,8 +29,10 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
                         HTTP stack (its fast path, uvloop) answering each append with nothing
                         behind it: the floor of the HTTP stack, in CPU-s per million requests
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
-                        --linger-ms the due records go out as one append; due -> ack; then
-                        the same over a streaming append per partition
+                        --linger-ms (3, on a fixed schedule) the due records go out as one
+                        append: 15 records at 5000/s, Kafka's default producer batch (its
+                        16 KB batch.size fills in 2.8 ms, within its 5 ms linger.ms); due ->
+                        ack; then the same over a streaming append per partition
            scale6 / scale192  (RF 3 only) 14 records per append, 6 partitions x 64 in
                         flight and 192 partitions x 2 in flight: the same 384 appends in
                         flight in all; the append p99s are compared
@@ -985,7 +987,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kafka-warmup", type=int, help="Kafka JIT warm-up records")
     parser.add_argument("--rate", type=int, default=5000, help="latency phases, msg/s")
     parser.add_argument("--latency-seconds", type=float)
-    parser.add_argument("--linger-ms", type=float, default=1.0, help="Laminar fixed-rate batching")
+    parser.add_argument(
+        "--linger-ms", type=float, default=3.0, help="Laminar fixed-rate batching (and the queue's)"
+    )
     parser.add_argument("--scale-count", type=int, help="records per 6 / 192 partition run")
     parser.add_argument("--skip-scale", action="store_true", help="no 6 vs 192 partitions")
     parser.add_argument("--queue-rates", default="500,1000,2000", help="msg/s, comma list")
