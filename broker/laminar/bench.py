@@ -6,11 +6,11 @@ committed (a majority of the partition's replicas have it durably, as the broker
 policy says). The batches are encoded once before the clock starts (the broker cannot tell:
 it stamps every batch with its own index and term), so the client's Python work per record
 does not limit what is measured. produce, fixed-rate mode (`--rate`): records are due at a
-steady rate; every `--linger-ms` the due records go out as one batch (partitions take turns),
-as one HTTP append or, with `--stream`, on the partition's streaming append; each record's
-latency runs from its due time to its acknowledgement (no coordinated omission). A missing
-topic is created first (`--partitions`, `--replication-factor`), which a line on stderr says:
-its leaders' elections take seconds.
+steady rate; every `--linger-ms` (on a fixed schedule) the due records go out as one batch
+(partitions take turns), as one HTTP append or, with `--stream`, on the partition's streaming
+append; each record's latency runs from its due time to its acknowledgement (no coordinated
+omission). A missing topic is created first (`--partitions`, `--replication-factor`), which
+a line on stderr says: its leaders' elections take seconds.
 
 consume: reads every partition from the start with binary reads, spread over the in-sync
 replicas, counting records from batch headers (`--decode` decodes every record as the client
@@ -223,7 +223,6 @@ async def _produce_at_rate(
     started = time.perf_counter()
     sent = 0
     turn = 0
-    linger_s = options.linger_ms / 1000
 
     streams: list[AppendStream] = []
 
@@ -253,7 +252,7 @@ async def _produce_at_rate(
                 turn += 1
                 pending.add(task)
                 task.add_done_callback(pending.discard)
-            tick = await sleep_to_next_tick(tick, linger_s)
+            tick = await sleep_to_next_tick(tick, options.linger_ms / 1000)
         if pending:
             await asyncio.gather(*pending)
     elapsed = time.perf_counter() - started
