@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -47,16 +47,24 @@ def load_avg_1m() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+class Stalled(RuntimeError):
+    """`run_in_group`'s command made no progress (its `stalled` check said so): killed."""
+
+
 def run_in_group(
     command: Sequence[str],
     timeout_s: float,
     *,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    stalled: Callable[[], bool] | None = None,
+    poll_s: float = 1.0,
 ) -> subprocess.CompletedProcess[str]:
     """Run `command` in its own process group, output captured, bounded by `timeout_s`. On a
     timeout (subprocess.TimeoutExpired), Ctrl-C or SIGTERM the whole group (a script and what
-    it runs in the foreground) is killed before the exception goes on."""
+    it runs in the foreground) is killed before the exception goes on. With `stalled`, asked
+    every `poll_s` while the command runs: once it answers True, the group is killed and
+    Stalled raised."""
     proc = subprocess.Popen(
         list(command),
         cwd=cwd,
@@ -67,8 +75,20 @@ def run_in_group(
         text=True,
         start_new_session=True,
     )
+    deadline = time.monotonic() + timeout_s
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            try:  # (communicate again after its timeout loses no output)
+                stdout, stderr = proc.communicate(
+                    timeout=max(0.0, left if stalled is None else min(left, poll_s))
+                )
+                break
+            except subprocess.TimeoutExpired:
+                if left <= poll_s or stalled is None:
+                    raise subprocess.TimeoutExpired(list(command), timeout_s) from None
+                if stalled():
+                    raise Stalled(f"no progress: {' '.join(command)}") from None
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

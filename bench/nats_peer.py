@@ -14,6 +14,10 @@ Phases per configuration (as in run_nats.sh, Go part):
   consume  jsbench -mode sub: read that stream back (pull consumer, AckNone, Fetch(1000)).
   latency  on a fresh stream, jsbench -mode lat: --rate msgs/s offered for --latency-seconds
            (at most --count messages); send->ack percentiles p50/p99/p99.9.
+A publishing run (publish, latency) whose stream takes no message for STALL_S once it took one
+is killed and run once more on a new stream, with a warning: nats.go 1.22.1 can keep an ack it
+never matched pending for good, and jsbench then waits on it until its time limit (issue 22,
+twenty-first sitting).
 Every server this script started is stopped by PID (the peers' stop_pid.sh, then a check of
 the recorded PIDs) in a finally block, also on Ctrl-C, SIGTERM and errors, and its data
 directories are removed. Nothing is started while a NATS port is already taken.
@@ -62,7 +66,7 @@ from pathlib import Path
 from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import run_in_group
+from machine import Stalled, run_in_group
 
 from laminar.local_cluster import get_json
 
@@ -79,6 +83,10 @@ START_TIMEOUT_S = 90.0
 SETUP_TIMEOUT_S = 60.0
 #: how long an R3 cluster may take to have every route up and the stream's replicas current
 SETTLE_TIMEOUT_S = 60.0
+#: a publishing run whose stream took no message for this long, once it took its first, is
+#: stalled: nats.go 1.22.1 keeps an async publish whose ack it never matched pending for good,
+#: and jsbench's ack reader, which takes the futures in order, waits on it until killed
+STALL_S = 15.0
 
 METRICS = (
     "publish_msgs_per_s",
@@ -223,17 +231,22 @@ def _run(
     timeout: float,
     logf: IO[str],
     env: Mapping[str, str] | None = None,
+    stalled: Callable[[], bool] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command (bounded by timeout), copy its output into the run log, return it."""
+    """Run a command (bounded by timeout, and by `stalled` if given: `run_in_group`), copy
+    its output into the run log, return it."""
     logf.write(f"\n$ {' '.join(cmd)}\n")
     logf.flush()
     # own process group: on a timeout, Ctrl-C or SIGTERM the whole tree this command started
     # (cpurun.py -> jsbench) is killed, by that group's id; servers are stopped by _stop().
     try:
-        done = run_in_group(cmd, timeout, env=env, cwd=cwd)
+        done = run_in_group(cmd, timeout, env=env, cwd=cwd, stalled=stalled)
     except subprocess.TimeoutExpired as e:
         logf.write(f"TIMEOUT after {timeout}s\n")
         raise PeerError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
+    except Stalled:
+        logf.write(f"STALLED: no message taken for {STALL_S:g}s\n")
+        raise
     stdout, stderr = done.stdout, done.stderr
     logf.write(stdout)
     logf.write(stderr)
@@ -439,6 +452,44 @@ def _monitor(port: int, path: str) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+class StreamProgress:
+    """A `stalled` check for a publishing run: True once the stream's message count (the most
+    any server reports) has not moved for STALL_S since it first moved (cpurun.py waits for an
+    idle machine before it starts jsbench, and jsbench connects first)."""
+
+    def __init__(
+        self,
+        count: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+        stall_s: float = STALL_S,
+    ) -> None:
+        self._count = count
+        self._clock = clock
+        self._stall_s = stall_s
+        self._last: tuple[int, float] | None = None  # (count, when it was first seen)
+        self._moved = False
+
+    def __call__(self) -> bool:
+        count, now = self._count(), self._clock()
+        if self._last is None or count != self._last[0]:
+            self._moved = self._moved or self._last is not None
+            self._last = (count, now)
+            return False
+        return self._moved and now - self._last[1] >= self._stall_s
+
+
+def stream_messages(topo: Topology) -> int:
+    """Messages in stream BENCH, the most any of `topo`'s servers reports (0: none answers)."""
+    counts = [0]
+    for port in topo.http_ports:
+        jsz = _monitor(port, "/jsz?accounts=true&streams=true")
+        for account in jsz.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                if stream.get("name") == "BENCH":
+                    counts.append(int((stream.get("state") or {}).get("messages") or 0))
+    return max(counts)
+
+
 def _unsettled(topo: Topology, leader: int) -> str | None:
     """Why the cluster is not ready for a run yet (None: ready): a server without a route to
     each other server, or the stream BENCH, as its leader (server `leader`, 1-based) sees it,
@@ -483,9 +534,11 @@ def _jsbench(
     idle_wait: int,
     timeout: float,
     logf: IO[str],
+    stalled: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """One jsbench run through cpurun.py (CPU attribution), as run_nats.sh does; returns the
-    raw JSON line jsbench appended to `results` (with the "cpu" block cpurun.py attached)."""
+    raw JSON line jsbench appended to `results` (with the "cpu" block cpurun.py attached).
+    With `stalled`, a run it finds stalled is killed and raises Stalled."""
     env = dict(os.environ)
     env["PB_RESULTS"] = str(results)
     env["PB_IDLE_WAIT"] = str(max(1, idle_wait))  # cpurun.py's wait_idle() needs >= 1
@@ -505,7 +558,7 @@ def _jsbench(
         topo.label,
         *args,
     ]
-    cp = _run(cmd, peers, timeout + max(1, idle_wait) + 60, logf, env)
+    cp = _run(cmd, peers, timeout + max(1, idle_wait) + 60, logf, env, stalled)
     lines = results.read_text().splitlines() if results.exists() else []
     if cp.returncode != 0 or len(lines) <= before:
         raise PeerError(
@@ -564,7 +617,10 @@ def _bench_topology(
 
         def phase(name: str, mode: str, args: list[str], timeout: float) -> dict[str, Any]:
             t = time.monotonic()
-            rec = _jsbench(topo, peers, mode, args, results, idle_wait, timeout, logf)
+            if mode == "sub":  # reads: no stream to watch
+                rec = _jsbench(topo, peers, mode, args, results, idle_wait, timeout, logf)
+            else:
+                rec = publish(name, mode, args, timeout)
             timings[name] = round(time.monotonic() - t, 2)
             cpu[name] = _cpu_summary(rec)
             other = cpu[name]["other_procs_cpu_pct"]
@@ -574,6 +630,28 @@ def _bench_topology(
                     "(shared machine): numbers contaminated"
                 )
             return rec
+
+        def publish(name: str, mode: str, args: list[str], timeout: float) -> dict[str, Any]:
+            """A publishing run watched for the client's stall (STALL_S); a stalled one is run
+            once more on the stream made anew (the stall is in the client, not the server)."""
+            why = f"{topo.key} {name}: jsbench stalled (no message for {STALL_S:g}s)"
+            try:
+                progress = StreamProgress(lambda: stream_messages(topo))
+                return _jsbench(
+                    topo, peers, mode, args, results, idle_wait, timeout, logf, progress
+                )
+            except Stalled:
+                warnings.append(f"{why}; run again on a new stream")
+                log(f"NATS {topo.label}: {name} stalled; again on a new stream")
+            url = _create_stream(topo, peers, logf, log)
+            args = [url if i and args[i - 1] == "-s" else a for i, a in enumerate(args)]
+            try:
+                progress = StreamProgress(lambda: stream_messages(topo))
+                return _jsbench(
+                    topo, peers, mode, args, results, idle_wait, timeout, logf, progress
+                )
+            except Stalled:
+                raise PeerError(f"{why}, twice") from None
 
         t = time.monotonic()
         url = _create_stream(topo, peers, logf, log)
