@@ -77,26 +77,19 @@ def _checks(pairs: list[tuple[int, float]]) -> list[bool]:
     return [progress() for _ in pairs]
 
 
-def test_a_stream_that_never_moved_is_not_stalled_yet() -> None:
-    # cpurun.py waits for an idle machine before jsbench starts: no message meanwhile
-    assert _checks([(0, 0.0), (0, 30.0), (0, 100.0)]) == [False, False, False]
-
-
-def test_a_stream_that_stopped_growing_is_stalled_after_the_limit() -> None:
-    assert _checks([(0, 0.0), (5, 1.0), (5, 10.0), (5, 15.9), (5, 16.0)]) == [
-        False,
-        False,
-        False,
-        False,
-        True,
-    ]
-
-
-def test_each_message_taken_restarts_the_count() -> None:
-    assert _checks([(0, 0.0), (5, 1.0), (6, 14.0), (6, 28.9), (6, 29.0)]) == [
-        False,
-        False,
-        False,
-        False,
-        True,
-    ]
+@pytest.mark.parametrize(
+    ("readings", "answers"),
+    [
+        # cpurun.py waits for an idle machine before jsbench starts: no message meanwhile
+        ([(0, 0.0), (0, 30.0), (0, 100.0)], [False] * 3),
+        # stopped growing: stalled once the limit has passed since the last change
+        ([(0, 0.0), (5, 1.0), (5, 10.0), (5, 15.9), (5, 16.0)], [False] * 4 + [True]),
+        # each message taken restarts the count
+        ([(0, 0.0), (5, 1.0), (6, 14.0), (6, 28.9), (6, 29.0)], [False] * 4 + [True]),
+    ],
+    ids=["never-moved-is-not-stalled", "stopped-is-stalled-after-the-limit", "a-message-restarts"],
+)
+def test_a_publish_is_stalled_only_once_its_stream_stopped_growing(
+    readings: list[tuple[int, float]], answers: list[bool]
+) -> None:
+    assert _checks(readings) == answers
