@@ -27,6 +27,8 @@ WAIT_S = 300.0
 #: (CI64). client-go v0.34 makes the streams first; until the pinned Kubernetes has it,
 #: SPDY, whose client opens every stream before the command runs, is used.
 KUBECTL_ENV = {**os.environ, "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}
+#: reads of a workload's file copy after its printed lines came cut (`Kube.workload_lines`)
+READ_ATTEMPTS = 5
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
@@ -77,14 +79,17 @@ class Kube:
 
     def workload(self, pod: str, *args: str, timeout_s: float = 600.0) -> list[dict[str, Any]]:
         """Run e2e/workload.py in `pod`; the JSON lines it printed."""
-        out = self.kubectl("exec", "-i", pod, "--", "python3", "-", *args,
-                           stdin=WORKLOAD.read_text(), timeout_s=timeout_s)  # fmt: skip
-        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        out_file = workload_out_file()
+        out = self.kubectl("exec", "-i", pod, "--", "env", f"E2E_OUT={out_file}", "python3", "-",
+                           *args, stdin=WORKLOAD.read_text(), timeout_s=timeout_s)  # fmt: skip
+        return self.workload_lines(pod, out, out_file)
 
-    def start_workload(self, pod: str, *args: str) -> subprocess.Popen[str]:
+    def start_workload(self, pod: str, out_file: str, *args: str) -> subprocess.Popen[str]:
+        """Start e2e/workload.py in `pod`, its lines written to `out_file` there too (read them
+        with `workload_lines`)."""
         process = subprocess.Popen(
             [str(self.tools.kubectl), "--kubeconfig", str(self.kubeconfig), "exec", "-i", pod,
-             "--", "python3", "-", *args],
+             "--", "env", f"E2E_OUT={out_file}", "python3", "-", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=KUBECTL_ENV,
         )  # fmt: skip
@@ -93,6 +98,25 @@ class Kube:
         process.stdin.close()
         process.stdin = None  # all given: communicate() has nothing more to send
         return process
+
+    def workload_lines(self, pod: str, out: str, out_file: str) -> list[dict[str, Any]]:
+        """The JSON lines a workload printed (`out`), its end marker checked and dropped. When
+        `kubectl exec` cut them (it can, and exit 0: kubernetes/kubernetes#124571), the copy in
+        `out_file` in `pod` is read instead, again while that read is cut too (each read is
+        checked the same way), at most READ_ATTEMPTS times."""
+        for attempt in range(READ_ATTEMPTS + 1):
+            if attempt:
+                out = self.kubectl("exec", pod, "--", "cat", out_file)
+            lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if lines and lines[-1] == {"lines": len(lines) - 1}:
+                self.kubectl("exec", pod, "--", "rm", "-f", out_file)
+                return lines[:-1]
+        raise AssertionError(f"the workload's output was cut in {READ_ATTEMPTS + 1} reads")
+
+
+def workload_out_file() -> str:
+    """A fresh path in the client pod for a workload's copy of its lines."""
+    return f"/tmp/workload-{secrets.token_hex(6)}.jsonl"
 
 
 def cluster_state(kube: Kube) -> str:

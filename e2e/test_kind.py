@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from laminar_operator.manifests import STEER_PORT
 
 from .cluster import IMAGE_TAG, ROOT
-from .conftest import Kube, wait_for
+from .conftest import Kube, wait_for, workload_out_file
 
 pytestmark = pytest.mark.e2e
 
@@ -83,8 +83,9 @@ class Producer:
     def __init__(self, kube: Kube, prefix: str) -> None:
         self.kube = kube
         self.stop_file = f"/tmp/stop-{prefix}-{secrets.token_hex(4)}"  # this producer's own
+        self.out_file = workload_out_file()
         self.process = kube.start_workload(
-            CLIENT, "produce", BROKERS, TOPIC, prefix, str(PRODUCE_MAX_RECORDS),
+            CLIENT, self.out_file, "produce", BROKERS, TOPIC, prefix, str(PRODUCE_MAX_RECORDS),
             str(PRODUCE_MAX_S), self.stop_file,
         )  # fmt: skip
 
@@ -92,7 +93,7 @@ class Producer:
         self.kube.kubectl("exec", CLIENT, "--", "touch", self.stop_file)
         out, err = self.process.communicate(timeout=PRODUCE_MAX_S + 180)
         assert self.process.returncode == 0, f"the producer failed:\n{err[-4000:]}"
-        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        lines = self.kube.workload_lines(CLIENT, out, self.out_file)
         errors = [line for line in lines if "error" in line]
         for line in lines:
             if "index" in line:

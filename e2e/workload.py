@@ -1,7 +1,8 @@
 """What the end-to-end tests run inside the cluster, in a client pod of the broker image (it
 carries the Python client): ``kubectl exec -i <pod> -- python3 - <command> ...`` with this file
-on stdin. Every line it prints is one JSON object. https:// brokers are verified with the CA
-file $LAMINAR_CA_FILE names.
+on stdin. Every line it prints is one JSON object, the last {"lines": N} (how many came
+before it), and with $E2E_OUT set they are written to that file too. https:// brokers are
+verified with the CA file $LAMINAR_CA_FILE names.
 
     produce BROKERS TOPIC PREFIX MAX_RECORDS MAX_S STOP_FILE
         Sends PREFIX-0, PREFIX-1, ... with the idempotent Producer, paced, until STOP_FILE
@@ -34,8 +35,20 @@ READ_MAX_S = 120.0  # for a partition's acknowledged records to be committed whe
 READ_WAIT_MS = 1000
 
 
+#: Every line is also written here (env E2E_OUT): `kubectl exec` can cut the end of a
+#: command's output and still exit 0 (kubernetes/kubernetes#124571), so the test checks the
+#: last line, {"lines": N} (how many came before it), and reads this file when it is missing.
+OUT_FILE = open(os.environ["E2E_OUT"], "w") if os.environ.get("E2E_OUT") else None  # noqa: SIM115
+emitted = 0
+
+
 def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+    global emitted
+    line = json.dumps(fields)
+    print(line, flush=True)
+    if OUT_FILE is not None:
+        OUT_FILE.write(line + "\n")
+    emitted += 1
 
 
 def produce(
@@ -100,6 +113,10 @@ def main() -> None:
         read(*args)
     else:
         sys.exit(f"unknown command {command!r}")
+    count = emitted
+    emit(lines=count)  # the end: a reader that lacks it, or some lines, got a cut copy
+    if OUT_FILE is not None:
+        OUT_FILE.close()
 
 
 if __name__ == "__main__":
