@@ -12,11 +12,12 @@ import pytest
 
 from laminar.log.batch import Record, encode_batch, parse_header
 from laminar.partition.errors import ReplicaClosed
+from laminar.partition.groups import now_ms
 from laminar.partition.replica import Replica, SequenceConflict
-from laminar.queue import Accept
+from laminar.queue import Accept, Release, Renew
 from laminar.raft.messages import Message, MessageType
 from tests import replicas
-from tests.replicas import ack, depose, drive, elect
+from tests.replicas import ack, depose, drive, elect, until
 
 
 def open_replica(path: Path) -> Replica:
@@ -190,4 +191,41 @@ async def test_acquires_parked_behind_a_handed_off_one_get_the_rest(tmp_path: Pa
     # the second was handed the other record at once too (both Acquires in that round)
     got_second = await asyncio.wait_for(second, 1)
     assert [d.granted.index for d in got_second] == [base + 1]
+    replica.close()
+
+
+async def test_a_parked_acquire_sleeps_through_commits_that_free_nothing_for_it(
+    tmp_path: Path,
+) -> None:
+    """Every commit used to wake every parked acquire of the partition, each only to pick
+    nothing and park again. Now one stays parked (the same wait) through a commit that frees
+    nothing it could take, and is woken by the one that does."""
+    replica = open_replica(tmp_path / "p")
+    lead(replica)
+    groups = replica.groups
+    assert groups is not None
+    data = batch(0, 0)
+    appended, _ = replica.propose(data, parse_header(data))
+    drive(replica)
+    base = await appended
+    holding = asyncio.create_task(groups.acquire("g", "b", 10, 30_000, 0.0, 1 << 20))
+    await asyncio.sleep(0)  # it proposes its Acquire
+    drive(replica)
+    held = await asyncio.wait_for(holding, 1)
+    assert [d.granted.index for d in held] == [base, base + 1]
+    waiting = asyncio.create_task(groups.acquire("g", "a", 10, 30_000, 5.0, 1 << 20))
+    await asyncio.sleep(0)  # nothing free: it parks
+    [parked] = groups._parked
+    renewed = groups.propose(Renew("g", "b", (base, base + 1), 30_000, now_ms()))
+    drive(replica)
+    assert (await asyncio.wait_for(renewed, 1)).done == [base, base + 1]
+    await asyncio.sleep(0)
+    assert groups._parked == [parked] and not waiting.done()  # not woken
+    released = groups.propose(Release("g", "b", (base + 1,)))
+    drive(replica)
+    assert (await asyncio.wait_for(released, 1)).done == [base + 1]
+    await asyncio.wait_for(until(lambda: not groups._parked), 1)  # woken: it proposes its Acquire
+    drive(replica)
+    got = await asyncio.wait_for(waiting, 1)
+    assert [(d.granted.index, d.granted.deliveries) for d in got] == [(base + 1, 2)]
     replica.close()

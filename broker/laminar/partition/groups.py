@@ -220,7 +220,8 @@ class ConsumerGroups:
                     waiter.future.set_exception(
                         CommitLost(f"{self.raft.group}: another leader's entry took index {index}")
                     )
-        self._notify()
+        self._changed.notify()
+        self._wake_takers()
 
     def fail_all(self, why: str) -> None:
         """Leadership changed (or the replica closes): nothing proposed here will be answered
@@ -251,13 +252,40 @@ class ConsumerGroups:
         await self._changed.wait(timeout_s)
 
     def _notify(self) -> None:
-        """Something changed (a commit applied, records proposed, leadership): wake every
-        waiter; parked acquires look again."""
+        """Something changed for every waiter (leadership, closing, a snapshot installed):
+        wake them all; parked acquires look again."""
         self._changed.notify()
         parked, self._parked = self._parked, []
         for waiter in parked:
             if not waiter.handed.done():
                 waiter.handed.set_result(None)
+
+    def _wake(self, parked: _Parked) -> None:
+        """Wake one parked acquire: it looks again."""
+        self._parked.remove(parked)
+        parked.handed.set_result(None)
+
+    def _wake_takers(self) -> None:
+        """Commits were applied (records released, leases ended, room freed by settlements):
+        wake the parked acquires that now find something to take or to skip. The others
+        stay parked: woken, each would only pick nothing and park again, and on a busy
+        partition that was every parked acquire at every commit."""
+        if self.closed or self.closing or self.raft.role is not Role.LEADER:
+            self._notify()  # each raises what the acquire does
+            return
+        now = now_ms()
+        for parked in list(self._parked):
+            if parked.handed.done():
+                continue  # woken already, or gone (its request ended)
+            try:
+                records, malformed = self._pick(
+                    parked.group, parked.consumer, parked.max_messages, parked.max_bytes, now
+                )
+            except Exception:  # the acquire meets it again, and answers it
+                self._wake(parked)
+                continue
+            if records or malformed:
+                self._wake(parked)
 
     # ---- serving ---------------------------------------------------------------------------
 
@@ -345,10 +373,10 @@ class ConsumerGroups:
     def _hand_off(self) -> None:
         """Records were proposed: propose the Acquires of the parked acquires, oldest first,
         now (so that they join the records' round). Each is handed its Acquire, or the error
-        proposing it raised. Those with nothing to take (no room, or nothing left) are only
-        woken next, as the others; malformed records are left to the waiters themselves,
-        to skip."""
+        proposing it raised. Those with nothing to take (no room, or nothing left) stay
+        parked; those that met malformed records are woken, to skip them themselves."""
         if self.closed or self.closing or self.raft.role is not Role.LEADER:
+            self._notify()
             return
         now = now_ms()
         for parked in list(self._parked):
@@ -358,7 +386,10 @@ class ConsumerGroups:
                 records, malformed = self._pick(
                     parked.group, parked.consumer, parked.max_messages, parked.max_bytes, now
                 )
-                if malformed or not records:
+                if malformed:
+                    self._wake(parked)
+                    continue
+                if not records:
                     continue
                 proposed = self._propose_acquire(
                     parked.group, parked.consumer, records, parked.lease_ms, now
@@ -470,9 +501,9 @@ class ConsumerGroups:
 
     def on_records_proposed(self) -> None:
         """This leader proposed records: parked acquires take them at once (`_hand_off`),
-        the others look again."""
+        those that met malformed records look again."""
+        self._changed.notify()
         self._hand_off()
-        self._notify()
 
     def batch(self, index: int) -> StoredBatch | None:
         """The user-data batch holding `index` (None once retention removed it)."""
