@@ -221,7 +221,7 @@ class ConsumerGroups:
                         CommitLost(f"{self.raft.group}: another leader's entry took index {index}")
                     )
         self._changed.notify()
-        self._wake_takers()
+        self._serve_parked(propose=False)
 
     def fail_all(self, why: str) -> None:
         """Leadership changed (or the replica closes): nothing proposed here will be answered
@@ -264,28 +264,6 @@ class ConsumerGroups:
         """Wake one parked acquire: it looks again."""
         self._parked.remove(parked)
         parked.handed.set_result(None)
-
-    def _wake_takers(self) -> None:
-        """Commits were applied (records released, leases ended, room freed by settlements):
-        wake the parked acquires that now find something to take or to skip. The others
-        stay parked: woken, each would only pick nothing and park again, and on a busy
-        partition that was every parked acquire at every commit."""
-        if self.closed or self.closing or self.raft.role is not Role.LEADER:
-            self._notify()  # each raises what the acquire does
-            return
-        now = now_ms()
-        for parked in list(self._parked):
-            if parked.handed.done():
-                continue  # woken already, or gone (its request ended)
-            try:
-                records, malformed = self._pick(
-                    parked.group, parked.consumer, parked.max_messages, parked.max_bytes, now
-                )
-            except Exception:  # the acquire meets it again, and answers it
-                self._wake(parked)
-                continue
-            if records or malformed:
-                self._wake(parked)
 
     # ---- serving ---------------------------------------------------------------------------
 
@@ -370,11 +348,16 @@ class ConsumerGroups:
             if parked in self._parked:
                 self._parked.remove(parked)
 
-    def _hand_off(self) -> None:
-        """Records were proposed: propose the Acquires of the parked acquires, oldest first,
-        now (so that they join the records' round). Each is handed its Acquire, or the error
-        proposing it raised. Those with nothing to take (no room, or nothing left) stay
-        parked; those that met malformed records are woken, to skip them themselves."""
+    def _serve_parked(self, *, propose: bool) -> None:
+        """Look for each parked acquire, oldest first, at what a pick finds now. With
+        `propose` (records were just proposed), propose its Acquire of them at once and hand
+        it that, so that the Acquire joins the records' round; else (commits were applied:
+        records released, leases ended, room freed by settlements) wake it to take them
+        itself. Those that find nothing (no room, or nothing left) stay parked: on a busy
+        partition, waking every parked acquire at every commit had each pick nothing and park
+        again. Those that meet malformed records are woken, to skip them themselves; one whose
+        pick or proposal fails is handed the error, as its acquire would have raised it. A
+        replica closing or no longer leading wakes them all."""
         if self.closed or self.closing or self.raft.role is not Role.LEADER:
             self._notify()
             return
@@ -386,7 +369,7 @@ class ConsumerGroups:
                 records, malformed = self._pick(
                     parked.group, parked.consumer, parked.max_messages, parked.max_bytes, now
                 )
-                if malformed:
+                if malformed or (records and not propose):
                     self._wake(parked)
                     continue
                 if not records:
@@ -394,7 +377,7 @@ class ConsumerGroups:
                 proposed = self._propose_acquire(
                     parked.group, parked.consumer, records, parked.lease_ms, now
                 )
-            except Exception as e:  # as the acquire would have raised it itself
+            except Exception as e:
                 parked.handed.set_exception(e)
                 continue
             self._parked.remove(parked)
@@ -500,10 +483,9 @@ class ConsumerGroups:
         return None
 
     def on_records_proposed(self) -> None:
-        """This leader proposed records: parked acquires take them at once (`_hand_off`),
-        those that met malformed records look again."""
+        """This leader proposed records: parked acquires take them at once (`_serve_parked`)."""
         self._changed.notify()
-        self._hand_off()
+        self._serve_parked(propose=True)
 
     def batch(self, index: int) -> StoredBatch | None:
         """The user-data batch holding `index` (None once retention removed it)."""

@@ -826,7 +826,7 @@ class QueueSimulation(Simulation):
         return self.rng.randint(*LEASE_MS)
 
     def _on_records_proposed(self, node: SimNode, raft: Raft) -> None:
-        """As the broker's `ConsumerGroups._hand_off`: an idle consumer long-polling this
+        """As the broker's `ConsumerGroups._serve_parked`: an idle consumer long-polling this
         leader has its Acquire of the new records proposed now, behind them in the same
         Ready (so that both commit, or are lost, together)."""
         if self.quiet or self.rng.random() >= HAND_OFF_RATE:
