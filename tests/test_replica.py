@@ -222,9 +222,11 @@ async def test_a_parked_acquire_sleeps_through_commits_that_free_nothing_for_it(
     await asyncio.sleep(0)
     assert groups._parked == [parked] and not waiting.done()  # not woken
     released = groups.propose(Release("g", "b", (base + 1,)))
+    last = replica.raft.log.last_index()  # the Release
     drive(replica)
+    assert not groups._parked  # woken by its commit
     assert (await asyncio.wait_for(released, 1)).done == [base + 1]
-    await asyncio.wait_for(until(lambda: not groups._parked), 1)  # woken: it proposes its Acquire
+    await asyncio.wait_for(until(lambda: replica.raft.log.last_index() > last), 1)  # its Acquire
     drive(replica)
     got = await asyncio.wait_for(waiting, 1)
     assert [(d.granted.index, d.granted.deliveries) for d in got] == [(base + 1, 2)]
