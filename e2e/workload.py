@@ -113,8 +113,7 @@ def main() -> None:
         read(*args)
     else:
         sys.exit(f"unknown command {command!r}")
-    count = emitted
-    emit(lines=count)  # the end: a reader that lacks it, or some lines, got a cut copy
+    emit(lines=emitted)  # the end: a reader that lacks it, or some lines, got a cut copy
     if OUT_FILE is not None:
         OUT_FILE.close()
 
