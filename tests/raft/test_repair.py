@@ -1,17 +1,21 @@
 """Log repair (`HardState.repair_floor`): a node whose log lost entries it may have
 acknowledged does not campaign, votes as if its log still reached the floor, and fetches what
-it lost from its leader, or from any member when it knows none. In the style of
-test_paper.py: nodes over MemoryRaftStorage, messages stepped by hand or through Network."""
+it lost from its leader, or from any member when it knows none; stuck with no leader, it asks
+the voters where their logs end and lowers its floor once enough are short of it. In the style
+of test_paper.py: nodes over MemoryRaftStorage, messages stepped by hand or through Network."""
 
 from __future__ import annotations
 
 import random
 
 from laminar.raft import ConfState, HardState, MemoryRaftStorage, Raft, Role
+from laminar.raft.messages import ConfChange, ConfChangeKind, Message
+from laminar.raft.raft import REPAIR_PROBE
 
 from .test_paper import (
     ABC,
     CFG,
+    CHECK_QUORUM,
     ET,
     GROUP,
     MT,
@@ -19,8 +23,10 @@ from .test_paper import (
     Network,
     entries_with_terms,
     log_entries,
+    make_leader,
     memory_storage,
     msg,
+    new_raft,
     new_storage,
     of_type,
     persist,
@@ -144,3 +150,139 @@ def test_entries_from_a_member_never_replace_committed_ones() -> None:
         )
     )
     assert [e.term for e in log_entries(raft)] == [1, 1]
+
+
+def answer(src: str, term: int, position: tuple[int, int], **fields: object) -> Message:
+    """`src`'s answer to b's probe: its log ends at `position`, it has committed voters a, b
+    and c (unless `context` says otherwise)."""
+    fields.setdefault("context", REPAIR_PROBE + b"=a,b,c")
+    index, log_term = position
+    return msg(MT.REPAIR_RESP, src, "b", term, index=index, log_term=log_term, **fields)
+
+
+def test_a_repair_stuck_with_no_leader_probes_every_voter_in_the_next_term() -> None:
+    raft = repairing()
+    for _ in range(2 * ET - 1):
+        raft.tick()
+    assert not [m for m in of_type(persist(raft), MT.REPAIR) if m.context == REPAIR_PROBE]
+    for _ in range(ET):
+        raft.tick()
+    probes = [m for m in of_type(persist(raft), MT.REPAIR) if m.context == REPAIR_PROBE]
+    assert sorted({m.dst for m in probes}) == ["a", "c"]
+    assert {(m.term, m.index, m.log_term) for m in probes} == {(2, 1, 1)}
+    assert raft.term == 1  # the answers bring ours along: a probe nobody takes changes nothing
+
+
+def test_the_floor_comes_down_once_more_than_n_minus_q_voters_are_short_of_it() -> None:
+    """Three voters: a quorum holds, besides b, at least one other; with both others short
+    of the floor, nothing past the furthest of them was committed."""
+    raft = repairing()
+    raft.probe_term = 2
+    raft.step(answer("a", 2, (1, 1)))
+    assert raft.repair_floor == (3, 1) and raft.term == 2  # one answer of two needed
+    raft.step(answer("c", 2, (0, 1)))
+    assert raft.repair_floor is None  # down to (1, 1), where b's log ends
+    persist(raft)
+    assert memory_storage(raft).hard_state.repair_floor is None  # persisted
+
+
+def test_a_floor_lowered_past_the_log_waits_for_the_entries_up_to_it() -> None:
+    raft = repairing()
+    raft.probe_term = 2
+    raft.step(answer("a", 2, (2, 1)))
+    raft.step(answer("c", 2, (5, 0)))  # (5, 0) is behind (2, 1)
+    assert raft.repair_floor == (2, 1)  # b's log ends at (1, 1): it fetches (2, 1) from a
+
+
+def test_answers_that_cannot_vouch_for_their_log_do_not_count() -> None:
+    cases: list[tuple[str, int, dict[str, object]]] = [
+        ("repairing, or a configuration change pending", 2, {"reject": True}),
+        ("other voters committed", 2, {"context": REPAIR_PROBE + b"=a,b,c,d"}),
+        ("an older probe", 1, {}),
+    ]
+    for case, term, fields in cases:
+        raft = repairing()
+        raft.probe_term = 2
+        raft.step(answer("a", 2, (2, 1)))
+        raft.step(answer("c", term, (2, 1), **fields))
+        assert raft.repair_floor == (3, 1), case
+    raft = repairing()
+    raft.probe_term = 2
+    raft.step(answer("a", 2, (2, 1)))
+    raft.step(answer("c", 2, (3, 1)))  # c may lead, and repair b as Raft does
+    raft.step(answer("d", 2, (2, 1)))  # not a voter
+    assert raft.repair_floor == (3, 1)
+
+
+def test_a_member_answers_a_probe_with_its_log_end_and_its_voters() -> None:
+    c = Raft(GROUP, "c", new_storage(ABC, terms=(1, 1, 1), term=1), CFG, random.Random(1))
+    c.step(msg(MT.REPAIR, "b", "c", 2, index=1, log_term=1, context=REPAIR_PROBE))
+    (reply,) = of_type(persist(c), MT.REPAIR_RESP)
+    assert (reply.term, reply.index, reply.log_term, reply.reject) == (2, 2, 1, False)
+    assert reply.context == REPAIR_PROBE + b"=a,b,c" and not reply.entries
+    assert c.term == 2 and c.role is Role.FOLLOWER
+
+    # a configuration change in its log, not yet committed: it cannot vouch
+    leader = new_raft(voters=ABC)
+    make_leader(leader)
+    leader.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, "c"))
+    persist(leader)
+    leader.become_follower(leader.term, None)
+    leader.step(
+        msg(MT.REPAIR, "b", "a", leader.term + 1, index=0, log_term=0, context=REPAIR_PROBE)
+    )
+    (reply,) = of_type(persist(leader), MT.REPAIR_RESP)
+    assert reply.reject
+
+    # a member of a later term tells it, so that the next probe is in a term past it
+    c.step(msg(MT.REPAIR, "b", "c", 1, index=1, log_term=1, context=REPAIR_PROBE))
+    (reply,) = of_type(persist(c), MT.REPAIR_RESP)
+    assert (reply.term, reply.context) == (2, b"")
+
+
+def test_a_member_that_hears_its_leader_ignores_a_probe() -> None:
+    """As for a vote (leader stickiness): a probe never disrupts a working group."""
+    net = Network.build(config=CHECK_QUORUM)
+    net.elect("a")
+    term = net["a"].term
+    net["c"].step(msg(MT.REPAIR, "b", "c", term + 1, index=0, log_term=0, context=REPAIR_PROBE))
+    assert net["c"].term == term and not persist(net["c"])
+
+
+def test_a_two_voter_group_recovers_when_the_damaged_voter_alone_held_the_lost_entries() -> None:
+    """b led, wrote entries a never got, and lost them to damage on disk: a cannot win
+    without b's vote, which the floor withholds, and b does not campaign. b's probe finds a
+    short of the floor; they were never committed, and the group elects a leader again,
+    committed entries intact."""
+    net = Network.build(voters=("a", "b"))
+    net.elect("b")
+    net.propose("b", 2)
+    committed = log_entries(net["b"])
+    assert net["b"].log.committed == committed[-1].index
+    net.isolate("b")
+    net.propose("b", 3)  # only b holds these
+    storage, floor = damaged_storage(net["b"], cut=committed[-1].index + 1, voters=("a", "b"))
+    net.nodes["b"] = Raft(GROUP, "b", storage, CFG, random.Random(9))
+    net.heal()
+    net.tick(ET)
+    assert all(raft.role is not Role.LEADER for raft in net.nodes.values())  # stuck so far
+    assert net["b"].repair_floor == floor
+    net.tick(4 * ET)
+    leaders = [raft for raft in net.nodes.values() if raft.role is Role.LEADER]
+    assert len(leaders) == 1 and net["b"].repair_floor is None
+    assert log_entries(leaders[0])[: len(committed)] == committed
+
+
+def test_an_entry_after_a_configuration_change_commits_with_a_quorum_of_both() -> None:
+    """c's removal and an entry after it, acknowledged by a and c only: the removal commits
+    (a quorum of a, b, c), the entry waits for b (a quorum of a, b), so that no commit
+    rests on the removed voter alone."""
+    leader = new_raft(voters=ABC)
+    make_leader(leader)
+    removal = leader.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, "c"))
+    data = leader.propose(b"x", 1)
+    persist(leader)
+    leader.step(msg(MT.APPEND_RESP, "c", "a", leader.term, index=data))
+    assert leader.log.committed == removal and leader.conf == ConfState(("a", "b"))
+    leader.step(msg(MT.APPEND_RESP, "b", "a", leader.term, index=data))
+    assert leader.log.committed == data

@@ -38,7 +38,7 @@ from ..log.batch import BatchHeader, decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
 from ..log.segmented_log import LogWrite, SegmentedLog
 from ..log.storage import Directory, DirectWrite, Storage
-from .messages import ConfState, Entry, EntryKind, HardState, Snapshot
+from .messages import ConfState, Entry, EntryKind, HardState, Snapshot, up_to_date_order
 from .storage import StorageUnavailable
 
 STATE_FILE = "raft.state"
@@ -518,12 +518,6 @@ class Flush:
         """On the event loop once `run` returned: the entries are part of the log."""
         if self._write is not None:
             self._write.publish()
-
-
-def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:
-    """(index, term) pairs ordered as Raft compares logs: by term, then by index."""
-    index, term = position
-    return term, index
 
 
 def _durable(hs: HardState) -> tuple[object, ...]:

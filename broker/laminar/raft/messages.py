@@ -146,3 +146,9 @@ class Message:
     snapshot: Snapshot | None = None
     #: HEARTBEATS / HEARTBEATS_RESP: the per-group messages folded into this one
     batch: tuple[Message, ...] = field(default=())
+
+
+def up_to_date_order(position: tuple[int, int]) -> tuple[int, int]:
+    """(index, term) pairs ordered as Raft compares logs: by term, then by index."""
+    index, term = position
+    return term, index

@@ -29,7 +29,15 @@ term: written by a leader elected without this node's vote, which holds them all
 there it sends REPAIR (where its log ends) to its leader, which stops counting what was lost
 and sends it again, or, with no leader known, to every member, which answers REPAIR_RESP with
 the entries its own log holds after that point (a leaderless group can so recover an entry
-only a damaged node and one other held).
+only a damaged node and one other held). Entries that only the damaged node held are in no
+other log: with no leader heard for two election timeouts it probes the voters in the next
+term (REPAIR with context `probe`; each adopts the term, unless it hears a leader) for where
+their logs end, and once more than N - Q of the others (N voters, quorum Q) answer short of
+the floor, none of them repairing or with a configuration change pending, the floor comes
+down to the furthest answer: nothing past it of an earlier term is committed, or ever will be
+(`_lower_floor` argues it; `_maybe_commit` counts an entry after a configuration change with
+a quorum of the voters on both sides of it, which the argument needs). A majority of voters
+damaged at once still leaves the group without a leader rather than lose data.
 
 Quiescence (after CockroachDB's). A group with nothing to do costs nothing: a leader whose
 log is committed, persisted and held by every member the failure detector counts live, with
@@ -81,6 +89,7 @@ from .messages import (
     Message,
     MessageType,
     Snapshot,
+    up_to_date_order,
 )
 from .progress import Progress, ProgressState
 from .raft_log import RaftLog
@@ -88,6 +97,9 @@ from .storage import RaftStorage, StorageUnavailable, stored_entries
 
 MT = MessageType
 CAMPAIGN_TRANSFER = b"transfer"
+#: the context of a REPAIR that asks every voter where its log ends (`_probe_repair`); an
+#: answer's is this, "=" and the voters it has committed, comma-separated
+REPAIR_PROBE = b"probe"
 #: an `eager` node knowing no leader campaigns after this many ticks
 EAGER_TICKS = 2
 
@@ -187,6 +199,10 @@ class Raft:
         self.repair_floor = hard_state.repair_floor
         self.joining = hard_state.joining
         self.repair_elapsed = 0
+        #: a stuck repair's probe: its term, and the answers (voter -> where its log ends)
+        self.probe_term = -1
+        self.unled_ticks = 0  # ticks since a leader was last heard, while repairing
+        self.probe_answers: dict[str, tuple[int, int]] = {}
         #: whom a repairing node asks when it knows no leader: every member it knew (one
         #: removed since may be the only other holder of what it lost)
         self.repair_peers = set(hard_state.conf.members()) | set(snapshot.conf.members())
@@ -458,7 +474,12 @@ class Raft:
 
     def _tick_repair(self) -> None:
         """Ask for what the log lost, every half election timeout: the leader, or with none
-        known every other member."""
+        known every other member; with no leader heard for two election timeouts, probe
+        the voters (`_probe_repair`)."""
+        self.unled_ticks += 1
+        if self.unled_ticks >= 2 * self.config.election_ticks:
+            self.unled_ticks = 0
+            self._probe_repair()
         self.repair_elapsed += 1
         if self.repair_elapsed < max(1, self.config.election_ticks // 2):
             return
@@ -468,6 +489,82 @@ class Raft:
         for node in (self.lead,) if self.lead is not None else sorted(self.repair_peers):
             if node != self.id:
                 self._send(self._msg(MT.REPAIR, node, index=last_index, log_term=last_term))
+
+    def _probe_repair(self) -> None:
+        """No leader heard for two election timeouts while repairing: perhaps no other voter
+        holds what the floor asks for. Ask every other voter where its log ends, in the next
+        term (which each adopts unless it hears a leader, as for a vote; ours follows with
+        the answers): see `_lower_floor`."""
+        if self.id not in self.conf.voters or len(self.conf.voters) == 1:
+            return
+        self.probe_term = self.term + 1
+        self.probe_answers = {}
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        for node in self.conf.voters:
+            if node != self.id:
+                self._send(
+                    self._msg(
+                        MT.REPAIR,
+                        node,
+                        term=self.probe_term,
+                        index=last_index,
+                        log_term=last_term,
+                        context=REPAIR_PROBE,
+                    )
+                )
+
+    def _answer_probe(self, m: Message) -> None:
+        """Where our log ends, in the probe's term (adopted in `step`), and the voters we have
+        committed; `reject` when we cannot vouch for it: we are repairing too, or a
+        configuration change is in our log uncommitted."""
+        log = self.log
+        self._send(
+            self._msg(
+                MT.REPAIR_RESP,
+                m.src,
+                index=log.last_index(),
+                log_term=log.last_term(),
+                reject=self.repair_floor is not None or bool(self.pending_confs),
+                context=self._probe_context(),
+            )
+        )
+
+    def _probe_context(self) -> bytes:
+        return REPAIR_PROBE + b"=" + ",".join(self.conf.voters).encode()
+
+    def _lower_floor(self, m: Message) -> None:
+        """An answer to our probe. Once more than N - Q other voters (N voters, quorum Q)
+        answered in the probe's term, none repairing or with a configuration change pending,
+        all with our voters committed and all short of the floor, the floor comes down to
+        the furthest of them: no entry past it of a term before the probe's is committed, or
+        ever will be.
+
+        Why. Such an entry e is committed only once a quorum of the voters in force at it
+        acknowledged it in its own term (`_maybe_commit` counts an entry after a
+        configuration change with the new voters too), and those are our voters: each
+        answerer holds the entry that made them, and a later change of voters, committed
+        before e, would be held by one of the answerers, which would have reported it
+        pending or other voters. That quorum holds, besides us, at least Q - 1 others; with
+        more than N - Q answerers among the N - 1 others, one answerer A acknowledged e.
+        A did so before answering (from then on its term is past e's). A committed entry is
+        never cut by a later leader (each holds it, by Raft's election rule and, for us,
+        our floor, in force until now), and A is not repairing: so A still held e when it
+        answered, and answered at least e. A contradiction: e is no further than the
+        furthest answer. Entries of the probe's term or later are acknowledged only by
+        holders, as Raft's are: the floor has nothing to keep for them."""
+        floor = self.repair_floor
+        voters = self.conf.voters
+        if floor is None or m.term != self.probe_term or m.reject or self.id not in voters:
+            return
+        if m.src not in voters or m.context != self._probe_context():
+            return
+        position = (m.index, m.log_term)
+        if up_to_date_order(position) >= up_to_date_order(floor):
+            return  # it may lead, and repair us as Raft does
+        self.probe_answers[m.src] = position
+        if len(self.probe_answers) > len(voters) - self._quorum():
+            self.repair_floor = max(self.probe_answers.values(), key=up_to_date_order)
+            self._maybe_repaired()
 
     def _promotable(self) -> bool:
         # a repairing node may not lead, unless it is the only voter (nobody to repair from)
@@ -519,8 +616,9 @@ class Raft:
         self._touch()
         if self.quiesced and self._wakes(m):
             self.wake(ping=m.src != self.lead)
+        probe = m.type is MT.REPAIR and m.context == REPAIR_PROBE
         if m.term > self.term:
-            if m.type in (MT.VOTE, MT.PRE_VOTE):
+            if m.type in (MT.VOTE, MT.PRE_VOTE) or probe:
                 in_lease = (
                     self.config.check_quorum
                     and self.lead is not None
@@ -544,6 +642,8 @@ class Raft:
                 self._send(self._msg(MT.APPEND_RESP, m.src))
             elif m.type is MT.PRE_VOTE:
                 self._send(self._msg(MT.PRE_VOTE_RESP, m.src, reject=True))
+            elif probe:
+                self._send(self._msg(MT.REPAIR_RESP, m.src))  # our term, for its next probe
             return
 
         if m.type in (MT.VOTE, MT.PRE_VOTE):
@@ -615,6 +715,9 @@ class Raft:
             if progress is not None:
                 self._append_later(m.src)
             return
+        if m.context == REPAIR_PROBE:
+            self._answer_probe(m)
+            return
         if m.index >= log.last_index():
             return
         if m.index < log.first_index() - 1:
@@ -645,6 +748,9 @@ class Raft:
         them committed (so that configuration changes among them take effect: a node that
         was removed meanwhile learns it and does not campaign)."""
         log = self.log
+        if m.context.startswith(REPAIR_PROBE):
+            self._lower_floor(m)
+            return
         if self.repair_floor is None:
             return
         if m.snapshot is not None:
@@ -683,7 +789,7 @@ class Raft:
 
     def _step_follower(self, m: Message) -> None:
         if m.type in (MT.APPEND, MT.HEARTBEAT, MT.SNAPSHOT):
-            self.defer_ticks = 0  # a leader is heard
+            self.defer_ticks = self.unled_ticks = 0  # a leader is heard
         if m.type is MT.APPEND:
             self.election_elapsed = 0
             self.lead = m.src
@@ -961,12 +1067,26 @@ class Raft:
             self._send(self._msg(MT.READ_INDEX_RESP, requester, index=index, context=context))
 
     def _maybe_commit(self) -> bool:
-        matches = sorted((self.progress[n].match for n in self.conf.voters), reverse=True)
-        quorum_index = matches[self._quorum() - 1]
+        # An entry after a configuration change in the log commits once a quorum of the
+        # voters before it and of those after it hold it (so a commit that crosses a change
+        # never rests on voters it removed alone, as `_lower_floor` needs).
+        conf = self.conf
+        quorum_index = self._quorum_match(conf.voters)
+        for index in sorted(self.pending_confs):
+            if index >= quorum_index:
+                break
+            conf = conf.apply(self.pending_confs[index])
+            quorum_index = max(index, min(quorum_index, self._quorum_match(conf.voters)))
         # Only entries of the current term commit by counting replicas (§5.4.2).
         if quorum_index > self.log.committed and self.log.term(quorum_index) == self.term:
             return self._commit_to(quorum_index)
         return False
+
+    def _quorum_match(self, voters: tuple[str, ...]) -> int:
+        """The highest index that a quorum of `voters` holds."""
+        progress = self.progress
+        matches = sorted((progress[n].match if n in progress else -1 for n in voters), reverse=True)
+        return matches[len(voters) // 2] if matches else -1
 
     def _commit_to(self, index: int) -> bool:
         if not self.log.commit_to(index):

@@ -21,7 +21,8 @@ from typing import TypeVar
 
 from ..log.errors import CorruptBatchError
 from .config import RaftConfig
-from .log_storage import LogStorage, up_to_date_order
+from .log_storage import LogStorage
+from .messages import up_to_date_order
 from .raft import Raft, scan_pending_confs
 from .storage import StorageUnavailable
 
