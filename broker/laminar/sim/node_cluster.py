@@ -171,8 +171,8 @@ class NodeSimulation(Simulation):
     ) -> None:
         """`transactions`: run the transactional workload (`laminar.sim.txn_workload`; it
         needs the topic's partitions 0 to 5). By default only with one worker a broker: with
-        two, seed 2 then meets a liveness gap of log repair that no transaction causes (a
-        two-voter group whose damaged voter lost entries only it held waits for ever; see
+        two, its order of events makes seeds 37, 46 and 74 of 0:100 stop a worker for good
+        (`_change_workers`) that was one of a group's last two live voters (see
         docs/transactions.md, "The simulator")."""
         if transactions is None:
             transactions = workers == 1
