@@ -30,14 +30,15 @@ there it sends REPAIR (where its log ends) to its leader, which stops counting w
 and sends it again, or, with no leader known, to every member, which answers REPAIR_RESP with
 the entries its own log holds after that point (a leaderless group can so recover an entry
 only a damaged node and one other held). Entries that only the damaged node held are in no
-other log: with no leader heard for two election timeouts it probes the voters in the next
+other log: with no leader heard for two election timeouts it probes the members in the next
 term (REPAIR with context `probe`; each adopts the term, unless it hears a leader) for where
-their logs end, and once more than N - Q of the others (N voters, quorum Q) answer short of
-the floor, none of them repairing or with a configuration change pending, the floor comes
-down to the furthest answer: nothing past it of an earlier term is committed, or ever will be
-(`_lower_floor` argues it; `_maybe_commit` counts an entry after a configuration change with
-a quorum of the voters on both sides of it, which the argument needs). A majority of voters
-damaged at once still leaves the group without a leader rather than lose data.
+their logs end and which voters they know of. Once, in every voter set reported (committed,
+or after a change pending in a log), more than N - Q of the others (N voters, quorum Q)
+answer short of the floor, none of them repairing, the floor comes down to the furthest
+answer: nothing past it of an earlier term is committed, or ever will be (`_lower_floor`
+argues it; `_maybe_commit` counts an entry after a configuration change with a quorum of the
+voters on both sides of it, which the argument needs). A majority of voters damaged at once
+still leaves the group without a leader rather than lose data.
 
 Quiescence (after CockroachDB's). A group with nothing to do costs nothing: a leader whose
 log is committed, persisted and held by every member the failure detector counts live, with
@@ -111,8 +112,9 @@ from .storage import RaftStorage, StorageUnavailable, stored_entries
 
 MT = MessageType
 CAMPAIGN_TRANSFER = b"transfer"
-#: the context of a REPAIR that asks every voter where its log ends (`_probe_repair`); an
-#: answer's is this, "=" and the voters it has committed, comma-separated
+#: the context of a REPAIR that asks the members where their logs end (`_probe_repair`); an
+#: answer's is this, "=" and the voters it has committed, then those after each configuration
+#: change its log holds uncommitted: ids comma-separated, configurations ";"-separated
 REPAIR_PROBE = b"probe"
 #: an `eager` node knowing no leader campaigns after this many ticks
 EAGER_TICKS = 2
@@ -223,10 +225,11 @@ class Raft:
         self.repair_floor = hard_state.repair_floor
         self.joining = hard_state.joining
         self.repair_elapsed = 0
-        #: a stuck repair's probe: its term, and the answers (voter -> where its log ends)
+        #: a stuck repair's probe: its term, and the answers (member -> where its log ends,
+        #: and its voters: those committed, then those after each change pending in its log)
         self.probe_term = -1
         self.unled_ticks = 0  # ticks since a leader was last heard, while repairing
-        self.probe_answers: dict[str, tuple[int, int]] = {}
+        self.probe_answers: dict[str, tuple[tuple[int, int], list[tuple[str, ...]]]] = {}
         #: whom a repairing node asks when it knows no leader: every member it knew (one
         #: removed since may be the only other holder of what it lost)
         self.repair_peers = set(hard_state.conf.members()) | set(snapshot.conf.members())
@@ -536,15 +539,16 @@ class Raft:
 
     def _probe_repair(self) -> None:
         """No leader heard for two election timeouts while repairing: perhaps no other voter
-        holds what the floor asks for. Ask every other voter where its log ends, in the next
-        term (which each adopts unless it hears a leader, as for a vote; ours follows with
-        the answers): see `_lower_floor`."""
+        holds what the floor asks for. Ask every member we knew where its log ends, in the
+        next term (which each adopts unless it hears a leader, as for a vote; ours follows
+        with the answers): see `_lower_floor`."""
         if self.id not in self.conf.voters or len(self.conf.voters) == 1:
             return
         self.probe_term = self.term + 1
         self.probe_answers = {}
         last_index, last_term = self.log.last_index(), self.log.last_term()
-        for node in self.conf.voters:
+        self.repair_peers |= set(self.conf.members())
+        for node in sorted(self.repair_peers):
             if node != self.id:
                 self._send(
                     self._msg(
@@ -558,57 +562,67 @@ class Raft:
                 )
 
     def _answer_probe(self, m: Message) -> None:
-        """Where our log ends, in the probe's term (adopted in `step`), and the voters we have
-        committed; `reject` when we cannot vouch for it: we are repairing too, or a
-        configuration change is in our log uncommitted."""
+        """Where our log ends, in the probe's term (adopted in `step`), our voters committed
+        and those after each change pending in our log; `reject` when we cannot vouch for
+        our log: we are repairing too."""
         log = self.log
+        conf, chain = self.conf, [self.conf.voters]
+        for index in sorted(self.pending_confs):
+            conf = conf.apply(self.pending_confs[index])
+            chain.append(conf.voters)
         self._send(
             self._msg(
                 MT.REPAIR_RESP,
                 m.src,
                 index=log.last_index(),
                 log_term=log.last_term(),
-                reject=self.repair_floor is not None or bool(self.pending_confs),
-                context=self._probe_context(),
+                reject=self.repair_floor is not None,
+                context=REPAIR_PROBE + b"=" + ";".join(",".join(v) for v in chain).encode(),
             )
         )
 
-    def _probe_context(self) -> bytes:
-        return REPAIR_PROBE + b"=" + ",".join(self.conf.voters).encode()
-
     def _lower_floor(self, m: Message) -> None:
-        """An answer to our probe. Once more than N - Q other voters (N voters, quorum Q)
-        answered in the probe's term, none repairing or with a configuration change pending,
-        all with our voters committed and all short of the floor, the floor comes down to
-        the furthest of them: no entry past it of a term before the probe's is committed, or
-        ever will be.
+        """An answer to our probe. Let the voter sets be ours, those each answerer has
+        committed, and those after each configuration change pending in its log. Once, in
+        each voter set of N voters and quorum Q, more than N - Q members other than us
+        answered in the probe's term, none repairing and each short of the floor, the floor
+        comes down to the furthest answer: no entry past it of a term before the probe's is
+        committed, or ever will be.
 
-        Why. Such an entry e is committed only once a quorum of the voters in force at it
-        acknowledged it in its own term (`_maybe_commit` counts an entry after a
-        configuration change with the new voters too), and those are our voters: each
-        answerer holds the entry that made them, and a later change of voters, committed
-        before e, would be held by one of the answerers, which would have reported it
-        pending or other voters. That quorum holds, besides us, at least Q - 1 others; with
-        more than N - Q answerers among the N - 1 others, one answerer A acknowledged e.
-        A did so before answering (from then on its term is past e's). A committed entry is
-        never cut by a later leader (each holds it, by Raft's election rule and, for us,
-        our floor, in force until now), and A is not repairing: so A still held e when it
-        answered, and answered at least e. A contradiction: e is no further than the
-        furthest answer. Entries of the probe's term or later are acknowledged only by
-        holders, as Raft's are: the floor has nothing to keep for them."""
+        Why. An entry e is committed only once a quorum of the voters in force at it (those
+        the changes before it in the log make) acknowledged it in its own term
+        (`_maybe_commit` counts an entry after a change with the voters on both sides of it).
+        Those voters are among the sets: an entry before the furthest change an answerer has
+        committed is no further than that answerer's answer; and each later change, committed
+        by a quorum of the voters before it, is held by an answerer (below), which reports it
+        pending. A quorum holds, besides us, at least Q - 1 others; with more than N - Q
+        answerers among the N - 1 others, one answerer A acknowledged e. A did so before
+        answering (from then on its term is past e's). A committed entry is never cut by a
+        later leader (each holds it, by Raft's election rule and, for us, our floor, in force
+        until now), and A is not repairing: so A still held e when it answered, and answered
+        at least e. So e is no further than the furthest answer. Entries of the probe's term
+        or later are acknowledged only by holders, as Raft's are: the floor has nothing to
+        keep for them."""
         floor = self.repair_floor
-        voters = self.conf.voters
-        if floor is None or m.term != self.probe_term or m.reject or self.id not in voters:
-            return
-        if m.src not in voters or m.context != self._probe_context():
+        if floor is None or m.term != self.probe_term or m.reject:
             return
         position = (m.index, m.log_term)
         if up_to_date_order(position) >= up_to_date_order(floor):
             return  # it may lead, and repair us as Raft does
-        self.probe_answers[m.src] = position
-        if len(self.probe_answers) > len(voters) - self._quorum():
-            self.repair_floor = max(self.probe_answers.values(), key=up_to_date_order)
-            self._maybe_repaired()
+        answered = m.context[len(REPAIR_PROBE) + 1 :].decode(errors="replace")
+        chain = [tuple(voters.split(",")) for voters in answered.split(";") if voters]
+        self.probe_answers[m.src] = (position, chain)
+        voter_sets = {self.conf.voters}
+        for _, answered_chain in self.probe_answers.values():
+            voter_sets.update(answered_chain)
+        for voters in voter_sets:
+            others = sum(1 for node in voters if node != self.id and node in self.probe_answers)
+            if others <= len(voters) - (len(voters) // 2 + 1):
+                return
+        self.repair_floor = max(
+            (answer for answer, _ in self.probe_answers.values()), key=up_to_date_order
+        )
+        self._maybe_repaired()
 
     def _promotable(self) -> bool:
         # a repairing node may not lead, unless it is the only voter (nobody to repair from)
