@@ -244,6 +244,15 @@ def test_a_member_answers_a_probe_with_its_log_end_and_its_voters() -> None:
     (reply,) = of_type(persist(leader), MT.REPAIR_RESP)
     assert reply.context == REPAIR_PROBE + b"=a,b,c;a,b" and not reply.reject
 
+    # a member that joins (created anew, perhaps after its removal) cannot vouch for its log
+    storage = new_storage(ABC, term=1)
+    hard = storage.hard_state
+    storage.set_hard_state(HardState(hard.term, hard.vote, hard.commit, hard.conf, joining=True))
+    joining = Raft(GROUP, "c", storage, CFG, random.Random(1))
+    joining.step(msg(MT.REPAIR, "b", "c", 2, index=1, log_term=1, context=REPAIR_PROBE))
+    (reply,) = of_type(persist(joining), MT.REPAIR_RESP)
+    assert reply.reject
+
     # a member of a later term tells it, so that the next probe is in a term past it
     c.step(msg(MT.REPAIR, "b", "c", 1, index=1, log_term=1, context=REPAIR_PROBE))
     (reply,) = of_type(persist(c), MT.REPAIR_RESP)

@@ -34,11 +34,11 @@ other log: with no leader heard for two election timeouts it probes the members 
 term (REPAIR with context `probe`; each adopts the term, unless it hears a leader) for where
 their logs end and which voters they know of. Once, in every voter set reported (committed,
 or after a change pending in a log), more than N - Q of the others (N voters, quorum Q)
-answer short of the floor, none of them repairing, the floor comes down to the furthest
-answer: nothing past it of an earlier term is committed, or ever will be (`_lower_floor`
-argues it; `_maybe_commit` counts an entry after a configuration change with a quorum of the
-voters on both sides of it, which the argument needs). A majority of voters damaged at once
-still leaves the group without a leader rather than lose data.
+answer short of the floor, none of them repairing or joining, the floor comes down to the
+furthest answer: nothing past it of an earlier term is committed, or ever will be
+(`_lower_floor` argues it; `_maybe_commit` counts an entry after a configuration change with
+a quorum of the voters on both sides of it, which the argument needs). A majority of voters
+damaged at once still leaves the group without a leader rather than lose data.
 
 Quiescence (after CockroachDB's). A group with nothing to do costs nothing: a leader whose
 log is committed, persisted and held by every member the failure detector counts live, with
@@ -564,7 +564,8 @@ class Raft:
     def _answer_probe(self, m: Message) -> None:
         """Where our log ends, in the probe's term (adopted in `step`), our voters committed
         and those after each change pending in our log; `reject` when we cannot vouch for
-        our log: we are repairing too."""
+        our log: we are repairing too, or joining (perhaps created anew after a removal, by
+        a stale message, with nothing of what the old replica acknowledged)."""
         log = self.log
         conf, chain = self.conf, [self.conf.voters]
         for index in sorted(self.pending_confs):
@@ -576,7 +577,7 @@ class Raft:
                 m.src,
                 index=log.last_index(),
                 log_term=log.last_term(),
-                reject=self.repair_floor is not None,
+                reject=self.repair_floor is not None or self.joining,
                 context=REPAIR_PROBE + b"=" + ";".join(",".join(v) for v in chain).encode(),
             )
         )
@@ -585,9 +586,9 @@ class Raft:
         """An answer to our probe. Let the voter sets be ours, those each answerer has
         committed, and those after each configuration change pending in its log. Once, in
         each voter set of N voters and quorum Q, more than N - Q members other than us
-        answered in the probe's term, none repairing and each short of the floor, the floor
-        comes down to the furthest answer: no entry past it of a term before the probe's is
-        committed, or ever will be.
+        answered in the probe's term, none repairing or joining, each short of the floor,
+        the floor comes down to the furthest answer: no entry past it of a term before the
+        probe's is committed, or ever will be.
 
         Why. An entry e is committed only once a quorum of the voters in force at it (those
         the changes before it in the log make) acknowledged it in its own term
