@@ -455,6 +455,7 @@ class NodeCore:
         )
         self._opened(replica)
         self.replicas[replica.group] = replica
+        replica.on_commit_wanted = self.wake
         if replica.groups is not None:
             replica.groups.on_propose = self.wake
             replica.groups.on_malformed = partial(self.report_malformed, replica.group)

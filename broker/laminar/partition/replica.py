@@ -172,6 +172,10 @@ class Replica:
         self.pending: dict[int, PendingAppend] = {}  # base index -> waiting append
         self.pending_bytes = 0
         self._committed = Signal()  # long-polling readers wait on it
+        self._readers = 0  # readers in `wait_for`: while any, the leader tells each commit
+        self.raft.commit_wanted = self._has_readers
+        #: wakes the node's driver, to send what `Raft.ask_for_commits` queued
+        self.on_commit_wanted: Callable[[], None] = _nothing
         self._led_term = -1  # the term this replica last led in (its producer table's)
         self.groups = ConsumerGroups(self.raft, self.log, applier) if applier else None
         self.closed = False
@@ -378,10 +382,19 @@ class Replica:
         the replica is closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while index >= self.readable_end(committed=committed) and not self.closed:
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await self._committed.wait(remaining):
-                return
+        self._readers += 1
+        try:
+            while index >= self.readable_end(committed=committed) and not self.closed:
+                remaining = deadline - loop.time()
+                if self.raft.ask_for_commits():  # a follower told of commits lazily so far
+                    self.on_commit_wanted()
+                if remaining <= 0 or not await self._committed.wait(remaining):
+                    return
+        finally:
+            self._readers -= 1
+
+    def _has_readers(self) -> bool:
+        return self._readers > 0
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -406,6 +419,10 @@ class Replica:
 
 
 def _ignore_damage(replica: Replica, index: int) -> None:
+    pass
+
+
+def _nothing() -> None:
     pass
 
 

@@ -14,6 +14,7 @@ class ProgressState(IntEnum):
 
 class Progress:
     __slots__ = (
+        "commit_notices",
         "inflight",
         "is_learner",
         "match",
@@ -35,6 +36,9 @@ class Progress:
         self.pending_snapshot = -1
         self.snapshot_ticks = 0  # heartbeats since the snapshot was sent
         self.is_learner = is_learner
+        #: whether the follower wants to be told of each commit at once (its answers say:
+        #: `laminar.raft.raft`, "Commit notices on demand"); until it answers, it does
+        self.commit_notices = True
 
     def become_probe(self) -> None:
         if self.state is ProgressState.SNAPSHOT:

@@ -62,6 +62,20 @@ that answered first: 12 % of the frames, bench/RESULTS.md.) An append that does 
 answered (rejected) as any other. Safety does not depend on it: the leader neither waits for
 nor counts such an answer.
 
+Commit notices on demand. A follower tells its leader, in each answer to an append or a
+heartbeat, whether it wants to be told of each commit at once (`commit_wanted`, given by the
+node: a partition replica wants them while a reader waits on it for a commit): its answer
+carries its commit index then, and `NO_COMMIT_NOTICES` otherwise (a broker that predates this
+sends -1, and is treated as wanting them). When an answer moves the commit index, the leader
+sends the commit-only append of "Quiet commit appends" only to the followers that want one;
+the others learn the commit with their next entries or the next heartbeat (every tick, or the
+one a quiescing leader sends last). A follower that starts wanting them after saying it did
+not asks at once (`ask_for_commits`: a heartbeat answer with its commit index), and a leader
+answers an answer whose commit index is behind its own with an append. At RF 3 nothing read
+from followers in the issue's benches, and each append cost each follower a message and a
+round of its own for the commit (bench/RESULTS.md, issue 22, twenty-third sitting). Safety
+does not depend on it: a follower's commit index only ever lags the leader's.
+
 Owed appends. What a leader's inputs ask to send a follower (a proposal's entries, a commit
 an answer made, a refill of the window an answer freed, a probe) is owed, not sent at once,
 and goes out at the next `ready()`: each follower gets its unsent entries in one append (more
@@ -141,6 +155,16 @@ class Ready:
 
 def _always_live(node: str) -> bool:
     return True
+
+
+def _always() -> bool:
+    return True
+
+
+#: an answer's `commit` when its follower does not want each commit told at once
+NO_COMMIT_NOTICES = -2
+#: the answers that say whether their follower wants commit notices
+_ANSWERS = frozenset({MessageType.APPEND_RESP, MessageType.HEARTBEAT_RESP})
 
 
 class GroupHooks:
@@ -235,6 +259,10 @@ class Raft:
         #: ticks left during which a follower knowing no leader starts no election
         self.defer_ticks = 0
         self.hooks: GroupHooks | None = None
+        #: whether this node, following, wants each commit told at once ("Commit notices on
+        #: demand"); and what its last answer to its leader said
+        self.commit_wanted: Callable[[], bool] = _always
+        self._told_wanted = True
         self._prev_hard = hard_state
         self._applied_commit = self.log.committed
         self._apply_committed_confs()
@@ -293,7 +321,23 @@ class Raft:
 
     def _msg(self, type_: MessageType, to: str, **fields: object) -> Message:
         fields.setdefault("term", self.term)
+        if type_ in _ANSWERS and "commit" not in fields:
+            wanted = self._told_wanted = self.commit_wanted()
+            fields["commit"] = self.log.committed if wanted else NO_COMMIT_NOTICES
         return Message(type_, self.group, self.id, to, **fields)  # type: ignore[arg-type]
+
+    def ask_for_commits(self) -> bool:
+        """`commit_wanted` holds from now on: a follower whose last answer said it did not
+        want commit notices tells its leader at once (a heartbeat answer with its commit
+        index), and is sent the commit if it is behind ("Commit notices on demand"). Whether
+        it queued that message."""
+        lead = self.lead
+        if self._told_wanted or self.role is Role.LEADER or lead is None or lead == self.id:
+            return False
+        self._told_wanted = True
+        self._touch()
+        self._send(self._msg(MT.HEARTBEAT_RESP, lead, commit=self.log.committed))
+        return True
 
     def _reset_randomized_timeout(self) -> None:
         ticks = self.config.election_ticks
@@ -458,7 +502,7 @@ class Raft:
         if m.reject:
             return True
         if m.type is MT.HEARTBEAT_RESP:
-            return bool(m.context)
+            return bool(m.context) or 0 <= m.commit < self.log.committed
         if m.type is MT.APPEND_RESP:
             progress = self.progress.get(m.src)
             return progress is None or m.index > progress.match
@@ -900,6 +944,7 @@ class Raft:
             return
         if m.type is MT.APPEND_RESP:
             progress.recent_active = True
+            progress.commit_notices = m.commit != NO_COMMIT_NOTICES
             if m.reject:
                 hint = m.reject_hint
                 if m.log_term > 0:
@@ -922,7 +967,7 @@ class Raft:
                     progress.become_probe()
                     progress.become_replicate()
                 if self._maybe_commit():
-                    self._broadcast_append()
+                    self._announce_commit()
                 elif progress.match < self.log.last_index():
                     self._append_later(m.src)
                 if m.src == self.transferee and progress.match == self.log.last_index():
@@ -932,13 +977,14 @@ class Raft:
                 self._append_later(m.src, if_empty=False)
         elif m.type is MT.HEARTBEAT_RESP:
             progress.recent_active = True
+            progress.commit_notices = m.commit != NO_COMMIT_NOTICES
             progress.probe_sent = False
             if (
                 progress.state is ProgressState.REPLICATE
                 and len(progress.inflight) >= self.config.max_inflight_appends
             ):
                 progress.inflight.popleft()  # an append may be lost: let one more through
-            if progress.match < self.log.last_index():
+            if progress.match < self.log.last_index() or 0 <= m.commit < self.log.committed:
                 self._append_later(m.src)
             if m.context:
                 self._ack_read(m.context, m.src)
@@ -1132,6 +1178,15 @@ class Raft:
                 self.transferee = None
             if self._maybe_commit():
                 self._broadcast_append()
+
+    def _announce_commit(self) -> None:
+        """An answer moved the commit index: owe an append to each follower that wants commit
+        notices, and to the others only entries they lack ("Commit notices on demand")."""
+        if self.role is not Role.LEADER:
+            return
+        for node, progress in self.progress.items():
+            if node != self.id:
+                self._append_later(node, if_empty=progress.commit_notices)
 
     def _broadcast_append(self) -> None:
         if self.role is not Role.LEADER:

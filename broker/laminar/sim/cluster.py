@@ -80,7 +80,8 @@ class SimConfig:
     ticks: int = 300
     #: after the faulty phase: heal, restart everyone, and run quietly this long
     settle_ticks: int = 150
-    #: then at most this many more while a group has no leader (an election under way)
+    #: then at most this many more while a group has no leader (an election under way) or a
+    #: member has not committed an acknowledged entry yet
     leader_grace_ticks: int = 60
     drop_rate: float = 0.05
     duplicate_rate: float = 0.02
@@ -577,26 +578,30 @@ class Simulation:
         """After settling: each group has a leader, and every acknowledged entry is committed
         on every member of the leader's configuration (a removed node never learns that it
         was removed, so its own view does not count)."""
+        problem = self._acked_missing()
+        if problem is not None:
+            self._fail(problem)
+
+    def _acked_missing(self) -> str | None:
+        """What `_check_acked_everywhere` finds wrong first, or None."""
         for group in self.group_names:
             found = self._leader_of(group)
             if found is None:
-                self._fail(f"no leader for {group} after settling")
-                return
-            members = found[1].conf.members()
-            for node_id in members:
+                return f"no leader for {group} after settling"
+            for node_id in found[1].conf.members():
                 node = self.nodes[node_id]
                 raft = node.multi.groups.get(group) if node.multi is not None else None
                 if raft is None:
-                    self._fail(f"{node_id} is a member of {group} but is down or lacks it")
-                    return
+                    return f"{node_id} is a member of {group} but is down or lacks it"
                 for index, (term, _) in sorted(self.acked[group].items()):
                     if index < raft.log.first_index():
                         continue
                     if index > raft.log.committed or raft.log.term(index) != term:
-                        self._fail(
+                        return (
                             f"acknowledged entry lost: {group}@{index} (term {term}) is not "
                             f"committed on {node.id} (commit {raft.log.committed})"
                         )
+        return None
 
     # ---- the run ---------------------------------------------------------------------------
 
@@ -656,9 +661,10 @@ class Simulation:
                 self._tick(faulty=False)
             # The network still drops messages: an election may be under way at the end
             # (a follower woken by a suspicion, its leader's quiesce request lost). It gets
-            # a bounded grace to finish; a group still leaderless after it fails the run.
+            # a bounded grace to finish, and for the commits it makes to reach every member;
+            # a group still leaderless, or a member still behind, after it fails the run.
             for _ in range(self.config.leader_grace_ticks):
-                if self._led():
+                if self._acked_missing() is None:
                     break
                 self._tick(faulty=False)
             self._check_acked_everywhere()
