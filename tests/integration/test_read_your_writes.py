@@ -6,6 +6,7 @@ read right after an append could miss it (the sync client's test once did)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from laminar.client import AsyncClient, Record
 from laminar.client.errors import LaminarError
 from laminar.contract import ACKED_INDEX_HEADER, ACKED_WAIT_S
 from laminar.local_cluster import LocalCluster
+from laminar.partition.replica import READ_WANT_S
 
 from .conftest import auth, make_cluster
 
@@ -108,6 +110,27 @@ async def test_a_client_reads_what_it_appended_and_a_recreated_topic_does_not_ho
         read = await client.read(topic, 0, 0)
         assert [r.value for r in read.records] == [b"new"]
         await other.delete_topic(topic)
+
+
+async def test_a_follower_told_of_commits_lazily_asks_its_leader_before_it_serves_a_read(
+    cluster3: LocalCluster,
+) -> None:
+    """A follower nobody read from for `READ_WANT_S` is not told of each commit at once
+    (`laminar.raft.raft`, "Commit notices on demand"). A read it serves right after an append
+    was acknowledged, without the acknowledged index, still returns that append: the follower
+    asked its leader for the commit index first."""
+    async with AsyncClient(cluster3.urls, token=cluster3.token) as client:
+        topic, _ = await topic_with_records(cluster3, client)
+        described = await client.describe_topic(topic)
+        _, follower = roles(cluster3, described.partition_states[0].leader or "")
+        for n in range(3):  # bounded: each round waits for the follower to stop wanting them
+            await asyncio.sleep(READ_WANT_S + 0.2)
+            value = f"v{n}"
+            await client.append(topic, 0, [Record(value.encode())])  # its answer: "lazily"
+            status, _, body = await raw_read(cluster3, follower, topic, None)
+            assert status == 200, body
+            assert [r["value"] for r in body["records"]][-1] == value, (n, body)
+        await client.delete_topic(topic)
 
 
 async def test_a_leader_without_a_quorum_answers_503_short_of_the_index(tmp_path: Path) -> None:

@@ -4,10 +4,13 @@ others learn the commit with their next entries or heartbeat."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from laminar.raft import MessageType
-from laminar.raft.raft import NO_COMMIT_NOTICES
+from laminar.raft.multi import MultiRaft
+from laminar.raft.raft import COMMIT_TOLD, NO_COMMIT_NOTICES, Raft
 
 from .test_paper import (
     by_dst,
@@ -58,23 +61,79 @@ def test_the_leader_tells_a_commit_at_once_only_to_a_follower_that_wants_it(want
         assert beat.commit == index  # the next heartbeat tells it
 
 
-def test_a_follower_that_starts_wanting_notices_asks_and_is_told() -> None:
+def lazy_follower() -> Raft:
+    """Follower c of leader a in term 1, whose last answer said it wants no commit notices."""
     follower = new_raft("c", storage=new_storage(term=1))
     follower.commit_wanted = lambda: False
     follower.step(msg(MT.HEARTBEAT, "a", "c", 1))
-    persist(follower)
-    follower.commit_wanted = lambda: True
+    (answer,) = persist(follower)
+    assert answer.commit == NO_COMMIT_NOTICES
+    return follower
+
+
+def test_a_follower_told_lazily_asks_for_the_commit_index_and_waits_for_the_answer() -> None:
+    follower = lazy_follower()
+    heard: list[int] = []
+    follower.on_commit_heard = lambda: heard.append(follower.commit_told)
     assert follower.ask_for_commits()
     (ask,) = persist(follower)
     assert (ask.type, ask.dst, ask.commit) == (MT.HEARTBEAT_RESP, "a", follower.log.committed)
-    assert not follower.ask_for_commits()  # said once
+    assert ask.index > 0 and follower.commit_asked
+    assert not follower.ask_for_commits()  # asked once: it now wants them told at once
+    follower.step(msg(MT.HEARTBEAT, "a", "c", 1, commit=0))
+    assert follower.commit_asked and not heard  # a leader's message is not the answer
+    told = msg(MT.READ_INDEX_RESP, "a", "c", 1, index=7, context=COMMIT_TOLD)
+    follower.step(replace(told, reject_hint=ask.index - 1))  # a late answer to an older ask
+    assert follower.commit_asked and not heard
+    follower.step(replace(told, reject_hint=ask.index))
+    assert not follower.commit_asked and heard == [7] and follower.commit_told == 7
+    assert follower.read_states == []  # (not a read index)
 
+
+def test_the_leader_answers_an_ask_at_once_with_its_commit_index() -> None:
     leader = new_raft()
     make_leader(leader)
     index = leader.propose(b"some data", 1)
     persist(leader)
     leader.step(msg(MT.APPEND_RESP, "c", "a", 1, index=index, commit=NO_COMMIT_NOTICES))
-    persist(leader)
-    leader.step(msg(MT.HEARTBEAT_RESP, "c", "a", 1, commit=index - 1))  # behind: tell it
-    (append,) = [m for m in of_type(persist(leader), MT.APPEND) if m.dst == "c"]
-    assert append.commit == index
+    leader.step(msg(MT.APPEND_RESP, "b", "a", 1, index=index, commit=NO_COMMIT_NOTICES))
+    persist(leader)  # committed; neither follower was told
+    leader.step(msg(MT.HEARTBEAT_RESP, "c", "a", 1, commit=index, index=41))  # up to date
+    (told,) = persist(leader)
+    assert (told.type, told.dst, told.context) == (MT.READ_INDEX_RESP, "c", COMMIT_TOLD)
+    assert (told.index, told.reject_hint) == (index, 41)
+    leader.step(msg(MT.HEARTBEAT_RESP, "b", "a", 1, commit=index - 1, index=9))  # behind
+    told, append = persist(leader)  # the index, then an append that carries it
+    assert (told.type, told.dst, told.index, told.reject_hint) == (
+        MT.READ_INDEX_RESP,
+        "b",
+        index,
+        9,
+    )
+    assert (append.type, append.dst, append.commit) == (MT.APPEND, "b", index)
+    leader.step(msg(MT.HEARTBEAT_RESP, "b", "a", 1, commit=index))  # not an ask
+    assert of_type(persist(leader), MT.READ_INDEX_RESP) == []
+
+
+def test_no_ask_where_commits_are_told_at_once_or_none_are_coming() -> None:
+    follower = lazy_follower()
+    MultiRaft("c", quiesce=True).add(follower)
+    follower.become_follower(2, "a")
+    assert not follower.ask_for_commits()  # a new term's leader has not heard it: it tells
+    follower.step(msg(MT.HEARTBEAT, "a", "c", 2))
+    persist(follower)  # now it has: no notices
+    follower.step(msg(MT.HEARTBEAT, "a", "c", 2, reject=True, index=-1, log_term=0))
+    assert follower.quiesced and persist(follower) == []
+    assert not follower.ask_for_commits()  # quiesced: its leader had nothing more to commit
+    follower.wake()
+    persist(follower)  # (the wake's ping said it wants none)
+    assert follower.ask_for_commits()
+
+
+def test_a_reader_that_asked_goes_on_when_the_term_ends() -> None:
+    follower = lazy_follower()
+    heard: list[bool] = []
+    follower.on_commit_heard = lambda: heard.append(follower.commit_asked)
+    assert follower.ask_for_commits()
+    follower.step(msg(MT.VOTE, "b", "c", 2, index=5, log_term=1))
+    assert heard == [False] and not follower.commit_asked

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ from .signal import Signal
 PRODUCER_WINDOW = 5
 #: Producer state is rebuilt from at most this many of the newest segments on a leader change.
 PRODUCER_SCAN_SEGMENTS = 2
+#: A follower wants each commit told at once for this long after it served a read.
+READ_WANT_S = 1.0
+#: A read waits at most this long for its leader's answer to an ask, then is served as is.
+ASK_WAIT_S = 0.25
 
 
 def topic_identity(storage: LogStorage) -> int | None:
@@ -173,7 +178,9 @@ class Replica:
         self.pending_bytes = 0
         self._committed = Signal()  # long-polling readers wait on it
         self._readers = 0  # readers in `wait_for`: while any, the leader tells each commit
-        self.raft.commit_wanted = self._has_readers
+        self._read_until_s = 0.0  # and until then (monotonic), after a read (`fresh`)
+        self.raft.commit_wanted = self._wants_commits
+        self.raft.on_commit_heard = self._committed.notify
         #: wakes the node's driver, to send what `Raft.ask_for_commits` queued
         self.on_commit_wanted: Callable[[], None] = _nothing
         self._led_term = -1  # the term this replica last led in (its producer table's)
@@ -393,8 +400,27 @@ class Replica:
         finally:
             self._readers -= 1
 
-    def _has_readers(self) -> bool:
-        return self._readers > 0
+    def _wants_commits(self) -> bool:
+        return self._readers > 0 or time.monotonic() < self._read_until_s
+
+    async def fresh(self) -> None:
+        """Call before serving a read. A follower that told its leader it does not want each
+        commit told at once asks it for its commit index, and waits until it has committed
+        that far (a round trip; at most `ASK_WAIT_S`, then the read is served as is): the read
+        then sees what it would on a follower told of each commit (`laminar.raft.raft`,
+        "Commit notices on demand"). It wants them told at once for `READ_WANT_S` after."""
+        self._read_until_s = time.monotonic() + READ_WANT_S
+        raft = self.raft
+        if raft.ask_for_commits():
+            self.on_commit_wanted()
+        elif not raft.commit_asked:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ASK_WAIT_S
+        while not self.closed and (raft.commit_asked or self.commit_index < raft.commit_told):
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await self._committed.wait(remaining):
+                return
 
     # ---- lifecycle -------------------------------------------------------------------------
 

@@ -64,17 +64,26 @@ nor counts such an answer.
 
 Commit notices on demand. A follower tells its leader, in each answer to an append or a
 heartbeat, whether it wants to be told of each commit at once (`commit_wanted`, given by the
-node: a partition replica wants them while a reader waits on it for a commit): its answer
-carries its commit index then, and `NO_COMMIT_NOTICES` otherwise (a broker that predates this
-sends -1, and is treated as wanting them). When an answer moves the commit index, the leader
-sends the commit-only append of "Quiet commit appends" only to the followers that want one;
-the others learn the commit with their next entries or the next heartbeat (every tick, or the
-one a quiescing leader sends last). A follower that starts wanting them after saying it did
-not asks at once (`ask_for_commits`: a heartbeat answer with its commit index), and a leader
-answers an answer whose commit index is behind its own with an append. At RF 3 nothing read
-from followers in the issue's benches, and each append cost each follower a message and a
-round of its own for the commit (bench/RESULTS.md, issue 22, twenty-third sitting). Safety
-does not depend on it: a follower's commit index only ever lags the leader's.
+node: a partition replica wants them while a reader waits on it for a commit, and for a while
+after it served a read): its answer carries its commit index then, and `NO_COMMIT_NOTICES`
+otherwise (a broker that predates this sends -1, and is treated as wanting them). When an
+answer moves the commit index, the leader sends the commit-only append of "Quiet commit
+appends" only to the followers that want one; the others learn the commit with their next
+entries or the next heartbeat (every tick, or the one a quiescing leader sends last). A
+follower whose last answer to its leader in this term said it did not want them, and that is
+about to serve a read, asks first (`ask_for_commits`: a heartbeat answer with its commit index
+and, in `index`, the ask's number, drawn afresh from the node's random source at its first ask
+and counted up from there). The leader answers an ask at once with its commit index (a
+READ_INDEX_RESP with context `COMMIT_TOLD` and the ask's number in `reject_hint`: no round of
+heartbeats, it confirms nothing) and, if the follower lacks it, an append that carries it.
+`commit_asked` holds until the answer to the last ask (`on_commit_heard` then, with
+`commit_told` the index; a late answer to an earlier ask is ignored): the read waits until the
+follower has committed that far, and so sees what it would on a follower told of each commit at
+once. A leader also answers with an append a heartbeat answer whose commit index is behind its
+own. At RF 3 nothing read from followers in the issue's benches, and each append cost each
+follower a message and a round of its own for the commit (bench/RESULTS.md, issue 22,
+twenty-third sitting). Safety does not depend on it: a follower's commit index only ever lags
+the leader's.
 
 Owed appends. What a leader's inputs ask to send a follower (a proposal's entries, a commit
 an answer made, a refill of the window an answer freed, a probe) is owed, not sent at once,
@@ -161,8 +170,14 @@ def _always() -> bool:
     return True
 
 
+def _nothing() -> None:
+    pass
+
+
 #: an answer's `commit` when its follower does not want each commit told at once
 NO_COMMIT_NOTICES = -2
+#: the context of the READ_INDEX_RESP that answers an ask with the leader's commit index
+COMMIT_TOLD = b"commit"
 #: the answers that say whether their follower wants commit notices
 _ANSWERS = frozenset({MessageType.APPEND_RESP, MessageType.HEARTBEAT_RESP})
 
@@ -260,9 +275,16 @@ class Raft:
         self.defer_ticks = 0
         self.hooks: GroupHooks | None = None
         #: whether this node, following, wants each commit told at once ("Commit notices on
-        #: demand"); and what its last answer to its leader said
+        #: demand"); what its last answer said, and to whom in which term
         self.commit_wanted: Callable[[], bool] = _always
         self._told_wanted = True
+        self._told: tuple[str, int] | None = None
+        #: an ask for the commit index awaits its answer; the index the last answer told (-1:
+        #: none in this term); and what is called when it arrives (or the term or role ends)
+        self.commit_asked = False
+        self.commit_told = -1
+        self._asks = 0  # the number of the last ask (`ask_for_commits`)
+        self.on_commit_heard: Callable[[], None] = _nothing
         self._prev_hard = hard_state
         self._applied_commit = self.log.committed
         self._apply_committed_confs()
@@ -323,21 +345,33 @@ class Raft:
         fields.setdefault("term", self.term)
         if type_ in _ANSWERS and "commit" not in fields:
             wanted = self._told_wanted = self.commit_wanted()
+            self._told = (to, self.term)
             fields["commit"] = self.log.committed if wanted else NO_COMMIT_NOTICES
         return Message(type_, self.group, self.id, to, **fields)  # type: ignore[arg-type]
 
     def ask_for_commits(self) -> bool:
-        """`commit_wanted` holds from now on: a follower whose last answer said it did not
-        want commit notices tells its leader at once (a heartbeat answer with its commit
-        index), and is sent the commit if it is behind ("Commit notices on demand"). Whether
-        it queued that message."""
+        """Before a follower serves a read: if its last answer to its leader in this term said
+        it did not want commit notices, ask the leader for its commit index at once (which
+        also says it wants them from now on), and hold `commit_asked` until the leader's
+        answer ("Commit notices on demand"). Whether it queued an ask. A leader, a node
+        knowing no leader, a quiesced follower (its leader had nothing more to commit) and a
+        follower whose leader tells it each commit already need none."""
         lead = self.lead
-        if self._told_wanted or self.role is Role.LEADER or lead is None or lead == self.id:
+        if self.role is Role.LEADER or lead is None or lead == self.id or self.quiesced:
             return False
+        if self._told_wanted or self._told != (lead, self.term):
+            return False  # (a leader tells a follower that has not answered it at once)
         self._told_wanted = True
+        self.commit_asked = True
+        self._asks = self._asks + 1 if self._asks else self.rng.randrange(1, 1 << 62)
         self._touch()
-        self._send(self._msg(MT.HEARTBEAT_RESP, lead, commit=self.log.committed))
+        self._send(self._msg(MT.HEARTBEAT_RESP, lead, commit=self.log.committed, index=self._asks))
         return True
+
+    def _commit_heard(self) -> None:
+        if self.commit_asked:
+            self.commit_asked = False
+            self.on_commit_heard()
 
     def _reset_randomized_timeout(self) -> None:
         ticks = self.config.election_ticks
@@ -348,6 +382,8 @@ class Raft:
             self.term = term
             self.vote = None
         self.lead = None
+        self.commit_told = -1
+        self._commit_heard()  # a reader that asked goes on: no leader will answer it
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self._set_quiesced(False)  # a new role or term ticks
@@ -502,7 +538,7 @@ class Raft:
         if m.reject:
             return True
         if m.type is MT.HEARTBEAT_RESP:
-            return bool(m.context) or 0 <= m.commit < self.log.committed
+            return bool(m.context) or m.index > 0 or 0 <= m.commit < self.log.committed
         if m.type is MT.APPEND_RESP:
             progress = self.progress.get(m.src)
             return progress is None or m.index > progress.match
@@ -872,7 +908,12 @@ class Raft:
             if self._promotable():
                 self._hup(transfer=True)
         elif m.type is MT.READ_INDEX_RESP:
-            self.read_states.append((m.context, m.index))
+            if m.context == COMMIT_TOLD:
+                if self.commit_asked and m.reject_hint == self._asks:
+                    self.commit_told = max(self.commit_told, m.index)
+                    self._commit_heard()
+            else:
+                self.read_states.append((m.context, m.index))
 
     def _handle_append(self, m: Message) -> None:
         log = self.log
@@ -986,6 +1027,15 @@ class Raft:
                 progress.inflight.popleft()  # an append may be lost: let one more through
             if progress.match < self.log.last_index() or 0 <= m.commit < self.log.committed:
                 self._append_later(m.src)
+            if m.index > 0:  # an ask: tell the commit index at once
+                told = self._msg(
+                    MT.READ_INDEX_RESP,
+                    m.src,
+                    index=self.log.committed,
+                    reject_hint=m.index,
+                    context=COMMIT_TOLD,
+                )
+                self._send(told)
             if m.context:
                 self._ack_read(m.context, m.src)
 

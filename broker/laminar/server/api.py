@@ -1027,6 +1027,7 @@ class Api:
                 f"index {from_index} is below the log start {replica.log_start}",
                 log_start=replica.log_start,
             )
+        await replica.fresh()
         await self._committed_through(request, replica)
         if wait_ms and from_index >= replica.readable_end(committed=committed):
             await replica.wait_for(from_index, wait_ms / 1000, committed=committed)
