@@ -26,7 +26,9 @@ import errno
 import heapq
 import random
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import xxhash
 
@@ -92,6 +94,10 @@ class SimConfig:
     propose_rate: float = 0.5  # per group per tick
     conf_change_rate: float = 0.01  # per group per tick
     compact_rate: float = 0.005  # per node per group per tick
+    #: per node per group per tick: a reader starts (or stops) reading a follower, which then
+    #: wants each commit told at once and asks for the commit index first (`Raft.commit_wanted`,
+    #: `ask_for_commits`); with no reader a member is told of commits lazily
+    read_rate: float = 0.05
     corrupt_rate: float = 0.01  # per tick: a bit flips in a batch a node stored
     # (the faults below came later: off unless a scenario turns them on, as `SCENARIO` does)
     reorder_rate: float = 0.0  # per message: held back 50-250 ms, overtaken by later ones
@@ -129,6 +135,18 @@ class SimConfig:
 SCENARIO = SimConfig(reorder_rate=0.01, clock_jump_rate=0.005, disk_full_rate=0.005)
 
 
+class _AskCheck:
+    """A Raft's `on_commit_heard`, checked by the simulation before the node's own runs."""
+
+    def __init__(self, check: Callable[[], None], raft: Raft) -> None:
+        self.check = check
+        self.then = raft.on_commit_heard
+
+    def __call__(self) -> None:
+        self.check()
+        self.then()
+
+
 @dataclass
 class SimNode:
     id: str
@@ -143,6 +161,10 @@ class SimNode:
     damaged: dict[str, int] = field(default_factory=dict)
     #: how far its wall clock runs ahead of the simulation's (`ClockJump`)
     clock_offset_ms: int = 0
+    #: groups a reader reads here; those with an ask for the commit index unanswered, with
+    #: the term it was asked in and the commit index its leader had then
+    reading: set[str] = field(default_factory=set)
+    asked: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class Simulation:
@@ -180,6 +202,8 @@ class Simulation:
             "bit_flips": 0,
             "repairs": 0,
             "disk_full_crashes": 0,
+            "commit_asks": 0,
+            "commit_asks_answered": 0,
         }
         for injector in self.injectors:
             self.stats.setdefault(injector.stat, 0)
@@ -234,7 +258,43 @@ class Simulation:
             self.stats["repairs"] += 1
             self._log(f"{node.id} {group} repairs from {repaired.first_index} ({repaired.reason})")
         log.on_corrupt = lambda error: self._met_damage(node, group, error)
+        raft.commit_wanted = partial(node.reading.__contains__, group)
         node.multi.add(raft)
+
+    def _toggle_reader(self, node: SimNode, group: str) -> None:
+        """A reader starts or stops reading `group` on `node`; one that starts asks for the
+        commit index first, as the broker's reads do (`Replica.fresh`)."""
+        if group in node.reading:
+            node.reading.discard(group)
+            return
+        node.reading.add(group)
+        raft = node.multi.groups.get(group) if node.multi is not None else None
+        if raft is None or not raft.ask_for_commits():
+            return
+        if not isinstance(raft.on_commit_heard, _AskCheck):
+            raft.on_commit_heard = _AskCheck(partial(self._commit_heard, node, group), raft)
+        commit = -1  # (its leader, as this node knows it, may be down or deposed)
+        multi = self.nodes[raft.lead].multi if raft.lead is not None else None
+        leader = multi.groups.get(group) if multi is not None else None
+        if leader is not None and leader.role is Role.LEADER and leader.term == raft.term:
+            commit = leader.log.committed
+        node.asked[group] = (raft.term, commit)
+        self.stats["commit_asks"] += 1
+        self._process(node)
+
+    def _commit_heard(self, node: SimNode, group: str) -> None:
+        """An ask's answer arrived (or its term or role ended): an answer in the term it was
+        asked in tells at least the commit index the leader had when it was asked."""
+        asked = node.asked.pop(group, None)
+        raft = node.multi.groups.get(group) if node.multi is not None else None
+        if asked is None or raft is None or raft.term != asked[0] or raft.commit_told < 0:
+            return
+        self.stats["commit_asks_answered"] += 1
+        if raft.commit_told < asked[1]:
+            self._fail(
+                f"{node.id} asked for {group}'s commit index in term {asked[0]}, when its leader "
+                f"had committed {asked[1]}, and was told {raft.commit_told}"
+            )
 
     def _met_damage(self, node: SimNode, group: str, error: CorruptBatchError) -> None:
         node.damaged[group] = min(error.index, node.damaged.get(group, error.index))
@@ -280,6 +340,8 @@ class Simulation:
             directory.crash(self.rng if torn else None)
         node.multi = None
         node.storages = {}
+        node.reading.clear()
+        node.asked.clear()
         node.down_until_ms = self.now_ms + TICK_MS * self.rng.randint(5, 40)
 
     def _restart_due(self) -> None:
@@ -641,6 +703,8 @@ class Simulation:
         if faulty:
             for node in self._alive():
                 for group in self.group_names:
+                    if self.rng.random() < self.config.read_rate:
+                        self._toggle_reader(node, group)
                     if node.multi is not None and self.rng.random() < self.config.compact_rate:
                         try:
                             self._compact(node, group)
