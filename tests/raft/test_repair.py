@@ -305,3 +305,24 @@ def test_an_entry_after_a_configuration_change_commits_with_a_quorum_of_both() -
     assert leader.log.committed == removal and leader.conf == ConfState(("a", "b"))
     leader.step(msg(MT.APPEND_RESP, "b", "a", leader.term, index=data))
     assert leader.log.committed == data
+
+
+def test_a_leader_does_not_probe_again_at_once_a_follower_that_lacks_what_it_acknowledged() -> None:
+    """b acknowledged 4, then lost 3..4 to damage. Its rejection of the leader's probe at 4
+    cannot move the probe lower (the leader never sends below what b acknowledged): the leader
+    waits for the next heartbeat to probe again, not at once (the two went back and forth as
+    fast as the network carries them, for as long as b's repair took: the simulator hung)."""
+    net = Network.build()
+    net.elect("a")
+    net.propose("a", 4)
+    leader = net["a"]
+    progress = leader.progress["b"]
+    assert progress.match == 4
+    progress.become_probe()
+    assert progress.next == 5
+    progress.probe_sent = True
+    leader.step(msg(MT.APPEND_RESP, "b", "a", leader.term, index=4, reject=True, reject_hint=2))
+    assert not of_type(persist(leader), MT.APPEND)
+    assert progress.next == 5 and progress.probe_sent  # probed again after a heartbeat answer
+    leader.step(msg(MT.HEARTBEAT_RESP, "b", "a", leader.term))
+    assert not progress.probe_sent

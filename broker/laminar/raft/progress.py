@@ -92,7 +92,13 @@ class Progress:
             return True
         if self.next - 1 != rejected:
             return False
-        self.next = max(min(rejected, hint_next), self.match + 1)
+        next_index = max(min(rejected, hint_next), self.match + 1)
+        if next_index == self.next:
+            # it lacks the entry it acknowledged last: damage cost it entries, which its log
+            # repair fetches again (`laminar.raft.raft`, "Log repair"); probe again at the next
+            # heartbeat, not at once (that went back and forth as fast as the network allows)
+            return False
+        self.next = next_index
         self.probe_sent = False
         return True
 
