@@ -68,6 +68,9 @@ from .faults import (
 TICK_MS = 10
 LOG_CONFIG = LogConfig(segment_bytes=4096, max_batch_bytes=2048)
 TRACE_LINES = 60
+#: more messages than this delivered in one tick fail the run (nodes answering each other at
+#: once for ever would hang it)
+MAX_DELIVERIES_PER_TICK = 100_000
 
 
 class InvariantViolation(AssertionError):
@@ -406,8 +409,12 @@ class Simulation:
             heapq.heappush(self.in_flight, (self.now_ms + delay, self.message_seq, out))
 
     def _deliver_due(self) -> None:
+        delivered = 0
         while self.in_flight and self.in_flight[0][0] <= self.now_ms:
             _, _, message = heapq.heappop(self.in_flight)
+            delivered += 1
+            if delivered > MAX_DELIVERIES_PER_TICK:
+                self._fail(f"over {MAX_DELIVERIES_PER_TICK} messages in one tick: a livelock")
             node = self.nodes[message.dst]
             if node.multi is None or not all(i.delivers(self, message) for i in self.filters):
                 continue
