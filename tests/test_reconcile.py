@@ -170,3 +170,23 @@ def test_dead_voters_never_shrink_a_group_below_a_majority_of_its_target() -> No
     conf = ConfState(("a", "b"))
     step = next_step(conf, ["a", "c", "d"], leader="a", caught_up={"a"}, alive={"a", "c", "d"})
     assert step == Step(StepKind.ADD_LEARNER, "c")
+
+
+def test_a_partition_moving_between_workers_of_one_broker_leaves_its_old_worker_first() -> None:
+    """n2's partition moves from its worker n2~1 to n2~2 while n1 drains: voters n0, n1,
+    n2~1, n2~2 and n3 (n2~2 just promoted). Removing n1 first would leave four voters, two
+    on n2, whose majority n2's crash ends; the old worker goes first, then n1."""
+    voters = ("n0", "n1", "n2~1", "n2~2", "n3")
+    target = ["n0", "n2~2", "n3"]
+    conf = ConfState(voters)
+    step = next_step(conf, target, leader="n0", caught_up=set(voters), alive=set(voters))
+    assert step == Step(StepKind.REMOVE, "n2~1")
+    conf = conf.apply(step.conf_change())
+    step = next_step(conf, target, leader="n0", caught_up=set(voters), alive=set(voters))
+    assert step == Step(StepKind.REMOVE, "n1")
+    # also before a dead voter, and a leader on the old worker hands over first
+    dead = {"n0", "n2~1", "n2~2", "n3"}
+    step = next_step(ConfState(voters), target, leader="n0", caught_up=dead, alive=dead)
+    assert step == Step(StepKind.REMOVE, "n2~1")
+    step = next_step(ConfState(voters), target, leader="n2~1", caught_up=dead, alive=dead)
+    assert step == Step(StepKind.TRANSFER_LEADERSHIP, "n0")

@@ -3,7 +3,8 @@
 The seed's join / leave / update_weight rules: a partition's leader compares the voters and
 learners of its Raft configuration with the placement target and proposes one single-server
 change at a time: add a learner, promote it once caught up, then remove the replica that
-fell out of the target. The replication factor never drops below the target while a
+fell out of the target (first a replica moving between two workers of one broker, whose
+broker would otherwise hold two votes). The replication factor never drops below the target while a
 replacement catches up, unless a replica is actually dead. A leader that falls out of the
 target hands its leadership to a caught-up target voter before removing itself.
 
@@ -28,6 +29,7 @@ from enum import Enum
 from ..placement import Candidate, place, preferred_leaders, worker_of
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
 from ..raft.raft import Raft, Role
+from ..workers import broker_of
 
 
 class StepKind(Enum):
@@ -79,23 +81,39 @@ def next_step(
     # 2. Learners neither voters-to-be nor followers go (they vote for nothing: safe).
     for node in sorted(learners - wanted - set(followers)):
         return Step(StepKind.REMOVE, node)
-    # 3. A dead voter outside the target goes at once: it can neither vote nor catch up.
+    # 3. A voter outside the target whose broker has a target voter in the configuration
+    #    too (a partition moving between workers of one broker) goes first: it adds no
+    #    broker's vote, and while it stays one broker's crash takes two votes. Removing any
+    #    other voter first could leave a majority that one broker's loss ends for good.
+    floor = len(wanted) // 2 + 1
+    voting_brokers = {broker_of(node) for node in voters & wanted}
+    for node in sorted(voters - wanted):
+        if broker_of(node) not in voting_brokers:
+            continue
+        rest = voters - {node}
+        if node != leader:
+            if len(rest) >= floor and len(rest & alive & caught_up) > len(rest) // 2:
+                return Step(StepKind.REMOVE, node)
+            continue
+        successor = _successor(target, leader, caught_up, alive, leaving)
+        if successor is not None:
+            return Step(StepKind.TRANSFER_LEADERSHIP, successor)
+    # 4. A dead voter outside the target goes at once: it can neither vote nor catch up.
     #    Only while the voters left keep a majority that is alive and caught up (the
     #    leader's own evidence: a failure detector can be wrong both ways, and a "dead"
     #    voter may be the one holding what the others lack) and are at least a majority of
     #    the target (a group of one voter survives nothing). Past that, its replacement
     #    catches up and votes first.
-    floor = len(wanted) // 2 + 1
     for node in sorted(voters - wanted):
         rest = voters - {node}
         live_majority = len(rest & alive & caught_up) > len(rest) // 2
         if node not in alive and node != leader and len(rest) >= floor and live_majority:
             return Step(StepKind.REMOVE, node)
-    # 4. Add the next missing target node, one learner catching up at a time.
+    # 5. Add the next missing target node, one learner catching up at a time.
     missing = [node for node in target if node not in voters | learners]
     if missing and not learners & wanted:
         return Step(StepKind.ADD_LEARNER, missing[0])
-    # 5. Remove a live voter outside the target only once every target node votes, so the
+    # 6. Remove a live voter outside the target only once every target node votes, so the
     #    replication factor never drops below the target, and only while the voters left
     #    keep a live, caught-up majority (a leader whose view of the members is partial,
     #    just after a restart, may see a target of itself alone).
@@ -107,15 +125,23 @@ def next_step(
             if len(rest & alive & caught_up) > len(rest) // 2:
                 return Step(StepKind.REMOVE, victim)
             return None
-        successors = [
-            n for n in target if n in caught_up and n in alive and n not in leaving and n != leader
-        ]
-        if successors:
-            return Step(StepKind.TRANSFER_LEADERSHIP, successors[0])
+        successor = _successor(target, leader, caught_up, alive, leaving)
+        if successor is not None:
+            return Step(StepKind.TRANSFER_LEADERSHIP, successor)
         return None
-    # 6. Followers that are not members yet join as learners.
+    # 7. Followers that are not members yet join as learners.
     for node in sorted(set(followers) - voters - learners):
         return Step(StepKind.ADD_LEARNER, node)
+    return None
+
+
+def _successor(
+    target: Sequence[str], leader: str, caught_up: Set[str], alive: Set[str], leaving: Set[str]
+) -> str | None:
+    """The target voter a leader outside the target hands its leadership to, if any."""
+    for node in target:
+        if node in caught_up and node in alive and node not in leaving and node != leader:
+            return node
     return None
 
 
