@@ -59,10 +59,10 @@ MAX_PIPELINED_BYTES = 256 << 10
 MAX_MATCHED_PATHS = 4096
 
 _REQUEST_LINE = re.compile(rb"([A-Z]{3,7}) (/[!-~]*) HTTP/1\.1")
-#: header lines (CRLF between them): a token, a colon, printable ASCII and tabs
-_HEADERS = re.compile(
-    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*)*"
-)
+#: one header line: a token (RFC 9110's tchar), a colon, printable ASCII and tabs
+_HEADER_LINE = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*"
+#: header lines, CRLF between them
+_HEADERS = re.compile(_HEADER_LINE + rb"(?:\r\n" + _HEADER_LINE + rb")*")
 #: a path aiohttp would decode or normalize (percent-encoding, dot segments, a fragment)
 _UNPLAIN_PATH = re.compile(r"%|#|/\.\.?(?:/|$)")
 _DIGITS = re.compile(r"[0-9]{1,18}")
