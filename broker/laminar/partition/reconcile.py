@@ -28,7 +28,7 @@ from enum import Enum
 
 from ..placement import Candidate, place, preferred_leaders, worker_of
 from ..raft.messages import ConfChange, ConfChangeKind, ConfState
-from ..raft.raft import Raft, Role
+from ..raft.raft import Raft, Role, quorum
 from ..workers import broker_of
 
 
@@ -85,14 +85,14 @@ def next_step(
     #    too (a partition moving between workers of one broker) goes first: it adds no
     #    broker's vote, and while it stays one broker's crash takes two votes. Removing any
     #    other voter first could leave a majority that one broker's loss ends for good.
-    floor = len(wanted) // 2 + 1
+    floor = quorum(len(wanted))
     voting_brokers = {broker_of(node) for node in voters & wanted}
     for node in sorted(voters - wanted):
         if broker_of(node) not in voting_brokers:
             continue
         rest = voters - {node}
         if node != leader:
-            if len(rest) >= floor and len(rest & alive & caught_up) > len(rest) // 2:
+            if len(rest) >= floor and _live_majority(rest, alive, caught_up):
                 return Step(StepKind.REMOVE, node)
             continue
         successor = _successor(target, leader, caught_up, alive, leaving)
@@ -106,8 +106,8 @@ def next_step(
     #    catches up and votes first.
     for node in sorted(voters - wanted):
         rest = voters - {node}
-        live_majority = len(rest & alive & caught_up) > len(rest) // 2
-        if node not in alive and node != leader and len(rest) >= floor and live_majority:
+        removable = node not in alive and node != leader and len(rest) >= floor
+        if removable and _live_majority(rest, alive, caught_up):
             return Step(StepKind.REMOVE, node)
     # 5. Add the next missing target node, one learner catching up at a time.
     missing = [node for node in target if node not in voters | learners]
@@ -122,7 +122,7 @@ def next_step(
         victim = extra[0] if leader not in extra else leader
         if victim != leader:
             rest = voters - {victim}
-            if len(rest & alive & caught_up) > len(rest) // 2:
+            if _live_majority(rest, alive, caught_up):
                 return Step(StepKind.REMOVE, victim)
             return None
         successor = _successor(target, leader, caught_up, alive, leaving)
@@ -133,6 +133,11 @@ def next_step(
     for node in sorted(set(followers) - voters - learners):
         return Step(StepKind.ADD_LEARNER, node)
     return None
+
+
+def _live_majority(voters: Set[str], alive: Set[str], caught_up: Set[str]) -> bool:
+    """Whether a majority of `voters` is alive and caught up (the leader's evidence)."""
+    return len(voters & alive & caught_up) >= quorum(len(voters))
 
 
 def _successor(

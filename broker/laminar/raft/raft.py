@@ -174,6 +174,11 @@ def _nothing() -> None:
     pass
 
 
+def quorum(voters: int) -> int:
+    """How many of `voters` voters make a majority."""
+    return voters // 2 + 1
+
+
 #: an answer's `commit` when its follower does not want each commit told at once
 NO_COMMIT_NOTICES = -2
 #: the context of the READ_INDEX_RESP that answers an ask with the leader's commit index
@@ -336,7 +341,7 @@ class Raft:
         return self.id in self.conf.voters
 
     def _quorum(self) -> int:
-        return len(self.conf.voters) // 2 + 1
+        return quorum(len(self.conf.voters))
 
     def _send(self, message: Message) -> None:
         self.msgs.append(message)
@@ -654,7 +659,7 @@ class Raft:
             voter_sets.update(answered_chain)
         for voters in voter_sets:
             others = sum(1 for node in voters if node != self.id and node in self.probe_answers)
-            if others <= len(voters) - (len(voters) // 2 + 1):
+            if others <= len(voters) - quorum(len(voters)):
                 return
         self.repair_floor = max(
             (answer for answer, _ in self.probe_answers.values()), key=up_to_date_order
