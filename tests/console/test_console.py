@@ -2,7 +2,7 @@
 authentication on, and its refusals over plain HTTP.
 
 The browser is Debian's headless Chromium driven by Selenium (chromium-driver; .ci/run installs
-both). Each page loads with no console error, passes axe-core (from axe-selenium-python, which
+both). Each page loads with no console error, passes axe-core 4.9 (from selenium-axe-python, which
 ships axe.min.js: nothing is fetched) including its colour-contrast rule, and is saved as a
 screenshot under ARTIFACTS. The keyboard reaches the skip link, then the navigation, in order. A
 record produced with the Python client appears in the record browser (text and hex) without
@@ -476,7 +476,7 @@ def console_errors(driver: Any) -> list[dict[str, Any]]:
 
 def check_page(driver: Any, name: str) -> None:
     """A screenshot; no axe-core violation (colour contrast included); no console error."""
-    from axe_selenium_python import Axe
+    from selenium_axe_python import Axe
 
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))  # (before axe scrolls the page)
     axe = Axe(driver)
