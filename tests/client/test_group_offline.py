@@ -35,7 +35,7 @@ from laminar.client import (
     Settled,
     default_consumer_id,
 )
-from laminar.client.group import reason_for
+from laminar.client.group import MAX_RENEWS_IN_FLIGHT, reason_for
 
 from .test_client_offline import closed_port_url
 
@@ -75,6 +75,9 @@ class FakeBroker:
         self.fail: dict[str, list[int]] = {}  # action -> statuses to answer first
         self.most_held = 0
         self.changed = asyncio.Event()
+        #: partitions whose renewals are answered only once `unstall` is set
+        self.stalled: set[int] = set()
+        self.unstall = asyncio.Event()
         self.url = ""
 
     # -- test helpers
@@ -178,6 +181,8 @@ class FakeBroker:
         p = int(request.match_info["p"])
         if request.match_info["topic"] != TOPIC or not 0 <= p < self.partitions:
             return error(404, "not_found", "no such partition")
+        if action == "renew" and p in self.stalled:
+            await self.unstall.wait()
         g = self.group(p, request.match_info["group"])
         if action == "acquire":
             return await self.acquire(p, g, body)
@@ -632,6 +637,30 @@ async def test_it_renews_every_held_lease_in_one_call_per_partition() -> None:
             kept = next(d for d in got if (d.partition, d.index) == (0, 3))
             assert kept.lease_deadline_ms >= kept.message.lease_deadline_ms
             assert await kept.accept() is True
+
+
+async def test_a_slow_renewal_holds_back_neither_the_next_nor_other_partitions() -> None:
+    """Partition 0's renewals go unanswered: partition 1's go on at their interval, and
+    partition 0's too, up to MAX_RENEWS_IN_FLIGHT unanswered (the loop used to wait for
+    every answer before its next round, and one slow partition let every lease run out)."""
+    async with fake(2) as (broker, client):
+        broker.add(0, 1)
+        broker.add(1, 1)
+        broker.stalled.add(0)
+        consumer = GroupConsumer(
+            client, TOPIC, GROUP, consumer="r", lease_ms=300, wait_ms=20, limit=2
+        )
+        async with consumer:
+            await take(consumer, 2)
+
+            def renewals(partition: int) -> int:
+                path = f"/v1/topics/{TOPIC}/partitions/{partition}/groups/{GROUP}/renew"
+                return sum(1 for _, p, _ in broker.requests if p == path)
+
+            await eventually(lambda: renewals(1) >= 2 * MAX_RENEWS_IN_FLIGHT, "renewals")
+            assert renewals(0) == MAX_RENEWS_IN_FLIGHT  # (counted as they arrive)
+            broker.unstall.set()
+            await eventually(lambda: renewals(0) > MAX_RENEWS_IN_FLIGHT, "renewals again")
 
 
 async def test_close_releases_what_is_held_and_sends_pending_settlements() -> None:

@@ -22,7 +22,8 @@ How it works (API: docs/api.md, "Shared queues"):
   every `IDLE_POLL_S`), so a message on any partition is found within about that long, not
   behind `wait_ms` of each empty partition ahead of it (`limit=1`, small `max_in_flight`).
 * **Leases.** Every `renew_interval_ms` (default `lease_ms / 3`) the leases of all held
-  messages are renewed, one `renew` call per partition. A message whose lease was lost (renew
+  messages are renewed, one `renew` call per partition, on a fixed schedule: a slow answer
+  delays neither the next renewal nor another partition's. A message whose lease was lost (renew
   refused: it ran out, and the broker may have given it to someone else) is not renewed again;
   if it was not handed out yet it is dropped; settling it answers False.
 * **Settling.** `accept` / `release` / `reject` calls are batched per partition: those made
@@ -56,6 +57,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -86,6 +88,8 @@ RETRY_BACKOFF_S = 0.1
 MAX_RETRY_BACKOFF_S = 2.0
 IDLE_POLL_S = 0.1  # least time between two acquires of a partition that found nothing
 MIN_RENEW_INTERVAL_S = 0.01
+#: unanswered renew calls a partition and consumer may have (`_renew_loop`)
+MAX_RENEWS_IN_FLIGHT = 3
 _DONE: dict[Action, State] = {"accept": "accepted", "release": "released", "reject": "rejected"}
 
 
@@ -684,20 +688,40 @@ class GroupConsumer:
     # ------------------------------------------------------------------ leases
 
     async def _renew_loop(self) -> None:
-        # renewing goes on while close() waits for running handlers
-        while not self._closed:
-            await asyncio.sleep(self._renew_interval_s)
-            calls = []
-            for partition in list(self._partitions.values()):
-                by_consumer: dict[str, list[int]] = {}
-                for index, delivery in partition.held.items():
-                    if not delivery._lease_lost:
-                        by_consumer.setdefault(delivery.consumer, []).append(index)
-                for consumer, indexes in by_consumer.items():
-                    for chunk in _chunks(indexes):
-                        calls.append(self._renew(partition, consumer, chunk))
-            if calls:
-                await asyncio.gather(*calls)
+        """Renew every held lease each `renew_interval_ms`, on a fixed schedule: each call
+        runs as a task of its own, so a slow answer delays neither the next renewal nor other
+        partitions' (waiting for them all before sleeping again let one slow answer stretch
+        the interval past the lease). At most `MAX_RENEWS_IN_FLIGHT` calls a partition and
+        consumer are unanswered at once; renewing goes on while close() waits for running
+        handlers."""
+        loop = asyncio.get_running_loop()
+        in_flight: dict[tuple[int, str], int] = {}
+        tasks: set[asyncio.Task[None]] = set()
+        due_s = loop.time()
+        try:
+            while not self._closed:
+                due_s = max(due_s + self._renew_interval_s, loop.time())
+                await asyncio.sleep(due_s - loop.time())
+                for partition in list(self._partitions.values()):
+                    by_consumer: dict[str, list[int]] = {}
+                    for index, delivery in partition.held.items():
+                        if not delivery._lease_lost:
+                            by_consumer.setdefault(delivery.consumer, []).append(index)
+                    for consumer, indexes in by_consumer.items():
+                        key = (partition.number, consumer)
+                        if in_flight.get(key, 0) >= MAX_RENEWS_IN_FLIGHT:
+                            continue
+                        in_flight[key] = in_flight.get(key, 0) + 1
+                        task = loop.create_task(self._renew_chunks(partition, consumer, indexes))
+                        tasks.add(task)
+                        task.add_done_callback(partial(_renewed, tasks, in_flight, key))
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _renew_chunks(self, partition: _Partition, consumer: str, indexes: list[int]) -> None:
+        await asyncio.gather(*(self._renew(partition, consumer, c) for c in _chunks(indexes)))
 
     async def _renew(self, partition: _Partition, consumer: str, indexes: list[int]) -> None:
         try:
@@ -866,3 +890,15 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _renewed(
+    tasks: set[asyncio.Task[None]],
+    in_flight: dict[tuple[int, str], int],
+    key: tuple[int, str],
+    task: asyncio.Task[None],
+) -> None:
+    tasks.discard(task)
+    in_flight[key] -= 1
+    if not in_flight[key]:
+        del in_flight[key]
