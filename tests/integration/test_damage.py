@@ -23,7 +23,6 @@ pytestmark = pytest.mark.integration
 
 SEGMENT_BYTES = 16 * 1024
 RECORDS = 240  # about 15 segments of SEGMENT_BYTES
-REBALANCES = "laminar_raft_leader_rebalances_total"
 
 
 def flip_in_sealed_segment(partition_dir: Path) -> int:
@@ -137,29 +136,25 @@ async def test_a_leader_that_finds_a_flipped_bit_steps_down_and_is_repaired(
 ) -> None:
     cluster, values, leader = await loaded_cluster(tmp_path / "leader")
     try:
-        others = [n for n in cluster.nodes if n != leader]
         async with AsyncClient(cluster.urls, token=cluster.token) as client:
             term = (await client.describe_topic("flip")).partition_states[0].term
         assert term is not None
-        handed_back = [await counter(cluster, n, REBALANCES) for n in others]
         partition = cluster.nodes[leader].data_dir / "partitions" / "flip" / "0"
         flip_in_sealed_segment(partition)  # under the running broker (its page cache too)
         status = await replica_read(cluster, leader, "flip")
         assert status == 503, status  # never served, never a 500
 
-        async def led_elsewhere() -> object:
-            """Another broker leads flip/0, or led it in a later term and has since handed it
-            back to its preferred leader (this one, repaired: it may do so within a second
-            of the repair, between two looks)."""
+        async def elected_again() -> object:
+            """flip/0 has a leader of a later term: the damaged one stepped down (its
+            reopened replica campaigns only once repaired). Which broker that is, is Raft's
+            choice: another, or this one again, repaired (its broker's preferred leader
+            campaigns first; CI111 saw it win the first election after its repair)."""
             async with AsyncClient(cluster.urls, token=cluster.token) as client:
                 state = (await client.describe_topic("flip")).partition_states[0]
-            if state.leader not in (None, leader):
-                return True
-            now = [await counter(cluster, n, REBALANCES) for n in others]
             later = state.term is not None and state.term > term
-            return (later and now != handed_back) or state
+            return (later and state.leader is not None) or state
 
-        await wait_until("another broker to lead flip/0", led_elsewhere)
+        await wait_until("a leader of flip/0 in a later term", elected_again)
         await every_replica_holds(cluster, values)
         assert await storage_metric(cluster, leader, "corrupt_batches") >= 1
         assert await storage_metric(cluster, leader, "repairs") >= 1
