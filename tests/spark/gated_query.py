@@ -19,8 +19,10 @@ from pyspark.sql.functions import udf
 
 from laminar.spark import register
 
-GATE_WAIT_S = 120.0
-QUERY_TIMEOUT_S = 300
+#: longer than test_spark waits for partition 0's share (WRITTEN_WAIT_S): a gate that opened
+#: on its own would let the batch commit, and the test would see a whole batch
+GATE_WAIT_S = 600.0
+QUERY_TIMEOUT_S = 600
 
 
 def main(brokers: str, token_file: str, source: str, sink: str, checkpoint: str, gate: str) -> int:
