@@ -25,6 +25,10 @@ from laminar.local_cluster import LocalCluster
 
 TOKEN = "integration-test-token"
 WAIT_S = 60.0
+#: how much of each broker's log a failed test's report shows
+LOG_LINES_ON_FAILURE = 60
+#: the clusters `make_cluster` made for the running test (`pytest_runtest_makereport`)
+_made: list[LocalCluster] = []
 
 
 def loopback_prefix() -> str:
@@ -40,7 +44,23 @@ def make_cluster(path: Path, nodes: int = 3, **kwargs: object) -> LocalCluster:
         logs = "\n".join(f"--- {n}\n{cluster.tail(n)}" for n in cluster.nodes)
         cluster.stop()
         raise RuntimeError(f"the cluster did not start:\n{logs}") from None
+    _made.append(cluster)
     return cluster
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[None]:
+    """A failed test's report ends with the end of each broker's log of the clusters it
+    made (CI keeps only its output: a race is found from what the brokers said)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        for cluster in _made:
+            for node in cluster.nodes:
+                title = f"{node}'s broker.log (last {LOG_LINES_ON_FAILURE} lines)"
+                report.sections.append((title, cluster.tail(node, LOG_LINES_ON_FAILURE)))
+    if report.when == "teardown":
+        _made.clear()
 
 
 def auth(cluster: LocalCluster, token: str | None = None) -> dict[str, str]:
