@@ -5,6 +5,7 @@ under a quiesced leader wakes the leader rather than campaigning."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from laminar.log.batch import Record, encode_batch
 from laminar.raft import (
@@ -128,6 +129,23 @@ def test_a_late_heartbeat_from_the_leader_leaves_a_follower_quiesced() -> None:
     assert follower.quiesced
     follower.step(Message(MessageType.PRE_VOTE, GROUP, "c", follower.id, leader.term + 1))
     assert not follower.quiesced  # anything else wakes it
+
+
+def test_a_late_commit_only_append_from_the_leader_leaves_a_follower_quiesced() -> None:
+    """A commit-only append (marked `reject`, as one to a follower known to hold the whole log
+    is) that arrives after the quiesce request tells the commit and wakes nothing: awake under
+    its quiesced leader, the follower would campaign (node simulation seed 1, once commits
+    of configuration changes went to every follower at once)."""
+    group = settled()
+    leader = group.leader()
+    follower = group.raft(next(n for n in NODES if n != leader.id))
+    last, term = leader.log.last_index(), leader.log.last_term()
+    fields = {"index": last, "log_term": term, "commit": leader.log.committed}
+    late = Message(MessageType.APPEND, GROUP, leader.id, follower.id, leader.term, **fields)
+    follower.step(replace(late, reject=True))
+    assert follower.quiesced and not follower.msgs  # matched: nothing to answer
+    follower.step(late)  # an append not marked quiet is answered, and wakes it
+    assert not follower.quiesced
 
 
 def test_a_leader_waits_for_lagging_members_the_failure_detector_counts_live() -> None:

@@ -534,12 +534,16 @@ class Raft:
 
     def _wakes(self, m: Message) -> bool:
         """Does `m` wake this quiesced node? Everything does, but its leader's heartbeats (a
-        late one, or one for a read: the leader quiesces again) and, for a leader, late
-        answers to heartbeats and appends that tell it nothing new."""
+        late one, or one for a read: the leader quiesces again) and commit-only appends (a
+        late one: answered only if it does not match, which wakes the leader) and, for a
+        leader, late answers to heartbeats and appends that tell it nothing new. (A follower
+        woken by its quiesced leader's late message would campaign: the group would go
+        through an election for nothing.)"""
         if m.term != self.term:
             return True
         if self.role is not Role.LEADER:
-            return not (m.type is MT.HEARTBEAT and m.src == self.lead)
+            commit_only = m.type is MT.APPEND and m.reject and not m.entries
+            return not ((m.type is MT.HEARTBEAT or commit_only) and m.src == self.lead)
         if m.reject:
             return True
         if m.type is MT.HEARTBEAT_RESP:
