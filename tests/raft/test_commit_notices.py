@@ -8,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from laminar.raft import MessageType
+from laminar.raft import ConfChangeKind, ConfState, MessageType
 from laminar.raft.multi import MultiRaft
 from laminar.raft.raft import COMMIT_TOLD, NO_COMMIT_NOTICES, Raft
 
 from .test_paper import (
     by_dst,
+    change,
     entries_with_terms,
     make_leader,
     msg,
@@ -137,3 +138,20 @@ def test_a_reader_that_asked_goes_on_when_the_term_ends() -> None:
     assert follower.ask_for_commits()
     follower.step(msg(MT.VOTE, "b", "c", 2, index=5, log_term=1))
     assert heard == [False] and not follower.commit_asked
+
+
+def test_a_configuration_change_s_commit_is_told_to_every_member_at_once() -> None:
+    """Which members campaign, and whose votes count, follows from what each knows committed:
+    a commit that takes a configuration change is told at once to followers that want no
+    notices too (a leader that removes itself tells it with a last heartbeat: test_paper).
+    Without both, node simulation seed 56 with workers and transactions ended with a group
+    no one could lead."""
+    raft = new_raft()
+    make_leader(raft)
+    index = raft.propose_conf_change(change(ConfChangeKind.ADD_LEARNER, "d"))
+    persist(raft)
+    raft.step(msg(MT.APPEND_RESP, "b", "a", 1, index=index, commit=NO_COMMIT_NOTICES))
+    raft.step(msg(MT.APPEND_RESP, "c", "a", 1, index=index, commit=NO_COMMIT_NOTICES))
+    assert (raft.log.committed, raft.conf) == (index, ConfState(("a", "b", "c"), ("d",)))
+    appends = by_dst(of_type(persist(raft), MT.APPEND))
+    assert {node: appends[node].commit for node in ("b", "c")} == {"b": index, "c": index}

@@ -1256,14 +1256,21 @@ def test_leader_removing_itself_steps_down_after_commit() -> None:
 
 def test_removed_leader_sends_nothing_after_stepping_down() -> None:
     """Only a leader sends APPEND: a leader that stepped down on committing its own removal
-    sends nothing more."""
+    sends one last heartbeat to each member, telling the commit as far as it holds the log,
+    and nothing more."""
     raft = new_raft()
     make_leader(raft)
     index = raft.propose_conf_change(change(ConfChangeKind.REMOVE, "a"))
     persist(raft)
     raft.step(msg(MT.APPEND_RESP, "b", "a", 1, index=index))
     assert (raft.role, raft.log.committed) == (Role.FOLLOWER, index)
-    assert of_type(persist(raft), MT.APPEND) == []
+    messages = persist(raft)
+    assert of_type(messages, MT.APPEND) == []
+    beats = {m.dst: m.commit for m in of_type(messages, MT.HEARTBEAT)}
+    assert beats == {"b": index, "c": index - 1}  # (c acknowledged the no-op only)
+    for _ in range(3 * ET):
+        raft.tick()
+    assert persist(raft) == []
 
 
 def test_only_one_pending_conf_change() -> None:

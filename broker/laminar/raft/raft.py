@@ -69,7 +69,11 @@ after it served a read): its answer carries its commit index then, and `NO_COMMI
 otherwise (a broker that predates this sends -1, and is treated as wanting them). When an
 answer moves the commit index, the leader sends the commit-only append of "Quiet commit
 appends" only to the followers that want one; the others learn the commit with their next
-entries or the next heartbeat (every tick, or the one a quiescing leader sends last). A
+entries or the next heartbeat (every tick, or the one a quiescing leader sends last). A commit
+that takes a configuration change is told to every follower at once, and a leader that
+committed its own removal tells it with a last heartbeat before it steps down: which members
+campaign, and whose votes count, follows from what each knows committed (a member told late
+may count voters that cannot outvote it, and not count itself). A
 follower whose last answer to its leader in this term said it did not want them, and that is
 about to serve a read, asks first (`ask_for_commits`: a heartbeat answer with its commit index
 and, in `index`, the ask's number, drawn afresh from the node's random source at its first ask
@@ -1016,8 +1020,9 @@ class Raft:
                 ):
                     progress.become_probe()
                     progress.become_replicate()
+                conf = self.conf
                 if self._maybe_commit():
-                    self._announce_commit()
+                    self._announce_commit(everyone=self.conf is not conf)
                 elif progress.match < self.log.last_index():
                     self._append_later(m.src)
                 if m.src == self.transferee and progress.match == self.log.last_index():
@@ -1231,21 +1236,29 @@ class Raft:
         for node in [n for n in self.progress if n not in self.conf.members()]:
             del self.progress[node]
         if self.role is Role.LEADER and self.id not in self.conf.voters:
-            self.become_follower(self.term, None)  # removed (or demoted): step down
+            # removed (or demoted): step down, with a last heartbeat that tells each member
+            # the commit index. A member not told this change's commit (or, told lazily, the
+            # commits of changes before it) counts the voters it knew: holding the longest
+            # log, it may be one that no voter it counts can outvote, and no voter in its
+            # own view (node simulation with workers and transactions, seed 56).
+            self._broadcast_heartbeat(b"")
+            self.become_follower(self.term, None)
         elif self.role is Role.LEADER:
             if self.transferee is not None and self.transferee not in self.conf.voters:
                 self.transferee = None
             if self._maybe_commit():
                 self._broadcast_append()
 
-    def _announce_commit(self) -> None:
+    def _announce_commit(self, *, everyone: bool) -> None:
         """An answer moved the commit index: owe an append to each follower that wants commit
-        notices, and to the others only entries they lack ("Commit notices on demand")."""
+        notices, and to the others only entries they lack ("Commit notices on demand"), but
+        to `everyone` when the commit took a configuration change (which members campaign,
+        and whose votes count, follows from what each knows committed)."""
         if self.role is not Role.LEADER:
             return
         for node, progress in self.progress.items():
             if node != self.id:
-                self._append_later(node, if_empty=progress.commit_notices)
+                self._append_later(node, if_empty=everyone or progress.commit_notices)
 
     def _broadcast_append(self) -> None:
         if self.role is not Role.LEADER:
