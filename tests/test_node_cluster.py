@@ -66,7 +66,7 @@ def test_many_seeds_pass() -> None:
 # seeds whose run crashes the metadata leader's broker for good, n2 not being it (its new
 # worker is checked below); the crash waits for a tick its groups can survive it, and which
 # seeds find one depends on their whole random path
-@pytest.mark.parametrize("seed", [1, 2, 8])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) -> None:
     """Two workers a broker (`laminar.workers`); n2 restarts with three, n3 with one. After
     settling, every partition's voters are one worker on each broker placement picks, the

@@ -27,9 +27,9 @@ simulation's invariants (Raft safety, no acknowledged record lost), after settli
 * idempotent dedupe: each partition's producer (one batch in flight, retried with the same
   producer id and sequence until acknowledged, through `Replica.propose` as the HTTP append
   does) finds every batch committed exactly once, however often it retried it;
-* transactions (`laminar.sim.txn_workload`, with one worker a broker): transactional
-  producers, a zombie and a consume → produce loop run through the metadata group and the
-  partition leaders, with the coordinator's driver (`laminar.txn.driver`) on the metadata leader;
+* transactions (`laminar.sim.txn_workload`): transactional producers, a zombie and a
+  consume → produce loop run through the metadata group and the partition leaders, with the
+  coordinator's driver (`laminar.txn.driver`) on the metadata leader;
   every transaction is atomic under `read_committed`, no aborted record is returned, the
   fenced zombie never commits, and every consumed message has exactly one output.
 
@@ -169,14 +169,10 @@ class NodeSimulation(Simulation):
         *,
         partitions: int = PARTITIONS,
         workers: int = 1,
-        transactions: bool | None = None,
+        transactions: bool = True,
     ) -> None:
         """`transactions`: run the transactional workload (`laminar.sim.txn_workload`; it
-        needs the topic's partitions 0 to 5). By default only with one worker a broker: with
-        two, seed 46 of 0:100 ends with a partition whose live members hold none of its log
-        (docs/transactions.md, "The simulator")."""
-        if transactions is None:
-            transactions = workers == 1
+        needs the topic's partitions 0 to 5)."""
         self.partitions = partitions
         self.workers = workers
         if workers > 1:
