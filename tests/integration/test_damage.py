@@ -148,7 +148,8 @@ async def test_a_leader_that_finds_a_flipped_bit_steps_down_and_is_repaired(
             """flip/0 has a leader of a later term: the damaged one stepped down (its
             reopened replica campaigns only once repaired). Which broker that is, is Raft's
             choice: another, or this one again, repaired (its broker's preferred leader
-            campaigns first; CI111 saw it win the first election after its repair)."""
+            campaigns first: a run here under load saw it win the first election after its
+            repair, and CI111 ended as that run did, with it leading in a later term)."""
             async with AsyncClient(cluster.urls, token=cluster.token) as client:
                 state = (await client.describe_topic("flip")).partition_states[0]
             later = state.term is not None and state.term > term
