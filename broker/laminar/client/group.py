@@ -57,7 +57,6 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -695,30 +694,28 @@ class GroupConsumer:
         consumer are unanswered at once; renewing goes on while close() waits for running
         handlers."""
         loop = asyncio.get_running_loop()
-        in_flight: dict[tuple[int, str], int] = {}
-        tasks: set[asyncio.Task[None]] = set()
+        #: each partition and consumer's unanswered renew calls
+        in_flight: dict[tuple[int, str], set[asyncio.Task[None]]] = {}
         due_s = loop.time()
         try:
             while not self._closed:
                 due_s = max(due_s + self._renew_interval_s, loop.time())
                 await asyncio.sleep(due_s - loop.time())
+                in_flight = {key: running for key, running in in_flight.items() if running}
                 for partition in list(self._partitions.values()):
                     by_consumer: dict[str, list[int]] = {}
                     for index, delivery in partition.held.items():
                         if not delivery._lease_lost:
                             by_consumer.setdefault(delivery.consumer, []).append(index)
                     for consumer, indexes in by_consumer.items():
-                        key = (partition.number, consumer)
-                        if in_flight.get(key, 0) >= MAX_RENEWS_IN_FLIGHT:
+                        running = in_flight.setdefault((partition.number, consumer), set())
+                        if len(running) >= MAX_RENEWS_IN_FLIGHT:
                             continue
-                        in_flight[key] = in_flight.get(key, 0) + 1
                         task = loop.create_task(self._renew_chunks(partition, consumer, indexes))
-                        tasks.add(task)
-                        task.add_done_callback(partial(_renewed, tasks, in_flight, key))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
         finally:
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _finish([task for running in in_flight.values() for task in running], 0)
 
     async def _renew_chunks(self, partition: _Partition, consumer: str, indexes: list[int]) -> None:
         await asyncio.gather(*(self._renew(partition, consumer, c) for c in _chunks(indexes)))
@@ -890,15 +887,3 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _renewed(
-    tasks: set[asyncio.Task[None]],
-    in_flight: dict[tuple[int, str], int],
-    key: tuple[int, str],
-    task: asyncio.Task[None],
-) -> None:
-    tasks.discard(task)
-    in_flight[key] -= 1
-    if not in_flight[key]:
-        del in_flight[key]
