@@ -5,9 +5,10 @@ phase alone, to compare trees quickly.
 
 Each round starts a fresh 3-broker cluster (fsync always: every acknowledgement after a
 majority's fdatasync), runs `laminar bench produce` at --rate msg/s of 1120-byte records over
-6 partitions (linger --linger-ms) for --seconds, and removes the cluster. Printed per round and as
-medians: p50, p99 and p99.9 from each record's due time to its acknowledgement, and the
-brokers' CPU seconds per million records (from /proc), beside the machine's fdatasync rate.
+6 partitions (linger --linger-ms) for --seconds, and removes the cluster. Printed per round
+and as medians: p50, p99 and p99.9 from each record's due time to its acknowledgement, and
+the brokers' CPU seconds per million records (from /proc), beside the machine's fdatasync
+rate.
 To compare two trees, run each tree's own copy of this script in turn: the brokers and the
 load run the code of the tree the script is in (`LocalCluster.broker_env`), whatever
 PYTHONPATH or an editable install says (bench/RESULTS.md, issue 22, eighth sitting).
