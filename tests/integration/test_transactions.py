@@ -13,6 +13,7 @@ import pytest
 
 from laminar.client import AsyncClient, Conflict, GroupConsumer, Record
 from laminar.client.errors import BadRequest, NotFound
+from laminar.contract import METADATA_INDEX_HEADER
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import encode_batch
 from laminar.txn.producer import TxnProducer
@@ -238,7 +239,10 @@ async def test_a_json_append_can_be_part_of_a_transaction(cluster3: LocalCluster
             "sequence": 0,
             "transactional": True,
         }
-        async with aiohttp.ClientSession(headers=auth(cluster3)) as session:
+        # read-your-writes: without the index it saw, the leader may answer from metadata
+        # applied before the add (docs/api.md), and refuse the append (CI115)
+        seen = {METADATA_INDEX_HEADER: str(client.metadata_index)}
+        async with aiohttp.ClientSession(headers={**auth(cluster3), **seen}) as session:
             url = f"{leader}/v1/topics/{topic}/partitions/0/records"
             async with session.post(url, json=body, allow_redirects=False) as response:
                 assert response.status == 200, await response.text()
