@@ -19,12 +19,13 @@ import json
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..log.batch import BatchHeader, parse_header, split_batches
 from ..log.config import LogConfig
 from ..log.errors import CorruptBatchError, LogClosedError
+from ..log.journal import Section
 from ..log.segment import ReadResult
 from ..log.segmented_log import SegmentedLog
 from ..log.storage import Directory
@@ -135,13 +136,15 @@ class Replica:
         repair_at: int | None = None,
         joining: bool = False,
         seed: int | None = None,
+        replay: Sequence[Section] = (),
     ) -> None:
         """`group`: the Raft group name (default "topic/partition"); `queues`: serve consumer
         groups (data partitions do; the metadata group does not); `repair_at`: the index of
         a damaged batch found while the replica ran (its log is cut and repaired there);
         `joining`: created by a leader's message, not as an initial voter (a new replica
         neither campaigns nor votes until a leader's entries reached it); `seed`: of its
-        election jitter (None: the system's randomness)."""
+        election jitter (None: the system's randomness); `replay`: what the node's journal
+        holds of its log (redone before anything reads it)."""
         self.topic = topic
         self.partition = partition
         self.group = group or f"{topic}/{partition}"
@@ -154,6 +157,7 @@ class Replica:
             conf=bootstrap,
             joining=joining,
             commit_save_indexes=commit_save_indexes,
+            replay=replay,
         )
         damage = None
         if repair_at is not None:

@@ -28,15 +28,18 @@ in between leaves a node that still knows it must not campaign.
 from __future__ import annotations
 
 import json
+import logging
+import random
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import xxhash
 
 from ..log.batch import BatchHeader, decode_batch, parse_header, split_batches
 from ..log.errors import CorruptBatchError, IndexOutOfRangeError, StorageError
-from ..log.segmented_log import LogWrite, SegmentedLog
+from ..log.journal import Section
+from ..log.segmented_log import LogWrite, LostRecords, SegmentedLog
 from ..log.storage import Directory, DirectWrite, Storage
 from .messages import ConfState, Entry, EntryKind, HardState, Snapshot, up_to_date_order
 from .storage import StorageUnavailable
@@ -48,6 +51,16 @@ COMMIT_HINT = struct.Struct("<qqQ")
 COMMIT_SAVE_INDEXES = 1 << 12
 SNAPSHOT_FILE = "raft.snapshot"  # the state machine's snapshot data, if it has any
 TEMP_SUFFIX = ".tmp"
+
+log = logging.getLogger(__name__)
+_EPOCHS = random.SystemRandom()
+
+
+def new_epoch() -> int:
+    """A log's journal epoch (see `laminar.log.journal`): its value only tells incarnations
+    apart, so it comes from the system's randomness (the simulator's runs do not depend on
+    it: nothing is sized or ordered by it)."""
+    return _EPOCHS.getrandbits(63)
 
 
 def entry_kind(batch: bytes | memoryview) -> EntryKind:
@@ -69,8 +82,10 @@ class LogStorage:
         conf: ConfState,
         joining: bool = False,
         commit_save_indexes: int = COMMIT_SAVE_INDEXES,
+        replay: Sequence[Section] = (),
     ) -> None:
-        """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group.
+        """Open the Raft state in `directory` beside `log`; `conf` bootstraps a new group;
+        `replay`: what the node's journal holds of this log (`replay`).
         The commit index hint is written once the commit moved `commit_save_indexes` past the
         last one: 1 keeps it exact, for a group whose state a restart replays up to its
         commit (the cluster metadata). `joining`: a new group's state starts as a joining
@@ -89,11 +104,22 @@ class LogStorage:
         #: called whenever `planned` or `needs_sync` may have become true (the node's round
         #: flushes only the storages that said so)
         self.on_pending: Callable[[], None] = _nothing
+        #: the log's journal epoch, and whether the state file holds it: only then may its
+        #: writes go through the node's journal (`journals`)
+        self.journal_epoch = new_epoch()
+        self._epoch_saved = False
+        #: entries `write_later` planned, for the journal's record of the round
+        self._planned_entries: list[Entry] = []
+        self._unsynced = False  # written through the journal since the log's last sync
+        #: a conflicting suffix was cut since the journal's last checkpoint: until the next,
+        #: every write goes through the journal (`must_journal`)
+        self._cut = False
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
                 self.snap = replace(self.snap, data=self._read(SNAPSHOT_FILE))
             self._match_snapshot()
+            self._replay(replay)
         else:
             self.hard_state = HardState(conf=conf, joining=joining)
             self.snap = Snapshot(log.start_index - 1, 0, conf)
@@ -103,6 +129,8 @@ class LogStorage:
                 self._save()
         self._load_commit_hint()
         self._saved_commit = self.hard_state.commit
+        if STATE_FILE in directory.names() and not self._epoch_saved:
+            self._save()  # a state from before the journal: its epoch, before any write
 
     # ---- the state file --------------------------------------------------------------------
 
@@ -166,6 +194,8 @@ class LogStorage:
             bool(hs.get("joining", False)),
         )
         self.commit_term = hs.get("commit_term", hs["term"])
+        if (epoch := document.get("journal_epoch")) is not None:
+            self.journal_epoch, self._epoch_saved = int(epoch, 16), True
         snapshot = Snapshot(
             snap["index"],
             snap["term"],
@@ -195,8 +225,12 @@ class LogStorage:
                 "voters": list(snap.conf.voters),
                 "learners": list(snap.conf.learners),
             },
+            # (hex of a fixed width: the file's size does not depend on its value)
+            "journal_epoch": f"{self.journal_epoch:016x}",
         }
         self._replace(STATE_FILE, json.dumps(document, sort_keys=True).encode(), sync=sync)
+        if sync:
+            self._epoch_saved = True
         self._commit_unsaved = False
         self._saved_commit = hs.commit
         if self._hint is not None or COMMIT_FILE in self.directory.names():
@@ -317,6 +351,7 @@ class LogStorage:
         first = entries[0].index
         if first <= self.last_index():
             self.log.truncate(first)
+            self._cut = True
         # header and checksum only, as `append`; not again for what this node checked (the
         # very bytes: an entry that replaced a proposal is checked)
         known = [
@@ -331,6 +366,7 @@ class LogStorage:
                 write.discard()
                 raise StorageError(f"entry {entry.index} would land at {result.base_index}")
         self._planned = write
+        self._planned_entries = entries
         self.on_pending()
 
     @property
@@ -345,12 +381,16 @@ class LogStorage:
         if sync:
             staged, self._staged = sorted(self._staged), set()
         planned, self._planned = self._planned, None
+        if sync:
+            self._planned_entries = []
+            self._unsynced = False
         return Flush(self, planned, sync, staged)
 
     def sync(self) -> None:
         """Make the log durable, then each staged file (fsync it, rename it over the old
         one, fsync the directory)."""
         self.log.sync()
+        self._unsynced = False
         self._flush_staged()
 
     def _flush_staged(self, staged: list[str] | None = None) -> None:
@@ -388,7 +428,11 @@ class LogStorage:
             self._commit_unsaved = True
 
     def close(self) -> None:
-        """Save a remembered commit index durably (a clean close); release the hint file."""
+        """Sync the log (what it wrote through the journal is its own then), save a
+        remembered commit index durably (a clean close); release the hint file."""
+        if self._unsynced and not self.log.closed:
+            self.log.sync()
+            self._unsynced = False
         if self._commit_unsaved:
             self._save()
         self._flush_staged()
@@ -419,6 +463,8 @@ class LogStorage:
             cut = self.log.batch_range(cut)[0]  # the whole batch holding it
         commit = max(min(self.hard_state.commit, cut - 1, self.last_index()), self.snap.index)
         self.hard_state = replace(self.hard_state, commit=commit, repair_floor=floor)
+        self.log.sync()  # what the cut keeps, durable without the journal's records
+        self.new_journal_epoch()
         self._save()
         if index <= self.snap.index:
             self.log.reset(cut)
@@ -431,6 +477,7 @@ class LogStorage:
         a log that `_match_snapshot` empties at the next open."""
         self._replace(SNAPSHOT_FILE, snapshot.data)
         self.snap = snapshot
+        self.new_journal_epoch()  # (the log restarts empty: nothing of it to keep)
         self._save()
         self.log.reset(snapshot.index + 1)
 
@@ -445,6 +492,129 @@ class LogStorage:
         if snap.index < log.next_index and log.term_at(snap.index) in (snap.term, 0):
             return
         log.reset(snap.index + 1)
+
+    def _replay(self, sections: Sequence[Section]) -> None:
+        """Redo what the node's journal holds of this log (of its epoch), entry by entry, by
+        Raft's follower rule: skip an entry below the log's start or one it holds with that
+        term, cut where the term differs, append at the end. Then sync the log (what it
+        holds may be only in the page cache), and forget the damage the log's recovery found
+        past its torn end if the journal made it whole again. An entry past the end, or on a
+        damaged span, stops the replay: repair takes over from there."""
+        log_ = self.log
+        ours = [s for s in sections if s.epoch == self.journal_epoch]
+        if not ours:
+            return
+        redone = 0
+        for entry in (e for section in ours for e in section.entries):
+            if entry.index < log_.start_index:
+                continue
+            if entry.index < log_.next_index:
+                base, _ = log_.batch_range(entry.index)
+                term = log_.term_at(entry.index)
+                if base == entry.index and term == entry.term:
+                    continue
+                if base != entry.index or term == 0:
+                    log.warning(
+                        "%s: the journal's entry %d meets %s: replay stops there",
+                        self.directory,
+                        entry.index,
+                        "a damaged span" if term == 0 else f"a batch from {base}",
+                    )
+                    break
+                log_.truncate(entry.index)
+            if entry.index != log_.next_index:
+                log.warning(
+                    "%s: the journal's entry %d is past the log's end %d: replay stops there",
+                    self.directory,
+                    entry.index,
+                    log_.next_index,
+                )
+                break
+            log_.append(entry.data, term=entry.term, check_records=False)
+            redone += 1
+        log_.sync()
+        held = None
+        if ours[-1].entries:  # the last entry written: the log as of the last record ends there
+            last = ours[-1].entries[-1]
+            held = (last.index + parse_header(last.data).record_count - 1, last.term)
+        self._settle_recovery(held)
+        if redone:
+            log.info("%s: %d entries redone from the journal", self.directory, redone)
+
+    def _settle_recovery(self, held: tuple[int, int] | None) -> None:
+        """After a replay: the damage the log's recovery found is no damage if the journal
+        made the log whole again; and what the journal held durably (its last record of the
+        log, `held`: (index, term) of its last record) and the log does not hold now is lost,
+        with that as the floor a repair must reach (this node may have acknowledged it)."""
+        log_ = self.log
+        report = log_.recovery
+        lost = report.lost
+        if lost is not None and lost.last is not None:
+            index, term = lost.last
+            if log_.start_index <= index < log_.next_index and log_.term_at(index) == term:
+                lost = None  # made whole again
+        if held is not None:
+            index, term = held
+            holds = log_.start_index <= index < log_.next_index and log_.term_at(index) == term
+            if not holds and index >= log_.start_index:
+                first = log_.next_index if lost is None else min(lost.first_index, log_.next_index)
+                lost = LostRecords(first, held if lost is None else lost.last)
+            if lost is not None:
+                floors = [held] + ([lost.last] if lost.last is not None else [])
+                lost = LostRecords(lost.first_index, max(floors, key=up_to_date_order))
+        if lost != report.lost:
+            log_.recovery = replace(report, lost=lost)
+
+    # ---- the journal -----------------------------------------------------------------------
+
+    @property
+    def journals(self) -> bool:
+        """Its writes may go through the node's journal: its epoch is saved."""
+        return self._epoch_saved
+
+    def flush_journaled(self) -> tuple[Flush, list[Entry]]:
+        """`flush` for a round that makes the planned entries durable through the journal:
+        the log is written without a sync (unless files are staged, which sync it too);
+        returns the entries for the journal's record."""
+        entries, self._planned_entries = self._planned_entries, []
+        flush = self.flush(sync=self.needs_sync)
+        self._unsynced = not flush.syncs
+        return flush, entries
+
+    @property
+    def must_journal(self) -> bool:
+        """Its planned entries must go through the journal, however large: its log was cut
+        since the journal's last checkpoint, and a replay of the records from before the cut
+        would cut it again (the newer records redo what follows, so they must hold it all)."""
+        return self._cut
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(len(e.data) for e in self._planned_entries)
+
+    @property
+    def planned_entries(self) -> list[Entry]:
+        """The entries `write_later` planned (for the size of the journal's record)."""
+        return self._planned_entries
+
+    def sync_job(self) -> DirectWrite | Callable[[], None] | None:
+        """A journal checkpoint's part for this log: its fdatasync (what it wrote through
+        the journal is its own then), off the event loop; None if it is closed (a close
+        synced it)."""
+        if self.log.closed:
+            return None
+        self._unsynced = self._cut = False
+        return self.log.direct_sync() or self._sync_log
+
+    def _sync_log(self) -> None:
+        self.log.sync()
+
+    def new_journal_epoch(self) -> None:
+        """A change that is not an append (a snapshot install, a repair cut) is coming: the
+        journal's records of this log so far are not to be replayed over what follows. The
+        caller has synced what the log keeps; saved by the caller's `_save`."""
+        self.journal_epoch = new_epoch()
+        self._epoch_saved = self._cut = False
 
     def compact(self, through_index: int, data: bytes = b"") -> None:
         """Retention: record the snapshot point at `through_index` (which must end a stored
