@@ -51,6 +51,8 @@ from typing import Any
 from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
 from ..log.errors import STORAGE_FAILURES, CorruptBatchError
+from ..log.journal import MIN_JOURNAL_BYTES, Journal, JournalFlush, Section
+from ..log.storage import DirectWrite
 from ..metadata import (
     METADATA_GROUP,
     AlterTopic,
@@ -78,7 +80,7 @@ from ..partition.replica import Replica
 from ..placement import Candidate, hosts
 from ..queue.state import QueueConfig
 from ..raft.config import RaftConfig
-from ..raft.log_storage import Flush
+from ..raft.log_storage import Flush, LogStorage
 from ..raft.messages import ConfState, EntryKind, Message, MessageType
 from ..raft.multi import MultiRaft
 from ..raft.raft import ProposalDropped, Raft, Ready, Role
@@ -136,6 +138,14 @@ class CoreConfig:
     joins: bool = False
     #: a replica a leader no longer counts is dropped once it is older than this
     removed_grace_ms: int = 10_000
+    #: with fsync `always`: the node's journal (`laminar.log.journal`), this many bytes, in
+    #: which a round makes its log writes durable with one fdatasync; 0: none (each log
+    #: written is synced itself)
+    journal_bytes: int = 0
+    #: a log that writes more in a round syncs itself rather than go through the journal
+    #: (unless it must): its fdatasync's fixed cost is small beside its bytes, and the journal
+    #: would write them twice (bench/RESULTS.md, issue 22, twenty-sixth sitting)
+    max_journaled_bytes: int = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +161,13 @@ class Round:
 
     readies: dict[str, Ready]
     before: list[Message] = field(default_factory=list)
-    #: each storage's disk work (write its entries, fdatasync): `run` off the event loop,
-    #: then `NodeCore.stored` publishes them
-    syncs: list[Flush] = field(default_factory=list)
+    #: a journal checkpoint to carry out first, off the event loop, in this order: sync
+    #: these logs, then `checkpointed` (the journal's start moves past its records)
+    checkpoint: list[DirectWrite | Callable[[], None]] = field(default_factory=list)
+    checkpointed: Callable[[], None] | None = None
+    #: each storage's disk work (write its entries, fdatasync; the journal's record with
+    #: them): `run` off the event loop, then `NodeCore.stored` publishes them
+    syncs: list[Flush | JournalFlush] = field(default_factory=list)
     #: committed ranges whose entries this round writes: applied once stored (`stored`)
     unstored: dict[str, tuple[int, int]] = field(default_factory=dict)
     saves: list[Callable[[], None]] = field(default_factory=list)
@@ -239,6 +253,10 @@ class NodeCore:
         #: groups whose storage has planned writes or staged files (`LogStorage.on_pending`):
         #: the only ones a round flushes, so that idle replicas cost it nothing
         self._pending: dict[str, None] = {}
+        #: the node's journal (`open`; None: none), and the logs written through it since
+        #: its last checkpoint, by group
+        self.journal: Journal | None = None
+        self._journaled: dict[str, LogStorage] = {}
         #: `hosted_structure`: each hosted group's row as last computed, the members alive
         #: then, and a version that grows whenever a row changes
         self._shape_rows: dict[str, tuple[object, ...]] = {}
@@ -318,7 +336,31 @@ class NodeCore:
     # ---- opening ---------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open what this node stored: the metadata group, then every replica."""
+        """Open what this node stored: the journal, the metadata group, then every replica
+        (each redoing what the journal holds of its log); then start the journal anew."""
+        wanted = self.config.journal_bytes if self.config.fsync is FsyncPolicy.ALWAYS else 0
+        if wanted or self.storage.has_journal():
+            # (one left by a run with a journal is replayed all the same, then removed)
+            directory = self.storage.journal_directory()
+            self.journal = Journal.open(directory, wanted or MIN_JOURNAL_BYTES)
+            logs = self.journal.untaken()
+            log.info("%s: the journal holds writes of %d logs, to redo", self.id, len(logs))
+        self._open_groups()
+        if self.journal is None:
+            return
+        for key in self.journal.untaken():  # (every log stored here was opened)
+            log.info("%s: the journal's records of %s: its replica is gone", self.id, key)
+        if wanted:
+            self.journal.restart()
+        else:
+            self.journal.remove()
+            self.journal = None
+
+    def _replay(self, group: str) -> list[Section]:
+        """What the journal holds of `group`'s log, for its opening (given out once)."""
+        return self.journal.take(group) if self.journal is not None else []
+
+    def _open_groups(self) -> None:
         voters = self.initial_metadata_voters()
         if self.storage.exists(None) or self.id in voters:
             self._host_metadata(ConfState(voters if self.id in voters else ()))
@@ -339,7 +381,9 @@ class NodeCore:
 
     def close(self) -> None:
         for replica in self.all_replicas():
-            replica.close()
+            replica.close()  # (each syncs what it wrote through the journal)
+        if self.journal is not None:
+            self.journal.close()
 
     def refuse_proposals(self) -> None:
         self.stopping = True
@@ -375,6 +419,7 @@ class NodeCore:
             commit_save_indexes=1,  # a restart replays the metadata up to its commit
             repair_at=repair_at,
             seed=self._seed(METADATA_GROUP),
+            replay=self._replay(METADATA_GROUP),
         )
         self._opened(replica)
         self.meta = replica
@@ -452,6 +497,7 @@ class NodeCore:
             repair_at=repair_at,
             joining=joining,
             seed=self._seed(group),
+            replay=self._replay(group),
         )
         self._opened(replica)
         self.replicas[replica.group] = replica
@@ -771,20 +817,70 @@ class NodeCore:
             # fsync policy `interval`: every log now (acks went out before)
             self._next_sync_ms = self.now_ms + self.config.fsync_interval_ms
         always = self.config.fsync is FsyncPolicy.ALWAYS
-        for replica in self.all_replicas() if interval_sync else self._pending_replicas():
+        replicas = self.all_replicas() if interval_sync else self._pending_replicas()
+        journaled = self._plan_journal(round_, replicas)
+        sections = []
+        for replica in replicas:
             # one job per storage: write its entries, then fdatasync it if the fsync policy
-            # asks, or if files are staged (checkpoints this round's applying wrote among them)
+            # asks (unless the journal's record holds them), or if files are staged
+            # (checkpoints this round's applying wrote among them)
             storage = replica.storage
             planned = storage.planned
+            if replica.group in journaled:
+                flush, entries = storage.flush_journaled()
+                round_.syncs.append(flush)
+                journal_entries = [(e.index, e.term, e.data) for e in entries]
+                sections.append((replica.group, storage.journal_epoch, journal_entries))
+                self._journaled[replica.group] = storage
+                continue
             sync = (planned and always) or interval_sync or storage.needs_sync
             if planned or sync:
                 round_.syncs.append(storage.flush(sync=sync))
+        if sections:
+            assert self.journal is not None
+            round_.syncs.append(self.journal.write_round(sections))
         self.counters["fsyncs"] += sum(1 for flush in round_.syncs if flush.syncs)
+        self.counters["fsyncs"] += len(round_.checkpoint)
         round_.answers, self._answers = self._answers, []
         round_.barriers, self.barriers.passed = self.barriers.passed, []
         round_.movers = sorted(self.movers_wanted)
         self.movers_wanted.clear()
         return round_
+
+    def _plan_journal(self, round_: Round, replicas: list[Replica]) -> set[str]:
+        """The groups whose planned entries this round makes durable through the journal
+        (every one that may: not more than `max_journaled_bytes`, unless it must), checkpointing
+        first (`Round.checkpoint`) when the journal is
+        half full or their record does not fit; none if it would not fit an empty ring."""
+        journal = self.journal
+        if journal is None:
+            return set()
+        most = self.config.max_journaled_bytes
+        chosen = [
+            r
+            for r in replicas
+            if r.storage.planned
+            and r.storage.journals
+            and (r.storage.planned_bytes <= most or r.storage.must_journal)
+        ]
+        if not chosen:
+            return set()
+        body = sum(
+            journal.body_bytes(r.group, [len(e.data) for e in r.storage.planned_entries])
+            for r in chosen
+        )
+        if journal.wants_checkpoint or not journal.fits(body):
+            # every log written through the journal since its start is synced, and only then
+            # its start moves past their records (a log with live records is never written
+            # around them: a replay would undo it)
+            for storage in self._journaled.values():
+                if (job := storage.sync_job()) is not None:
+                    round_.checkpoint.append(job)
+            self._journaled.clear()
+            round_.checkpointed = journal.begin_checkpoint()
+            if not journal.fits(body):
+                return set()  # (its logs sync themselves: none has live records now)
+        return {r.group for r in chosen}
 
     def _pending_replicas(self) -> list[Replica]:
         """The hosted replicas whose storage has planned writes or staged files (the others

@@ -4,6 +4,7 @@ Every replica gets its directory from here, never a path of its own, so the brok
 directories under `data_dir`, fsynced) and the simulator (`MemoryDirectory`, which loses what
 was not synced when a node crashes) open replicas through the same code. Layout on disk:
 
+    <data_dir>/journal/ring                  the node's journal, if it has one
     <data_dir>/metadata/                     the `__cluster` group
     <data_dir>/partitions/<topic>/<n>/       one data partition's replica
     <data_dir>/quarantine/<topic>/<n>-<k>/   a replica of a topic the cluster never knew
@@ -18,14 +19,17 @@ compaction (the metadata log's, and retention's: rare) still sync where they hap
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ..log.journal import JOURNAL_FILE
 from ..log.storage import Directory, FileDirectory, MemoryDirectory
 from ..metadata.group import METADATA_GROUP
 
 METADATA_DIR = "metadata"
+JOURNAL_DIR = "journal"  # the node's journal (`laminar.log.journal`)
 PARTITIONS_DIR = "partitions"
 QUARANTINE_DIR = "quarantine"
 #: beside a replica's log: which topic (by its identity, the metadata index of its
@@ -105,6 +109,25 @@ class NodeStorage:
         path.mkdir(parents=True, exist_ok=True)
         return FileDirectory(str(path))
 
+    def has_journal(self) -> bool:
+        """A journal was made here (by a run with one)."""
+        if self.root is None:
+            found = self._memory.get(JOURNAL_DIR)
+            return found is not None and JOURNAL_FILE in found.names()
+        return (self.root / JOURNAL_DIR / JOURNAL_FILE).exists()
+
+    def journal_directory(self) -> Directory:
+        """The directory of the node's journal, created if missing."""
+        if self.root is None:
+            if JOURNAL_DIR not in self._memory:
+                self._memory[JOURNAL_DIR] = self._new_memory()
+            return self._memory[JOURNAL_DIR]
+        path = self.root / JOURNAL_DIR
+        if not path.exists():
+            path.mkdir(parents=True)
+            _sync_path(self.root)
+        return FileDirectory(str(path))
+
     def partitions(self) -> list[tuple[str, int]]:
         """Every (topic, partition) with a replica stored here, in order."""
         if self.root is None:
@@ -156,3 +179,12 @@ class NodeStorage:
 
 def _group(topic: str | None, partition: int) -> str:
     return METADATA_GROUP if topic is None else f"{topic}/{partition}"
+
+
+def _sync_path(path: Path) -> None:
+    """fsync a directory: a name made in it is durable then."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

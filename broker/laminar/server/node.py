@@ -314,8 +314,14 @@ class Broker:
             return False
         self._in_round = True
         try:
+            if round_.checkpointed is not None:
+                # a journal checkpoint: its logs synced, then its start moved past their
+                # records, before this round's record may be written over them
+                await self._disk.run(round_.checkpoint)
+                await self._disk.run([round_.checkpointed])
             # the disk work first: each storage's writes, then its fdatasync (one group
-            # commit for every log written), in threads while the loop goes on
+            # commit for every log written, or the journal's), in threads while the loop
+            # goes on
             writing = self._disk.run([flush.job() for flush in round_.syncs])
             self.send(round_.before)
             self.waits.answer(round_)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from ..log.batch import Record, encode_batch, parse_header, verify_batch
+from ..log.journal import MIN_JOURNAL_BYTES
 from ..log.storage import MemoryDirectory
 from ..metadata import (
     METADATA_GROUP,
@@ -159,6 +160,13 @@ class Runtime:
     table: StatusTable
 
 
+#: each node's journal, as the broker has one by default: small, so that runs checkpoint
+#: and wrap it often
+JOURNAL_BYTES = MIN_JOURNAL_BYTES
+#: and so that some writes go around it, and some of those must not
+MAX_JOURNALED_BYTES = 1 << 8
+
+
 class NodeSimulation(Simulation):
     replay_command = "python -m laminar.sim --node"
 
@@ -212,6 +220,7 @@ class NodeSimulation(Simulation):
             crashed_for_good=0,
             applied_once_stored=0,
             worker_changes=0,
+            journal_checkpoints=0,
         )
 
     # ---- nodes -----------------------------------------------------------------------------
@@ -243,6 +252,8 @@ class NodeSimulation(Simulation):
             joins=node.id not in INITIAL_NODES,
             dead_grace_ms=500,
             removed_grace_ms=1_000,
+            journal_bytes=JOURNAL_BYTES,
+            max_journaled_bytes=MAX_JOURNALED_BYTES,
         )
         core = NodeCore(config, store, partial(self._members, node), seed=self.rng.getrandbits(32))
         core.set_clock(self.now_ms, self.clock_ms(node))
@@ -330,6 +341,14 @@ class NodeSimulation(Simulation):
                 self._send(message)
             # what committed and was stored before the round: applied (and answered) already
             self._check_committed(node, round_)
+            if round_.checkpointed is not None:  # a journal checkpoint, first
+                self.stats["journal_checkpoints"] += 1
+                for job in round_.checkpoint:
+                    assert callable(job)  # (in memory: never a DirectWrite)
+                    job()
+                if self.faulty and any(i.on_persist(self, node) for i in self.injectors):
+                    return  # crashed: the logs synced, the journal's start not moved
+                round_.checkpointed()
             for flush in round_.syncs:  # the broker's threads: `Flush.run` is these two
                 flush.write()
             written = [g for g, ready in round_.readies.items() if ready.entries]
