@@ -208,6 +208,18 @@ FSYNC_INTERVAL_MS = Setting(
     flag="--fsync-interval-ms",
     env="LAMINAR_FSYNC_INTERVAL_MS",
 )
+JOURNAL_BYTES = Setting(
+    "journal_bytes",
+    int,
+    0,
+    "with --fsync always: the size of each worker's journal, one file in which a round's log "
+    "writes are made durable by one fdatasync instead of one per log (72 KiB to 16 GiB, e.g. "
+    "67108864; 0, the default: none). It adds throughput to small appends, and its "
+    "checkpoints add latency to some (docs/reliability.md)",
+    unit="bytes",
+    flag="--journal-bytes",
+    env="LAMINAR_JOURNAL_BYTES",
+)
 TICK_MS = Setting(
     "tick_ms",
     int,

@@ -63,12 +63,17 @@ async def append_all(client: AsyncClient, topic: str, values: list[bytes], produ
         )
 
 
-async def test_topics_created_since_restarts_survive_kill9_of_every_broker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal_bytes", [0, 1 << 20], ids=["no-journal", "journal"])
+async def test_topics_created_since_restarts_survive_kill9_of_every_broker(
+    tmp_path: Path, journal_bytes: int
+) -> None:
     """The reported reproduction: rolling restarts, a new topic, 20 records acknowledged,
     kill -9 of all three brokers, start: every replica still has the 20 records (it used to
     remove t/0 as a topic that "no longer exists", from metadata replayed only up to the
-    commit index saved before the topic was created)."""
-    cluster = make_cluster(tmp_path / "kill-all")
+    commit index saved before the topic was created). With a journal, each start replays it
+    (the logs were written without their own fdatasyncs)."""
+    journal = ("--journal-bytes", str(journal_bytes))
+    cluster = make_cluster(tmp_path / "kill-all", extra_args=journal)
     try:
         async with AsyncClient(cluster.urls, token=cluster.token) as client:
             await client.create_topic("a", partitions=1, replication_factor=3)
@@ -88,7 +93,9 @@ async def test_topics_created_since_restarts_survive_kill9_of_every_broker(tmp_p
         cluster.start()
         await wait_replicas_hold(cluster, "t", values)
         for node in cluster.nodes:
-            assert "removing t/0" not in cluster.tail(node, 10_000)
+            log = cluster.tail(node, 10_000)
+            assert "removing t/0" not in log
+            assert ("journal" in log) == bool(journal_bytes)  # (its replay is logged)
     finally:
         cluster.stop()
 

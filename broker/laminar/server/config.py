@@ -19,6 +19,7 @@ from .. import settings
 from ..credentials import CredentialsError, token_problem
 from ..credentials import load as load_credentials
 from ..log.config import FsyncPolicy
+from ..log.journal import MAX_JOURNAL_BYTES, MIN_JOURNAL_BYTES
 from ..metadata.state import NODE_ID
 from ..node.core import CoreConfig
 from ..swim.member import MAX_WORKERS
@@ -99,6 +100,7 @@ class BrokerConfig:
     tls_ca_file: Path | None = settings.TLS_CA_FILE.default
     fsync: FsyncPolicy = settings.FSYNC.default
     fsync_interval_ms: int = settings.FSYNC_INTERVAL_MS.default
+    journal_bytes: int = settings.JOURNAL_BYTES.default
     tick_ms: int = settings.TICK_MS.default
     election_ticks: int = settings.ELECTION_TICKS.default
     max_request_bytes: int = settings.MAX_REQUEST_BYTES.default
@@ -166,6 +168,14 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.fsync_interval_ms < 1:
             raise ConfigError("fsync_interval_ms must be positive")
+        if (
+            self.journal_bytes != 0
+            and not MIN_JOURNAL_BYTES <= self.journal_bytes <= MAX_JOURNAL_BYTES
+        ):
+            raise ConfigError(
+                f"--journal-bytes must be 0 (no journal) or in [{MIN_JOURNAL_BYTES}, "
+                f"{MAX_JOURNAL_BYTES}]"
+            )
         if not 0 <= self.leaving_hold_ms <= 86_400_000:
             raise ConfigError("--leaving-hold-ms must be in [0, 86400000] (a day)")
         if self.tick_ms < 5 or self.election_ticks < 3:
@@ -450,6 +460,7 @@ def core_config(config: BrokerConfig) -> CoreConfig:
         segment_bytes=config.segment_bytes,
         fsync=config.fsync,
         fsync_interval_ms=config.fsync_interval_ms,
+        journal_bytes=config.journal_bytes,
         max_pending_bytes_per_partition=config.max_pending_bytes_per_partition,
         dead_grace_ms=config.dead_grace_ms,
         initial_nodes=tuple(config.initial_nodes),
