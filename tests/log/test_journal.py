@@ -175,3 +175,26 @@ async def test_real_files_through_the_rounds_threads(tmp_path: Path) -> None:
     again = Journal.open(FileDirectory(str(tmp_path)), MIN_JOURNAL_BYTES)
     assert entries("t/3", again) == [(9, 10, 2, b"x" * 1000), (9, 11, 2, b"y")]
     again.close()
+
+
+def test_a_checkpoint_beside_the_rounds_moves_the_start_with_a_later_record() -> None:
+    """The logs are synced beside the rounds; then a round's record carries the header that
+    starts the journal where the next record was when they began (`mark`): that space is
+    free only once that round is done (`moved`), and a later checkpoint's start wins."""
+    directory = MemoryDirectory()
+    journal = Journal.open(directory, MIN_JOURNAL_BYTES)
+    write(journal, [("t/0", 1, [(0, 1, b"before")])])
+    start = journal.mark()  # (the logs are synced from here on, beside the rounds)
+    write(journal, [("t/0", 1, [(1, 1, b"beside")])])
+    used = journal.used_bytes
+    header = journal.header_to(start)
+    assert header is not None
+    journal.write_round([("t/0", 1, [(2, 1, b"with the header")])], header).run()
+    assert journal.used_bytes > used  # not free before its round is done
+    journal.moved(start)
+    assert [i for _, i, _, _ in entries("t/0", reopened(directory))] == [1, 2]
+    assert journal.header_to(start) is None  # (there already)
+    journal.begin_checkpoint()()
+    journal.moved(start)  # an older start changes nothing
+    assert journal.used_bytes == 0
+    assert entries("t/0", reopened(directory)) == []

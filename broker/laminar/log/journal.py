@@ -21,10 +21,13 @@ it is made: a record's write goes in place, and ext4 commits no metadata with it
   record whatever pages of the logs reached the disk. An entry of another epoch than the
   log's is skipped: a snapshot install or a repair cut starts a new epoch (after syncing what
   the cut keeps), and a replica made anew starts with a random one.
-* A checkpoint, once the live records reach `CHECKPOINT_BYTES` or half the ring (or a round's
-  record does not fit), is done by a round first: it syncs every log written through the
-  journal since its start, then writes the header that moves the start past every record
-  (`begin_checkpoint`), and only then the round's record, which may reuse that space.
+* A checkpoint, once the live records reach `CHECKPOINT_BYTES` or half the ring, syncs the
+  logs written through the journal since its start beside the rounds; then a round writes the
+  header that starts the journal where the next record was then (`mark`, `header_to`) with
+  its record, and that space is free once the round is done (`moved`). A round whose record
+  does not fit checkpoints first itself: every log synced, then the header that moves the
+  start past every record (`begin_checkpoint`), and only then its record, which may reuse
+  that space.
 * A log that writes much in a round syncs itself instead, unless it was cut since the last
   checkpoint (`laminar.node.core`, `LogStorage.must_journal`).
 
@@ -51,9 +54,8 @@ SLOT_BYTES = 4096
 RING_START = 2 * SLOT_BYTES
 #: the smallest journal: its ring holds a few rounds of small records
 MIN_JOURNAL_BYTES = RING_START + 64 * 1024
-#: live records past which a round checkpoints, whatever the ring's size: a checkpoint
-#: fdatasyncs the logs written since the last, and their bytes not yet written back with
-#: them, in one round; more at once stalled that round tens of ms (bench/RESULTS.md, issue
+#: live records past which a checkpoint begins, whatever the ring's size: it fdatasyncs the
+#: logs written since the last, with their bytes not yet written back (bench/RESULTS.md, issue
 #: 22, twenty-sixth sitting)
 CHECKPOINT_BYTES = 4 << 20
 #: the largest a broker takes
@@ -125,8 +127,9 @@ class Journal:
         journal._wanted_bytes = size_bytes
         return journal
 
-    def _slot(self, generation: int) -> bytes:
-        head = _SLOT.pack(_SLOT_MAGIC, generation, self._start_seq, self._start_pos)
+    def _slot(self, generation: int, start: tuple[int, int] | None = None) -> bytes:
+        seq, position = start or (self._start_seq, self._start_pos)
+        head = _SLOT.pack(_SLOT_MAGIC, generation, seq, position)
         return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
 
     def _read_header(self) -> bool:
@@ -268,11 +271,13 @@ class Journal:
         return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
 
     def write_round(
-        self, sections: Sequence[tuple[str, int, Sequence[tuple[int, int, Buffer]]]]
+        self,
+        sections: Sequence[tuple[str, int, Sequence[tuple[int, int, Buffer]]]],
+        header: tuple[int, bytes] | None = None,
     ) -> JournalFlush:
         """The round's record of `sections` (key, epoch, entries as (index, term, batch)),
-        to write and fdatasync off the event loop (`JournalFlush`). The caller checked that
-        it `fits`."""
+        to write and fdatasync off the event loop (`JournalFlush`), with `header` (a
+        `header_to`'s) if given. The caller checked that it `fits`."""
         parts: list[Buffer] = []
         for key, epoch, entries in sections:
             key_bytes = key.encode()
@@ -286,6 +291,8 @@ class Journal:
             raise StorageError("the journal's record does not fit: checkpoint first")
         position, wrap, wrapped = placed
         writes: list[tuple[int, Sequence[Buffer]]] = []
+        if header is not None:
+            writes.append((header[0], (header[1],)))
         seq = self._next_seq
         if wrap is not None:  # (with no room for its head, the scan wraps by itself)
             writes.append((self._next_pos, (wrap,)))
@@ -311,6 +318,31 @@ class Journal:
             self._storage.sync()
 
         return write_header
+
+    def mark(self) -> tuple[int, int]:
+        """Where the next record goes: (sequence, position)."""
+        return self._next_seq, self._next_pos
+
+    def header_to(self, start: tuple[int, int]) -> tuple[int, bytes] | None:
+        """The header (position, bytes) that starts the journal at `start` (a `mark`), to
+        write with a round's record (`write_round`) or alone (`header_flush`): the space
+        before it is free once that round's fdatasync is done (`moved`), not before. None if
+        the start is there or past it already (a later checkpoint went first)."""
+        if start[0] <= self._start_seq:
+            return None
+        self._generation += 1
+        return (self._generation % 2) * SLOT_BYTES, self._slot(self._generation, start)
+
+    def header_flush(self, header: tuple[int, bytes]) -> JournalFlush:
+        return JournalFlush(self._storage, [(header[0], (header[1],))])
+
+    def moved(self, start: tuple[int, int]) -> None:
+        """The header starting the journal at `start` is durable: the space before is free."""
+        seq, position = start
+        if seq <= self._start_seq:
+            return
+        self._start_seq, self._start_pos = seq, position
+        self._wrapped = position > self._next_pos
 
     def _move_start(self) -> None:
         self.begin_checkpoint()()

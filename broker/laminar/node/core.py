@@ -165,6 +165,14 @@ class Round:
     #: these logs, then `checkpointed` (the journal's start moves past its records)
     checkpoint: list[DirectWrite | Callable[[], None]] = field(default_factory=list)
     checkpointed: Callable[[], None] | None = None
+    #: a journal checkpoint's log syncs to start beside the rounds (off the event loop, not
+    #: awaited by this round), and what to call once they are done
+    background: list[DirectWrite | Callable[[], None]] = field(default_factory=list)
+    background_done: Callable[[], None] | None = None
+    #: the journal header this round writes (with its record, or alone), and what to call
+    #: once the round's disk work is done (`NodeCore.stored`)
+    journal_header: tuple[int, bytes] | None = None
+    journal_moved: Callable[[], None] | None = None
     #: each storage's disk work (write its entries, fdatasync; the journal's record with
     #: them): `run` off the event loop, then `NodeCore.stored` publishes them
     syncs: list[Flush | JournalFlush] = field(default_factory=list)
@@ -257,6 +265,12 @@ class NodeCore:
         #: its last checkpoint, by group
         self.journal: Journal | None = None
         self._journaled: dict[str, LogStorage] = {}
+        #: the checkpoints beside the rounds (`_plan_journal`): how many were begun, the one
+        #: whose logs are syncing (and their cuts then), the synced one whose header is next
+        self._checkpoints = 0
+        self._syncing: int | None = None
+        self._syncing_cuts: dict[LogStorage, int] | None = None
+        self._synced: tuple[tuple[int, int], dict[LogStorage, int]] | None = None
         #: `hosted_structure`: each hosted group's row as last computed, the members alive
         #: then, and a version that grows whenever a row changes
         self._shape_rows: dict[str, tuple[object, ...]] = {}
@@ -836,11 +850,14 @@ class NodeCore:
             sync = (planned and always) or interval_sync or storage.needs_sync
             if planned or sync:
                 round_.syncs.append(storage.flush(sync=sync))
-        if sections:
-            assert self.journal is not None
-            round_.syncs.append(self.journal.write_round(sections))
+        if self.journal is not None and (sections or round_.journal_header is not None):
+            if sections:
+                round_.syncs.append(self.journal.write_round(sections, round_.journal_header))
+            else:
+                assert round_.journal_header is not None
+                round_.syncs.append(self.journal.header_flush(round_.journal_header))
         self.counters["fsyncs"] += sum(1 for flush in round_.syncs if flush.syncs)
-        self.counters["fsyncs"] += len(round_.checkpoint)
+        self.counters["fsyncs"] += len(round_.checkpoint) + len(round_.background)
         round_.answers, self._answers = self._answers, []
         round_.barriers, self.barriers.passed = self.barriers.passed, []
         round_.movers = sorted(self.movers_wanted)
@@ -849,9 +866,19 @@ class NodeCore:
 
     def _plan_journal(self, round_: Round, replicas: list[Replica]) -> set[str]:
         """The groups whose planned entries this round makes durable through the journal
-        (every one that may: not more than `max_journaled_bytes`, unless it must), checkpointing
-        first (`Round.checkpoint`) when the journal is
-        half full or their record does not fit; none if it would not fit an empty ring."""
+        (every one that may: not more than `max_journaled_bytes`, unless it must), with the
+        journal's checkpoints:
+
+        * Once the journal wants one, the logs written through it so far are synced beside
+          the rounds (`Round.background`); once they are, the next round's record carries the
+          header that moves the journal's start past their records (`_synced`), and the
+          space is free once that round is done (`_moved`).
+        * If a record does not fit, that round syncs them all first (`Round.checkpoint`),
+          then writes the header, then its record; none is journaled if it would not fit
+          an empty ring.
+
+        A log with records in the journal from before a cut is never written around the
+        journal (`LogStorage.must_journal`): a replay would undo the write."""
         journal = self.journal
         if journal is None:
             return set()
@@ -863,24 +890,64 @@ class NodeCore:
             and r.storage.journals
             and (r.storage.planned_bytes <= most or r.storage.must_journal)
         ]
-        if not chosen:
-            return set()
         body = sum(
             journal.body_bytes(r.group, [len(e.data) for e in r.storage.planned_entries])
             for r in chosen
         )
-        if journal.wants_checkpoint or not journal.fits(body):
-            # every log written through the journal since its start is synced, and only then
-            # its start moves past their records (a log with live records is never written
-            # around them: a replay would undo it)
-            for storage in self._journaled.values():
-                if (job := storage.sync_job()) is not None:
-                    round_.checkpoint.append(job)
-            self._journaled.clear()
-            round_.checkpointed = journal.begin_checkpoint()
+        if chosen and not journal.fits(body):
+            self._checkpoint_now(round_, journal)
             if not journal.fits(body):
                 return set()  # (its logs sync themselves: none has live records now)
+        elif self._synced is not None:
+            start, cuts = self._synced
+            self._synced = None
+            round_.journal_header = journal.header_to(start)
+            if round_.journal_header is not None:
+                round_.journal_moved = partial(self._moved, start, cuts)
+        elif chosen and self._syncing is None and journal.wants_checkpoint:
+            jobs = [job for st in self._journaled.values() if (job := st.sync_job()) is not None]
+            cuts = {storage: storage.cuts for storage in self._journaled.values()}
+            self._journaled.clear()
+            self._checkpoints += 1
+            self._syncing, self._syncing_cuts = self._checkpoints, cuts
+            round_.background = jobs
+            round_.background_done = partial(
+                self._synced_logs, self._checkpoints, journal.mark(), cuts
+            )
         return {r.group for r in chosen}
+
+    def _checkpoint_now(self, round_: Round, journal: Journal) -> None:
+        """A checkpoint this round carries out first: every log written through the journal
+        since its start synced (those of a checkpoint beside the rounds too), then the header
+        moving its start past every record; the checkpoint beside the rounds is void."""
+        storages = set(self._journaled.values())
+        for pending in (self._syncing_cuts, self._synced[1] if self._synced else None):
+            storages.update(pending or ())
+        for storage in storages:
+            if (job := storage.sync_job()) is not None:
+                round_.checkpoint.append(job)
+            storage.covered(storage.cuts)
+        self._journaled.clear()
+        self._syncing, self._syncing_cuts, self._synced = None, None, None
+        round_.checkpointed = journal.begin_checkpoint()
+
+    def _synced_logs(
+        self, checkpoint: int, start: tuple[int, int], cuts: dict[LogStorage, int]
+    ) -> None:
+        """The logs of checkpoint number `checkpoint` are synced (off the event loop): the
+        next round moves the journal's start to `start`."""
+        if self._syncing != checkpoint:
+            return  # (a round checkpointed everything meanwhile)
+        self._syncing, self._syncing_cuts = None, None
+        self._synced = (start, cuts)
+        self.wake()
+
+    def _moved(self, start: tuple[int, int], cuts: dict[LogStorage, int]) -> None:
+        """The header moving the journal's start to `start` is durable (its round is done)."""
+        assert self.journal is not None
+        self.journal.moved(start)
+        for storage, count in cuts.items():
+            storage.covered(count)
 
     def _pending_replicas(self) -> list[Replica]:
         """The hosted replicas whose storage has planned writes or staged files (the others
@@ -958,6 +1025,8 @@ class NodeCore:
         next); the answers and barriers this passes join the round's."""
         for flush in round_.syncs:
             flush.publish()
+        if round_.journal_moved is not None:
+            round_.journal_moved()
         for group, (first, last) in round_.unstored.items():
             self._apply(group, first, last)
         if self.barriers.waiting:

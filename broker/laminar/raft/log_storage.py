@@ -111,9 +111,10 @@ class LogStorage:
         #: entries `write_later` planned, for the journal's record of the round
         self._planned_entries: list[Entry] = []
         self._unsynced = False  # written through the journal since the log's last sync
-        #: a conflicting suffix was cut since the journal's last checkpoint: until the next,
-        #: every write goes through the journal (`must_journal`)
-        self._cut = False
+        #: conflicting suffixes cut so far, and how many of those cuts a journal checkpoint
+        #: covered: while one is not, every write goes through the journal (`must_journal`)
+        self.cuts = 0
+        self._cuts_covered = 0
         if STATE_FILE in directory.names():
             self.hard_state, self.snap = self._load()
             if SNAPSHOT_FILE in directory.names():
@@ -351,7 +352,7 @@ class LogStorage:
         first = entries[0].index
         if first <= self.last_index():
             self.log.truncate(first)
-            self._cut = True
+            self.cuts += 1
         # header and checksum only, as `append`; not again for what this node checked (the
         # very bytes: an entry that replaced a proposal is checked)
         known = [
@@ -586,7 +587,12 @@ class LogStorage:
         """Its planned entries must go through the journal, however large: its log was cut
         since the journal's last checkpoint, and a replay of the records from before the cut
         would cut it again (the newer records redo what follows, so they must hold it all)."""
-        return self._cut
+        return self.cuts > self._cuts_covered
+
+    def covered(self, cuts: int) -> None:
+        """A checkpoint made the journal's records of this log from before its `cuts`-th cut
+        dead (`cuts`: what `cuts` was when the checkpoint took its log to sync)."""
+        self._cuts_covered = max(self._cuts_covered, cuts)
 
     @property
     def planned_bytes(self) -> int:
@@ -600,21 +606,22 @@ class LogStorage:
     def sync_job(self) -> DirectWrite | Callable[[], None] | None:
         """A journal checkpoint's part for this log: its fdatasync (what it wrote through
         the journal is its own then), off the event loop; None if it is closed (a close
-        synced it)."""
+        synced it). The checkpoint says what it covered (`covered`) once it is done."""
         if self.log.closed:
             return None
-        self._unsynced = self._cut = False
         return self.log.direct_sync() or self._sync_log
 
     def _sync_log(self) -> None:
-        self.log.sync()
+        if not self.log.closed:  # (closed since: its close synced it)
+            self.log.sync()
 
     def new_journal_epoch(self) -> None:
         """A change that is not an append (a snapshot install, a repair cut) is coming: the
         journal's records of this log so far are not to be replayed over what follows. The
         caller has synced what the log keeps; saved by the caller's `_save`."""
         self.journal_epoch = new_epoch()
-        self._epoch_saved = self._cut = False
+        self._epoch_saved = False
+        self._cuts_covered = self.cuts
 
     def compact(self, through_index: int, data: bytes = b"") -> None:
         """Retention: record the snapshot point at `through_index` (which must end a stored

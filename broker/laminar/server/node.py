@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from ..client import AsyncClient
 from ..credentials import internal_token
 from ..log.errors import STORAGE_FAILURES
+from ..log.storage import DirectWrite
 from ..node.core import Member, NodeCore
 from ..node.store import NodeStorage, StorageIdentityError
 from ..partition.status_table import View
@@ -323,6 +324,8 @@ class Broker:
             # commit for every log written, or the journal's), in threads while the loop
             # goes on
             writing = self._disk.run([flush.job() for flush in round_.syncs])
+            if round_.background_done is not None:
+                self._beside(round_.background, round_.background_done)
             self.send(round_.before)
             self.waits.answer(round_)
             for group in round_.movers:
@@ -347,6 +350,24 @@ class Broker:
                 log.exception("collecting removed replicas failed")
         self.timers["round_seconds"] += time.perf_counter() - started
         return True
+
+    def _beside(
+        self, jobs: list[DirectWrite | Callable[[], None]], done: Callable[[], None]
+    ) -> None:
+        """Run a journal checkpoint's log syncs beside the rounds; `done` once they are."""
+
+        async def run() -> None:
+            try:
+                await self._disk.run(jobs)
+            except STORAGE_FAILURES as e:  # fail-stop, as a round's
+                log.critical("%s: storage failed; stopping the broker: %s", self.id, e)
+                self.failed.set()
+                return
+            done()
+
+        task = asyncio.create_task(run(), name=f"checkpoint-{self.id}")
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
 
     def send(self, messages: Iterable[Message]) -> None:
         """Messages (of Raft groups, or node-level ones) to their destinations."""

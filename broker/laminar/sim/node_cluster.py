@@ -52,7 +52,7 @@ from functools import partial
 
 from ..log.batch import Record, encode_batch, parse_header, verify_batch
 from ..log.journal import MIN_JOURNAL_BYTES
-from ..log.storage import MemoryDirectory
+from ..log.storage import DirectWrite, MemoryDirectory
 from ..metadata import (
     METADATA_GROUP,
     ClusterState,
@@ -160,8 +160,10 @@ class Runtime:
     table: StatusTable
 
 
-#: each node's journal, as the broker has one by default: small, so that runs checkpoint
-#: and wrap it often
+Job = DirectWrite | Callable[[], None]  # one of a round's disk jobs
+
+#: each node's journal (a broker's is off by default, and the simulator runs one): small, so
+#: that runs checkpoint it beside the rounds, in a round when it is full, and wrap it often
 JOURNAL_BYTES = MIN_JOURNAL_BYTES
 #: and so that some writes go around it, and some of those must not
 MAX_JOURNALED_BYTES = 1 << 8
@@ -207,6 +209,9 @@ class NodeSimulation(Simulation):
         self.loop = asyncio.new_event_loop()
         self.ticks = 0
         self.txn_workload: TxnWorkload | None = None
+        #: each node's journal checkpoint syncing beside its rounds: (jobs, done), run before
+        #: its next round
+        self.beside: dict[str, tuple[list[Job], Callable[[], None]]] = {}
         super().__init__(seed, config)
         self.group_names = []  # partition groups, once the topic exists
         if transactions and partitions > CP_INPUT:
@@ -301,6 +306,7 @@ class NodeSimulation(Simulation):
     def _crash(self, node: SimNode, *, torn: bool) -> None:
         super()._crash(node, torn=torn)
         self.runtimes.pop(node.id, None)
+        self.beside.pop(node.id, None)
 
     def _members(self, node: SimNode) -> dict[str, Member]:
         """What SWIM tells the node: its broker's worker 0's view (the broker's local feed;
@@ -327,9 +333,19 @@ class NodeSimulation(Simulation):
     def _drain_rounds(self, node: SimNode) -> None:
         while (core := self._core(node)) is not None:
             core.set_clock(self.now_ms, self.clock_ms(node))
+            if (beside := self.beside.pop(node.id, None)) is not None:
+                # a journal checkpoint's log syncs, begun by an earlier round: done by now
+                jobs, done = beside
+                for job in jobs:
+                    assert callable(job)  # (in memory: never a DirectWrite)
+                    job()
+                done()
             round_ = self._begin(core)
             if round_ is None:
                 return
+            if round_.background_done is not None:
+                self.stats["journal_checkpoints"] += 1
+                self.beside[node.id] = (round_.background, round_.background_done)
             self._refresh(node)
             for group, ready in round_.readies.items():
                 if ready.snapshot is not None:
