@@ -392,7 +392,7 @@ class JournalFlush:
 
 def _made(directory: Directory, size_bytes: int) -> Storage:
     """A new journal file of `size_bytes`, zeros with an empty header, synced, then given its
-    name (a crash leaves the old file, or none, never one half made)."""
+    name (a crash leaves the old file, or none, or the new one whole: never one half made)."""
     temp = JOURNAL_FILE + ".tmp"
     directory.remove(temp)
     storage = directory.open(temp, create=True)
@@ -403,7 +403,6 @@ def _made(directory: Directory, size_bytes: int) -> Storage:
     storage.write(0, (head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little"),))
     storage.sync()
     storage.close()
-    directory.remove(JOURNAL_FILE)
-    directory.rename(temp, JOURNAL_FILE)
+    directory.rename(temp, JOURNAL_FILE)  # (over the old one at once, if any)
     directory.sync()
     return directory.open(JOURNAL_FILE, create=False)
