@@ -382,8 +382,8 @@ class LogStorage:
         if sync:
             staged, self._staged = sorted(self._staged), set()
         planned, self._planned = self._planned, None
+        self._planned_entries = []  # (`flush_journaled` took them first)
         if sync:
-            self._planned_entries = []
             self._unsynced = False
         return Flush(self, planned, sync, staged)
 
