@@ -58,6 +58,7 @@ class Cluster:
         self.cores: dict[str, NodeCore] = {}
         self.status = dict.fromkeys(nodes, MemberStatus.ALIVE)
         self.in_flight: list[Message] = []
+        self.checkpoints = 0  # journal checkpoints carried out (with a journal)
         self.sent: Counter[MessageType] = Counter()  # Raft messages sent, by type
         for node in nodes:
             self.start(node)
@@ -114,6 +115,12 @@ class Cluster:
         round_ = core.begin()
         if round_ is None:
             return False
+        if round_.checkpointed is not None:  # a journal checkpoint first (with a journal)
+            for job in round_.checkpoint:
+                assert callable(job)  # (in memory: never a DirectWrite)
+                job()
+            round_.checkpointed()
+            self.checkpoints += 1
         self._send(round_.before)
         for sync in round_.syncs:
             run = getattr(sync, "run", sync)  # a storage's disk work
@@ -125,6 +132,12 @@ class Cluster:
             save()
         self._send(round_.after)
         core.finish(round_)
+        if round_.background_done is not None:  # (done before the next round: in a test)
+            for job in round_.background:
+                assert callable(job)
+                job()
+            round_.background_done()
+            self.checkpoints += 1
         return True
 
     def _send(self, messages: list[Message]) -> None:

@@ -17,11 +17,10 @@ NODE = "solo"
 
 
 class Journaled(Cluster):
-    """One node started alone, with a journal of `journal_bytes` (0: none); rounds carried
-    out as the broker's driver does, a checkpoint first."""
+    """One node started alone, with a journal of `journal_bytes` (0: none); `Cluster` carries
+    out its rounds as the broker's driver does, with their journal checkpoints."""
 
     journal_bytes = MIN_JOURNAL_BYTES
-    checkpoints = 0
 
     def start(self, node: str) -> None:
         storage = NodeStorage(None, memory=self.disks[node])
@@ -30,32 +29,6 @@ class Journaled(Cluster):
         core.set_clock(self.now_ms, self.now_ms)
         core.open()
         self.cores[node] = core
-
-    def _carry_out(self, core: NodeCore) -> bool:
-        round_ = core.begin()
-        if round_ is None:
-            return False
-        if round_.checkpointed is not None:
-            for job in round_.checkpoint:
-                assert callable(job)  # (in memory: never a DirectWrite)
-                job()
-            round_.checkpointed()
-            self.checkpoints += 1
-        self._send(round_.before)
-        for flush in round_.syncs:
-            flush.run()
-        core.stored(round_)
-        for save in round_.saves:
-            save()
-        self._send(round_.after)
-        core.finish(round_)
-        if round_.background_done is not None:  # (done before the next round: in a test)
-            for job in round_.background:
-                assert callable(job)
-                job()
-            round_.background_done()
-            self.checkpoints += 1
-        return True
 
     def power_cut(self) -> None:
         """Every disk back to what was synced, the core gone without closing; started again."""
