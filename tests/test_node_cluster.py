@@ -39,17 +39,27 @@ def _quiet_repair_reports(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL, logger="laminar")
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5])
-def test_node_cores_converge_and_keep_every_acknowledged_record(seed: int) -> None:
-    stats = NodeSimulation(seed).run()
-    assert stats["converged_partitions"] == PARTITIONS
-    # (seed 6 of 0-11 is the one with no moment the crash for good was survivable)
-    assert stats["crashed_for_good"] == 1
-    assert stats["status_tables_checked"] == 4  # every node but the one crashed for good
-    assert stats["crashes"] >= 1 and stats["acked"] > 300
-    assert stats["dedupe_checked"] == PARTITIONS
-    assert stats["metadata_snapshots"] >= 2  # the joiners learned the topic from snapshots
-    assert stats["status_reports"] > 0
+#: the seeds of the scenario test: the run of most crashes the metadata leader's broker for
+#: good, but the crash waits for a tick its groups can survive it, and which seeds find one
+#: depends on their whole random path (which any change to what the cores do moves)
+SCENARIO_SEEDS = range(3, 9)
+
+
+def test_node_cores_converge_and_keep_every_acknowledged_record() -> None:
+    crashed_for_good = []
+    for seed in SCENARIO_SEEDS:
+        stats = NodeSimulation(seed).run()
+        assert stats["converged_partitions"] == PARTITIONS, seed
+        assert stats["crashed_for_good"] in (0, 1), seed
+        # every node but the one crashed for good, if one was
+        assert stats["status_tables_checked"] == 5 - stats["crashed_for_good"], seed
+        assert stats["crashes"] >= 1 and stats["acked"] > 300, seed
+        assert stats["dedupe_checked"] == PARTITIONS, seed
+        assert stats["metadata_snapshots"] >= 2, seed  # the joiners learned the topic so
+        assert stats["status_reports"] > 0, seed
+        if stats["crashed_for_good"]:
+            crashed_for_good.append(seed)
+    assert len(crashed_for_good) >= 3, crashed_for_good
 
 
 def test_many_seeds_pass() -> None:
@@ -63,9 +73,9 @@ def test_many_seeds_pass() -> None:
     assert f"{CI_SEEDS} passed, 0 failed" in result.stdout
 
 
-# seeds whose run crashes the metadata leader's broker for good, n2 not being it (its new
-# worker is checked below); the crash waits for a tick its groups can survive it, and which
-# seeds find one depends on their whole random path
+# seeds whose run does not crash n2 for good (its new worker is checked below); most of them
+# crash the metadata leader's broker for good, but which depends on their whole random path
+# (`test_node_cores_converge_and_keep_every_acknowledged_record` counts such crashes)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) -> None:
     """Two workers a broker (`laminar.workers`); n2 restarts with three, n3 with one. After
@@ -75,7 +85,7 @@ def test_workers_own_their_partitions_through_changes_of_their_count(seed: int) 
     sim = NodeSimulation(seed, workers=2)
     stats = sim.run()
     assert stats["converged_partitions"] == PARTITIONS
-    assert stats["worker_changes"] == 2 and stats["crashed_for_good"] == 1
+    assert stats["worker_changes"] == 2 and stats["crashed_for_good"] in (0, 1)
     assert stats["acked"] > 300 and stats["dedupe_checked"] == PARTITIONS
     voters = set()
     for group in sim.group_names:

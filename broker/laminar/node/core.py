@@ -995,7 +995,9 @@ class NodeCore:
             if ready.snapshot is not None:
                 storage.apply_snapshot(ready.snapshot)
                 if replica is self.meta:
+                    before = self.state
                     self._restore_metadata()
+                    self._host_learned(before)
                 elif replica.groups is not None:
                     replica.groups.reset()
             if ready.entries:
@@ -1126,17 +1128,32 @@ class NodeCore:
                 self._adopt(replica, topic)
         if self._replaying:
             return
-        # host the partitions this command made that this node is an initial voter of
-        # (replicas placed later are created when their leader first reaches this node).
-        # Only those: a partition this node left since has a group without it, and a
-        # replica made again from its initial voters would be a voter with an empty log,
-        # which could elect another such member beside the group's real leader.
         made = len(command.assignment) if isinstance(command, AlterTopic) else topic.partitions
-        for partition in range(topic.partitions - made, topic.partitions):
+        self._host_initial(topic, topic.partitions - made)
+
+    def _host_initial(self, topic: Topic, first: int) -> None:
+        """Host the partitions of `topic` from `first` on that this node is an initial voter
+        of and has just learned of, from the command that made them or from a snapshot that
+        holds them (replicas placed later are created when their leader first reaches this
+        node). Only those: a partition this node left since has a group without it, and a
+        replica made again from its initial voters would be a voter with an empty log, which
+        could elect another such member beside the group's real leader."""
+        for partition in range(first, min(topic.partitions, len(topic.assignment))):
             voters = topic.assignment[partition]
             group = f"{topic.name}/{partition}"
             if self.id in voters and group not in self.replicas and not self.stopping:
                 self._host(topic.name, partition, ConfState(tuple(sorted(voters))))
+
+    def _host_learned(self, before: ClusterState) -> None:
+        """The metadata snapshot just installed made `before` the state it holds: host the
+        partitions it holds that `before` did not, as applying the commands that made them
+        would have. A member that learned a topic from a snapshot, never from its command,
+        would otherwise never host its partitions, and two such voters of a partition leave
+        it without a leader for good."""
+        for topic in self.state.topics.values():
+            known = before.topics.get(topic.name)
+            same = known is not None and known.created_index == topic.created_index
+            self._host_initial(topic, known.partitions if same and known is not None else 0)
 
     # ---- metadata commands -----------------------------------------------------------------
 
