@@ -1138,7 +1138,7 @@ class NodeCore:
         node). Only those: a partition this node left since has a group without it, and a
         replica made again from its initial voters would be a voter with an empty log, which
         could elect another such member beside the group's real leader."""
-        for partition in range(first, min(topic.partitions, len(topic.assignment))):
+        for partition in range(first, topic.partitions):  # (the assignment lists them all)
             voters = topic.assignment[partition]
             group = f"{topic.name}/{partition}"
             if self.id in voters and group not in self.replicas and not self.stopping:
@@ -1152,8 +1152,10 @@ class NodeCore:
         it without a leader for good."""
         for topic in self.state.topics.values():
             known = before.topics.get(topic.name)
-            same = known is not None and known.created_index == topic.created_index
-            self._host_initial(topic, known.partitions if same and known is not None else 0)
+            if known is not None and known.created_index == topic.created_index:
+                self._host_initial(topic, known.partitions)
+            else:
+                self._host_initial(topic, 0)
 
     # ---- metadata commands -----------------------------------------------------------------
 
@@ -1211,10 +1213,10 @@ class NodeCore:
                 "invalid",
                 f"replication_factor={rf} but only {len(eligible)} brokers can host replicas",
             )
-        # Initial voters create their replicas as they apply this command from the log: a
-        # worker yet to receive the metadata (it will learn it from a snapshot) would never
-        # do so. Such a broker's partitions go to its workers that hold the metadata log, and
-        # placement control moves them on once the others have it.
+        # Initial voters create their replicas as they learn of this command (from the log,
+        # or from a snapshot: `_host_learned`); a worker yet to receive any metadata would
+        # only do so later. Such a broker's partitions go to its workers that hold the
+        # metadata log, and placement control moves them on once the others have it.
         assert self.meta is not None
         progress = self.meta.raft.progress
         ready = {self.id} | {n for n, p in progress.items() if p.match >= 0}
