@@ -161,7 +161,8 @@ def test_a_log_cut_since_the_checkpoint_journals_even_a_large_write() -> None:
     node.round(large)  # (the core journals it, however large)
     node.power_cut()
     assert [(i, t) for i, t, _ in node.log()] == [(0, 1), (1, 2), (2, 2), (3, 2), (4, 2)]
-    assert node.storage.sync_job() is not None  # a checkpoint syncs it: then it may bypass
+    # a checkpoint syncs it: then it may bypass
+    assert node.storage.sync_job(writeback=True) is not None
     assert not node.storage.must_journal
 
 
@@ -172,7 +173,7 @@ def test_what_only_the_journal_held_past_damage_is_the_repairs_floor() -> None:
     the log's own file still told."""
     node = Node()
     node.round(entries_from(0, [1] * 4, "early"))
-    job = node.storage.sync_job()  # a checkpoint: the log synced, the journal emptied
+    job = node.storage.sync_job(writeback=True)  # a checkpoint: the log synced, the journal emptied
     assert callable(job)
     job()
     node.journal.begin_checkpoint()()

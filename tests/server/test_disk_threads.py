@@ -235,3 +235,85 @@ async def test_the_pools_threads_never_preempt_the_loop_that_hands_them_work(
         threads.unwatch()
         threads.close()
         storage.close()
+
+
+async def test_jobs_run_in_turn_one_at_a_time_and_an_error_ends_the_rest_unrun(
+    tmp_path: Path,
+) -> None:
+    """A journal checkpoint's log syncs (`Broker._beside`): each starts once the one before
+    has finished; after a failure the others are not run, and their descriptors are let go."""
+    threads = DiskThreads(4, "disk-test")
+    running: list[int] = []
+    order: list[int] = []
+    overlapped = threading.Event()
+
+    def job(i: int) -> None:
+        running.append(i)
+        if len(running) > 1:
+            overlapped.set()
+        order.append(i)
+        running.remove(i)
+
+    def fails() -> None:
+        raise StorageError("fdatasync failed")
+
+    try:
+        await asyncio.wait_for(threads.run_in_turn([lambda i=i: job(i) for i in range(6)]), WAIT_S)
+        assert order == list(range(6)) and not overlapped.is_set()
+        storage = FileStorage(str(tmp_path / "f"), create=True)
+        left = storage.direct([(0, [b"abc"])], sync=True)
+        assert left is not None and storage._pins == 1
+        with pytest.raises(StorageError, match="fdatasync failed"):
+            await asyncio.wait_for(threads.run_in_turn([fails, left]), WAIT_S)
+        assert storage._pins == 0 and storage.size == 0  # unrun: nothing written
+        storage.close()
+    finally:
+        threads.close()
+
+
+async def test_a_sync_with_writeback_writes_back_what_was_written_since_the_last_sync(
+    tmp_path: Path,
+) -> None:
+    """`FileStorage.direct(writeback=True)`: the range written since the last sync (known to
+    the storage as a hint) is written back in pieces before the fdatasync, by the pool."""
+    storage = FileStorage(str(tmp_path / "f"), create=True)
+    threads = DiskThreads(2, "disk-test")
+    megabyte = b"x" * (1 << 20)
+    try:
+        storage.write(0, [megabyte])
+        job = storage.direct([(1 << 20, [b"tail"])], sync=True, writeback=True)
+        assert job is not None and job.writeback == (0, 1 << 20)
+        await asyncio.wait_for(threads.run([job]), WAIT_S)
+        assert storage._synced_to == storage.size == (1 << 20) + 4  # its own write too
+        idle = storage.direct([], sync=True, writeback=True)
+        assert idle is not None and idle.writeback is None  # nothing written since
+        assert idle.finish(0, -1) is None
+        storage.write(storage.size, [b"more"])
+        storage.truncate(100)  # a cut lowers the hint with the size
+        storage.write(100, [megabyte])
+        job = storage.direct([], sync=True, writeback=True)
+        assert job is not None and job.writeback == (100, 100 + (1 << 20))
+        await asyncio.wait_for(threads.run([job]), WAIT_S)
+        assert storage._synced_to == 100 + (1 << 20)
+        assert os.path.getsize(tmp_path / "f") == 100 + (1 << 20)
+        plain = storage.direct([], sync=False, writeback=True)
+        assert plain is not None and plain.writeback is None  # no sync: no write-back
+        assert plain.finish(0, -1) is None
+    finally:
+        threads.unwatch()
+        threads.close()
+        storage.close()
+
+
+def test_the_pool_refuses_a_writeback_without_a_chunk() -> None:
+    from laminar.log._disk import Pool
+
+    pool = Pool(1)
+    try:
+        with pytest.raises(ValueError, match="write-back"):
+            pool.submit(1, 0, [], True, 0, 4096, 0)
+        with pytest.raises(ValueError, match="write-back"):
+            pool.submit(1, 0, [], True, -1, 4096, 4096)
+        assert pool.outstanding() == 0
+    finally:
+        pool.stop()

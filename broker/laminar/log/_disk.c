@@ -7,14 +7,21 @@
  * only at its switch interval; these threads take it never. A finished job is queued for
  * `collect` and counted on an eventfd the event loop watches.
  *
+ * A sync may first write back a range of the file in chunks, each waited for before the next
+ * starts (sync_file_range): a journal checkpoint's log syncs, whose megabytes would otherwise
+ * reach the disk's queue at once, in front of the rounds' small syncs (bench/RESULTS.md,
+ * issue 22, twenty-seventh and twenty-eighth sittings).
+ *
  * The caller keeps each job's descriptor open until it is collected. Buffers are held (as
  * Py_buffer views) from `submit` to `collect`, and released there, with the GIL.
  */
 
+#define _GNU_SOURCE /* sync_file_range */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -33,6 +40,7 @@ typedef struct Job {
     long long token;
     int fd;
     int sync;
+    long long writeback_from, writeback_to, chunk; /* before the fdatasync, if from < to */
     Py_ssize_t writes;     /* how many writes */
     long long *offsets;    /* [writes] */
     Py_ssize_t *counts;    /* [writes]: buffers of each write */
@@ -96,6 +104,27 @@ static int write_all(int fd, struct iovec *iov, Py_ssize_t count, long long offs
     return 0;
 }
 
+/* Write back [from, to) of `fd` in `chunk`-byte pieces, each waited for; 0 or an errno. A
+ * file system without sync_file_range leaves it all to the fdatasync. An error fails the sync:
+ * sync_file_range's wait takes a writeback error off the descriptor (as fdatasync does), so
+ * the fdatasync after it would not report it again. */
+static int write_back(int fd, long long from, long long to, long long chunk) {
+    for (long long offset = from; offset < to; offset += chunk) {
+        long long length = to - offset < chunk ? to - offset : chunk;
+        unsigned int flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                             SYNC_FILE_RANGE_WAIT_AFTER;
+        while (sync_file_range(fd, (off_t)offset, (off_t)length, flags) != 0) {
+            if (errno == EINVAL || errno == ENOSYS || errno == ESPIPE) {
+                return 0;
+            }
+            if (errno != EINTR) {
+                return errno;
+            }
+        }
+    }
+    return 0;
+}
+
 static void job_run(Job *job) {
     struct iovec *iov = job->iov;
     for (Py_ssize_t i = 0; i < job->writes; i++) {
@@ -108,6 +137,12 @@ static void job_run(Job *job) {
         iov += job->counts[i];
     }
     if (job->sync) {
+        int error = write_back(job->fd, job->writeback_from, job->writeback_to, job->chunk);
+        if (error) {
+            job->error = error;
+            job->failed = job->writes;
+            return;
+        }
         while (fdatasync(job->fd) != 0) {
             if (errno != EINTR) {
                 job->error = errno;
@@ -217,12 +252,18 @@ static int start_threads(Pool *self) {
     return 0;
 }
 
-/* submit(token, fd, writes, sync): writes is a sequence of (offset, sequence of buffers). */
+/* submit(token, fd, writes, sync, writeback_from=0, writeback_to=0, chunk=0): writes is a
+ * sequence of (offset, sequence of buffers). */
 static PyObject *Pool_submit(Pool *self, PyObject *args) {
-    long long token;
+    long long token, writeback_from = 0, writeback_to = 0, chunk = 0;
     int fd, sync;
     PyObject *writes;
-    if (!PyArg_ParseTuple(args, "LiOp", &token, &fd, &writes, &sync)) {
+    if (!PyArg_ParseTuple(args, "LiOp|LLL", &token, &fd, &writes, &sync, &writeback_from,
+                          &writeback_to, &chunk)) {
+        return NULL;
+    }
+    if (writeback_from < writeback_to && (writeback_from < 0 || chunk <= 0)) {
+        PyErr_SetString(PyExc_ValueError, "a write-back needs a start >= 0 and a chunk > 0");
         return NULL;
     }
     if (self->efd < 0 || self->stopping) {
@@ -250,6 +291,9 @@ static PyObject *Pool_submit(Pool *self, PyObject *args) {
     job->token = token;
     job->fd = fd;
     job->sync = sync;
+    job->writeback_from = writeback_from;
+    job->writeback_to = writeback_to;
+    job->chunk = chunk;
     job->failed = -1;
     Py_ssize_t total = 0;
     int ok = 1;
@@ -406,8 +450,9 @@ static void Pool_dealloc(Pool *self) {
 
 static PyMethodDef Pool_methods[] = {
     {"submit", (PyCFunction)Pool_submit, METH_VARARGS,
-     "submit(token, fd, writes, sync): run (offset, buffers) writes on fd, then fdatasync it if "
-     "sync, in a thread."},
+     "submit(token, fd, writes, sync, writeback_from=0, writeback_to=0, chunk=0): run (offset, "
+     "buffers) writes on fd, then fdatasync it if sync (first writing back [writeback_from, "
+     "writeback_to) in chunk-byte pieces, each waited for), in a thread."},
     {"collect", (PyCFunction)Pool_collect, METH_NOARGS,
      "collect() -> [(token, errno, failed step)]: the jobs finished since the last call."},
     {"fileno", (PyCFunction)Pool_fileno, METH_NOARGS,

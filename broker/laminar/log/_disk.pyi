@@ -8,7 +8,15 @@ from .batch import Buffer
 class Pool:
     def __init__(self, threads: int) -> None: ...
     def submit(
-        self, token: int, fd: int, writes: Sequence[tuple[int, Sequence[Buffer]]], sync: bool, /
+        self,
+        token: int,
+        fd: int,
+        writes: Sequence[tuple[int, Sequence[Buffer]]],
+        sync: bool,
+        writeback_from: int = 0,
+        writeback_to: int = 0,
+        chunk: int = 0,
+        /,
     ) -> None: ...
     def collect(self) -> list[tuple[int, int, int]]: ...
     def fileno(self) -> int: ...

@@ -305,14 +305,16 @@ class Segment:
         *,
         sync: bool,
         then: Callable[[], None] | None = None,
+        writeback: bool = False,
     ) -> DirectWrite | None:
-        """`write_at` each of `writes`, then `sync` if asked, as a DirectWrite for threads to
-        run; None where only the Python path can: a store that is not a real file, or writes
-        to a segment whose index file must first be voided."""
+        """`write_at` each of `writes`, then `sync` if asked (`writeback`: see
+        `FileStorage.direct`), as a DirectWrite for threads to run; None where only the Python
+        path can: a store that is not a real file, or writes to a segment whose index file
+        must first be voided."""
         storage = self.store.storage
         if not isinstance(storage, FileStorage) or (writes and self._index_file_current):
             return None
-        return storage.direct(writes, sync=sync, then=then)
+        return storage.direct(writes, sync=sync, then=then, writeback=writeback)
 
     def sync(self) -> None:
         try:

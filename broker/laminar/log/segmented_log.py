@@ -454,11 +454,12 @@ class SegmentedLog:
         self._active.sync()
         return next_index
 
-    def direct_sync(self) -> DirectWrite | None:
-        """`sync` as a DirectWrite (see `Segment.direct`), or None."""
+    def direct_sync(self, *, writeback: bool = False) -> DirectWrite | None:
+        """`sync` as a DirectWrite (see `Segment.direct`, and `FileStorage.direct` for
+        `writeback`), or None."""
         if self._closed:
             return None
-        return self._active.direct((), sync=True)
+        return self._active.direct((), sync=True, writeback=writeback)
 
     # ---- reads -----------------------------------------------------------------------------
 

@@ -29,6 +29,13 @@ from typing import Protocol
 from .batch import Buffer
 from .errors import StorageError
 
+#: a write-back before a sync (`FileStorage.direct`'s `writeback`) goes to the disk in pieces of
+#: this many bytes, each waited for before the next: a journal checkpoint's log syncs then do
+#: not queue megabytes in front of the rounds' journal syncs. 256 KiB pieces took the RF 3 p99
+#: at 5,000 msg/s from 33 to 23-27 ms against whole syncs one at a time, and 64 KiB ones did
+#: no better (bench/RESULTS.md, issue 22, twenty-seventh sitting).
+WRITEBACK_CHUNK_BYTES = 256 << 10
+
 
 class NoSpaceError(StorageError, OSError):
     """A write refused for want of space (errno ENOSPC), by a `MemoryDirectory` given a
@@ -180,6 +187,9 @@ class FileStorage:
             except OSError as e:
                 self._release()
                 raise StorageError(f"cannot open {path}: {e}") from e
+            #: where the bytes written since the last sync start, as far as this storage
+            #: knows: only a hint, for `direct`'s write-back (its fdatasync covers the file)
+            self._synced_to = self._size
             self._files.used(self)
 
     def _open_fd(self, flags: int) -> int:
@@ -257,6 +267,7 @@ class FileStorage:
             except OSError as e:
                 raise StorageError(f"truncate of {self._path} to {size} failed: {e}") from e
             self._size = size
+            self._synced_to = min(self._synced_to, size)
 
     def sync(self) -> None:
         with self._lock:
@@ -265,6 +276,7 @@ class FileStorage:
                 os.fdatasync(fd)
             except OSError as e:
                 raise StorageError(f"fdatasync of {self._path} failed: {e}") from e
+            self._synced_to = self._size
 
     def close(self) -> None:
         with self._lock:
@@ -282,23 +294,34 @@ class FileStorage:
         *,
         sync: bool,
         then: Callable[[], None] | None = None,
+        writeback: bool = False,
     ) -> DirectWrite | None:
         """`writes` ((position, parts) each), then an fdatasync if `sync`, for threads that
         run them on the descriptor itself (`laminar.server.disk_threads`): it stays open
         until the DirectWrite is `finish`ed, which calls `then` if they succeeded. None if
-        the descriptor is not open (opening it is disk work too: the Python threads do it)."""
+        the descriptor is not open (opening it is disk work too: the Python threads do it).
+        With `writeback`, the sync first writes back the bytes written since the last one, in
+        pieces of `WRITEBACK_CHUNK_BYTES`, each waited for."""
         with self._lock:
             if self._fd < 0:
                 return None
             self._files.used(self)
             self._pins += 1
-            return DirectWrite(self, self._fd, writes, sync, then)
+            direct = DirectWrite(self, self._fd, writes, sync, then)
+            if sync:
+                direct.synced_to = self._size
+                if writeback and self._synced_to < self._size:
+                    direct.writeback = (self._synced_to, self._size)
+            return direct
 
-    def _unpin(self, end: int) -> None:
-        """A DirectWrite finished; its writes ended at `end` (0: it wrote nothing)."""
+    def _unpin(self, end: int, synced_to: int = -1) -> None:
+        """A DirectWrite finished; its writes ended at `end` (0: it wrote nothing), and its
+        sync made the file durable to `synced_to` at least (-1: none did)."""
         with self._lock:
             self._pins -= 1
             self._size = max(self._size, end)
+            if synced_to >= 0:  # (a truncate meanwhile lowered the size: the hint with it)
+                self._synced_to = min(max(self._synced_to, synced_to, end), self._size)
             if not (self._closed and self._pins == 0):
                 return
             held = self._fd >= 0
@@ -318,7 +341,7 @@ class DirectWrite:
     handed it over, ends it and turns a failure into the StorageError `write` or `sync`
     would have raised."""
 
-    __slots__ = ("fd", "storage", "sync", "then", "writes")
+    __slots__ = ("fd", "storage", "sync", "synced_to", "then", "writeback", "writes")
 
     def __init__(
         self,
@@ -333,6 +356,10 @@ class DirectWrite:
         self.writes = writes
         self.sync = sync
         self.then = then
+        #: the range its sync writes back in pieces first (`FileStorage.direct`), if any
+        self.writeback: tuple[int, int] | None = None
+        #: the file's size when it was handed over: durable once its sync is done
+        self.synced_to = -1
 
     def abandon(self) -> None:
         """End it unrun (the threads refused it)."""
@@ -345,7 +372,7 @@ class DirectWrite:
         end = 0
         if error == 0:
             end = max((p + sum(len(part) for part in parts) for p, parts in writes), default=0)
-        self.storage._unpin(end)
+        self.storage._unpin(end, self.synced_to if error == 0 else -1)
         if error == 0:
             if self.then is not None:
                 self.then()

@@ -905,8 +905,9 @@ class NodeCore:
             if round_.journal_header is not None:
                 round_.journal_moved = partial(self._moved, start, cuts)
         elif chosen and self._syncing is None and journal.wants_checkpoint:
-            jobs = [job for st in self._journaled.values() if (job := st.sync_job()) is not None]
-            cuts = {storage: storage.cuts for storage in self._journaled.values()}
+            storages = self._journaled.values()
+            jobs = [job for st in storages if (job := st.sync_job(writeback=True)) is not None]
+            cuts = {storage: storage.cuts for storage in storages}
             self._journaled.clear()
             self._checkpoints += 1
             self._syncing, self._syncing_cuts = self._checkpoints, cuts
@@ -924,7 +925,7 @@ class NodeCore:
         for pending in (self._syncing_cuts, self._synced[1] if self._synced else None):
             storages.update(pending or ())
         for storage in storages:
-            if (job := storage.sync_job()) is not None:
+            if (job := storage.sync_job(writeback=False)) is not None:
                 round_.checkpoint.append(job)
             storage.covered(storage.cuts)
         self._journaled.clear()

@@ -603,13 +603,15 @@ class LogStorage:
         """The entries `write_later` planned (for the size of the journal's record)."""
         return self._planned_entries
 
-    def sync_job(self) -> DirectWrite | Callable[[], None] | None:
+    def sync_job(self, *, writeback: bool) -> DirectWrite | Callable[[], None] | None:
         """A journal checkpoint's part for this log: its fdatasync (what it wrote through
-        the journal is its own then), off the event loop; None if it is closed (a close
-        synced it). The checkpoint says what it covered (`covered`) once it is done."""
+        the journal is its own then), off the event loop, with `writeback` the bytes written
+        since the last one written back in pieces first (beside the rounds: `FileStorage.direct`);
+        None if it is closed (a close synced it). The checkpoint says what it covered
+        (`covered`) once it is done."""
         if self.log.closed:
             return None
-        return self.log.direct_sync() or self._sync_log
+        return self.log.direct_sync(writeback=writeback) or self._sync_log
 
     def _sync_log(self) -> None:
         if not self.log.closed:  # (closed since: its close synced it)

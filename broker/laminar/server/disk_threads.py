@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from ..log._disk import Pool
-from ..log.storage import DirectWrite
+from ..log.storage import WRITEBACK_CHUNK_BYTES, DirectWrite
 
 
 class _Batch:
@@ -104,6 +104,19 @@ class DiskThreads:
             self._jobs.put((batch, job))
         return batch.future
 
+    async def run_in_turn(self, jobs: Sequence[DirectWrite | Callable[[], None]]) -> None:
+        """Run `jobs` one after another (each started once the one before has finished),
+        raising the first error: the jobs after it are not run (their DirectWrites end
+        unrun)."""
+        for i, job in enumerate(jobs):
+            try:
+                await self.run([job])
+            except BaseException:
+                for left in jobs[i + 1 :]:
+                    if isinstance(left, DirectWrite):
+                        left.abandon()
+                raise
+
     def _submit(self, batch: _Batch, job: DirectWrite) -> None:
         pool = self._pool
         if pool is None:
@@ -112,7 +125,13 @@ class DiskThreads:
             self._loop = batch.loop
         self._tokens += 1
         try:
-            pool.submit(self._tokens, job.fd, job.writes, job.sync)
+            if job.writeback is None:
+                pool.submit(self._tokens, job.fd, job.writes, job.sync)
+            else:
+                start, end = job.writeback
+                pool.submit(
+                    self._tokens, job.fd, job.writes, job.sync, start, end, WRITEBACK_CHUNK_BYTES
+                )
         except BaseException as e:  # (refused whole: nothing of it ran)
             job.abandon()
             batch.done_on_loop(e)
