@@ -211,11 +211,11 @@ FSYNC_INTERVAL_MS = Setting(
 JOURNAL_BYTES = Setting(
     "journal_bytes",
     int,
-    0,
+    64 << 20,
     "with --fsync always: the size of each worker's journal, one file in which a round's log "
-    "writes are made durable by one fdatasync instead of one per log (72 KiB to 16 GiB, e.g. "
-    "67108864; 0, the default: none). It adds throughput to small appends, and its "
-    "checkpoints add latency to some (docs/reliability.md)",
+    "writes are made durable by one fdatasync instead of one per log (72 KiB to 16 GiB, or 0: "
+    "none, each log fdatasyncs itself). It adds throughput to small appends "
+    "(docs/reliability.md)",
     unit="bytes",
     flag="--journal-bytes",
     env="LAMINAR_JOURNAL_BYTES",
