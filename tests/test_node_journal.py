@@ -5,7 +5,13 @@ of a small journal, and a journal left by a run with one is replayed by a run wi
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
+from laminar.log.errors import StorageError
 from laminar.log.journal import JOURNAL_FILE, MIN_JOURNAL_BYTES
+from laminar.log.storage import MemoryDirectory
 from laminar.metadata import CreateTopic
 from laminar.node.core import CoreConfig, NodeCore
 from laminar.node.store import JOURNAL_DIR, NodeStorage
@@ -83,3 +89,38 @@ def test_a_journal_left_by_a_run_with_one_is_replayed_by_a_run_without() -> None
     create_topics(cluster, ["after"])  # each log syncs itself again
     cluster.power_cut()
     assert sorted(lead(cluster).state.topics) == ["after", "kept"]
+
+
+def test_with_no_room_for_a_new_journal_the_node_runs_without_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker upgraded on a full disk still starts: the journal it cannot make (ENOSPC)
+    leaves no half-made file behind, and every log fdatasyncs itself, so what it applied
+    survives a power cut. Once there is room, the next start makes the journal."""
+    cluster = Journaled((NODE,))
+    full = MemoryDirectory(capacity_bytes=MIN_JOURNAL_BYTES // 2)
+    cluster.disks[NODE][JOURNAL_DIR] = full
+    with caplog.at_level(logging.WARNING, logger="laminar.node.core"):
+        cluster.start(NODE)
+    assert "no room for a journal" in caplog.text
+    assert cluster.cores[NODE].journal is None and full.names() == []
+    create_topics(cluster, ["kept"])
+    cluster.power_cut()
+    assert sorted(lead(cluster).state.topics) == ["kept"]
+    assert cluster.cores[NODE].journal is None
+    full.capacity_bytes = None  # room again
+    cluster.power_cut()
+    assert cluster.cores[NODE].journal is not None and JOURNAL_FILE in full.names()
+    assert sorted(lead(cluster).state.topics) == ["kept"]
+
+
+def test_a_journal_that_fails_otherwise_stops_the_node() -> None:
+    """Only a missing journal that has no room is left out: one that is there and damaged is
+    not (what it holds is unknown), nor is another failure to make one."""
+    cluster = Journaled((NODE,))
+    create_topics(cluster, ["kept"])
+    journal = cluster.disks[NODE][JOURNAL_DIR]
+    journal.files[JOURNAL_FILE].data[:] = bytes(len(journal.files[JOURNAL_FILE].data))
+    journal.files[JOURNAL_FILE].durable[:] = journal.files[JOURNAL_FILE].data
+    with pytest.raises(StorageError, match="no valid header"):
+        cluster.power_cut()

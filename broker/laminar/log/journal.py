@@ -36,6 +36,7 @@ A journal is one node's: the round that writes it is the node's, one at a time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -397,12 +398,18 @@ def _made(directory: Directory, size_bytes: int) -> Storage:
     temp = JOURNAL_FILE + ".tmp"
     directory.remove(temp)
     storage = directory.open(temp, create=True)
-    zeros = bytes(_ZEROS_BYTES)
-    for position in range(0, size_bytes, len(zeros)):
-        storage.write(position, (zeros[: min(len(zeros), size_bytes - position)],))
-    head = _SLOT.pack(_SLOT_MAGIC, 0, 0, RING_START)
-    storage.write(0, (head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little"),))
-    storage.sync()
+    try:
+        zeros = bytes(_ZEROS_BYTES)
+        for position in range(0, size_bytes, len(zeros)):
+            storage.write(position, (zeros[: min(len(zeros), size_bytes - position)],))
+        head = _SLOT.pack(_SLOT_MAGIC, 0, 0, RING_START)
+        storage.write(0, (head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little"),))
+        storage.sync()
+    except BaseException:  # (a full disk: the space it took is given back)
+        storage.close()
+        with contextlib.suppress(StorageError):
+            directory.remove(temp)
+        raise
     storage.close()
     directory.rename(temp, JOURNAL_FILE)  # (over the old one at once, if any)
     directory.sync()

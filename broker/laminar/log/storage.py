@@ -42,6 +42,17 @@ class NoSpaceError(StorageError, OSError):
     capacity: both the log's storage error and the OSError a real full disk raises."""
 
 
+def no_space(error: BaseException | None) -> bool:
+    """Whether `error` is, or was raised from, a write refused with ENOSPC."""
+    for _ in range(32):  # the layers wrap it with `raise ... from`
+        if error is None:
+            return False
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class Storage(Protocol):
     """One file: positional writes and reads, truncate, and fdatasync."""
 

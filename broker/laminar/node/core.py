@@ -52,7 +52,7 @@ from ..log.batch import Record, decode_batch, encode_batch
 from ..log.config import FsyncPolicy, LogConfig
 from ..log.errors import STORAGE_FAILURES, CorruptBatchError
 from ..log.journal import MIN_JOURNAL_BYTES, Journal, JournalFlush, Section
-from ..log.storage import DirectWrite
+from ..log.storage import DirectWrite, no_space
 from ..metadata import (
     METADATA_GROUP,
     AlterTopic,
@@ -351,14 +351,30 @@ class NodeCore:
 
     def open(self) -> None:
         """Open what this node stored: the journal, the metadata group, then every replica
-        (each redoing what the journal holds of its log); then start the journal anew."""
+        (each redoing what the journal holds of its log); then start the journal anew. With
+        no room for a new journal, it runs without one (each log fdatasyncs itself), as with
+        `journal_bytes` 0: a broker upgraded on a full disk still starts."""
         wanted = self.config.journal_bytes if self.config.fsync is FsyncPolicy.ALWAYS else 0
-        if wanted or self.storage.has_journal():
+        had = self.storage.has_journal()
+        if wanted or had:
             # (one left by a run with a journal is replayed all the same, then removed)
             directory = self.storage.journal_directory()
-            self.journal = Journal.open(directory, wanted or MIN_JOURNAL_BYTES)
-            logs = self.journal.untaken()
-            log.info("%s: the journal holds writes of %d logs, to redo", self.id, len(logs))
+            try:
+                self.journal = Journal.open(directory, wanted or MIN_JOURNAL_BYTES)
+            except STORAGE_FAILURES as e:
+                if had or not no_space(e):
+                    raise
+                log.warning(
+                    "%s: no room for a journal of %d bytes (%s): running without one, each "
+                    "log fdatasyncing itself (free space, or set --journal-bytes lower or 0)",
+                    self.id,
+                    wanted,
+                    e,
+                )
+                wanted = 0
+            else:
+                logs = self.journal.untaken()
+                log.info("%s: the journal holds writes of %d logs, to redo", self.id, len(logs))
         self._open_groups()
         if self.journal is None:
             return

@@ -22,7 +22,6 @@ wall clock is read. A failing seed replays exactly.
 from __future__ import annotations
 
 import copy
-import errno
 import heapq
 import random
 from collections import defaultdict, deque
@@ -36,7 +35,7 @@ from ..log.batch import BATCH_HEADER_BYTES, Record, encode_batch
 from ..log.config import LogConfig
 from ..log.errors import CorruptBatchError
 from ..log.segmented_log import SegmentedLog
-from ..log.storage import MemoryDirectory
+from ..log.storage import MemoryDirectory, no_space
 from ..raft.config import RaftConfig
 from ..raft.log_storage import LogStorage
 from ..raft.messages import (
@@ -386,7 +385,7 @@ class Simulation:
         refused for want of space (ENOSPC). That stops the node, as a broker does not go on
         from half a round: it crashes, losing what it did not fsync, and restarts only once
         its disk has room again."""
-        if not _no_space(error) or node.multi is None:
+        if not no_space(error) or node.multi is None:
             raise error
         self.stats["disk_full_crashes"] += 1
         self._log(f"{node.id} stops: no space left on its disk ({error})")
@@ -759,17 +758,6 @@ class Simulation:
 
 def _overrides(injector: FaultInjector, hook: str) -> bool:
     return getattr(type(injector), hook) is not getattr(FaultInjector, hook)
-
-
-def _no_space(error: BaseException | None) -> bool:
-    """Whether `error` is, or was raised from, a write refused with ENOSPC."""
-    for _ in range(32):  # the layers wrap it with `raise ... from`
-        if error is None:
-            return False
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _hash(data: bytes) -> int:
