@@ -682,18 +682,33 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Is process `pid` running (a zombie is not)?"""
+    """Is process `pid` running: any of its threads not yet a zombie? A zombie child of ours is
+    not; a process whose main thread is a zombie while another thread still exits (one that
+    was in an fdatasync when the process exited, holding its files and ports) still is. Gone
+    between the signal and the read of /proc (reaped meanwhile: CI127) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child of ours is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
+    if not os.path.isdir("/proc/self/task"):
+        return True  # no /proc: the signal's word
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
     except OSError:
         return True
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as f:
+                state = f.read().rsplit(") ", 1)[1][:1]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # that thread is gone
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 def exiting(pid: int) -> bool:
