@@ -271,6 +271,58 @@ async def test_jobs_run_in_turn_one_at_a_time_and_an_error_ends_the_rest_unrun(
         threads.close()
 
 
+async def test_jobs_run_in_turn_a_few_at_a_time_and_an_error_waits_for_those_running(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint of many logs syncs them `width` at a time (`Broker._beside`): never more at
+    once, all of them; after a failure the ones running are waited for, and a DirectWrite
+    still waiting lets its descriptor go (run or not, as the lanes met the failure)."""
+    threads = DiskThreads(8, "disk-test")
+    lock = threading.Lock()
+    running: list[int] = []
+    most = [0]
+    ran: list[int] = []
+    wave = threading.Barrier(3, timeout=WAIT_S)  # each wave of 3 must run at once
+
+    def job(i: int) -> None:
+        with lock:
+            running.append(i)
+            most[0] = max(most[0], len(running))
+        if i < 9:
+            wave.wait()
+        with lock:
+            running.remove(i)
+            ran.append(i)
+
+    failing = threading.Event()
+
+    def fails() -> None:
+        failing.set()
+        raise StorageError("fdatasync failed")
+
+    def slow(i: int) -> None:
+        assert failing.wait(WAIT_S)
+        job(i)
+
+    try:
+        jobs = [lambda i=i: job(i) for i in range(9)]
+        await asyncio.wait_for(threads.run_in_turn(jobs, 3), WAIT_S)
+        assert sorted(ran) == list(range(9)) and most[0] == 3
+        ran.clear()
+        storage = FileStorage(str(tmp_path / "f"), create=True)
+        left = storage.direct([(0, [b"abc"])], sync=True)
+        assert left is not None and storage._pins == 1
+        with pytest.raises(StorageError, match="fdatasync failed"):
+            await asyncio.wait_for(threads.run_in_turn([fails, lambda: slow(100), left], 2), WAIT_S)
+        assert ran == [100] and not running  # the one running when it failed finished
+        assert storage._pins == 0
+        storage.close()
+        with pytest.raises(ValueError, match="width"):
+            await threads.run_in_turn(jobs, 0)
+    finally:
+        threads.close()
+
+
 async def test_a_sync_with_writeback_writes_back_what_was_written_since_the_last_sync(
     tmp_path: Path,
 ) -> None:

@@ -56,9 +56,10 @@ RING_START = 2 * SLOT_BYTES
 #: the smallest journal: its ring holds a few rounds of small records
 MIN_JOURNAL_BYTES = RING_START + 64 * 1024
 #: live records past which a checkpoint begins, whatever the ring's size: it fdatasyncs the
-#: logs written since the last, one at a time, each writing its bytes back in pieces first
-#: (`Broker._beside`). Every 4 MiB, the RF 3 p99 at 5,000 msg/s was 19-24 ms against 11-19
-#: without a journal; every 1 MiB, 15-18 (bench/RESULTS.md, issue 22, twenty-eighth sitting)
+#: logs written since the last, one at a time (a few, when they are many), each writing its
+#: bytes back in pieces first (`Broker._beside`). Every 4 MiB, the RF 3 p99 at 5,000 msg/s
+#: was 19-24 ms against 11-19 without a journal; every 1 MiB, 15-18 (bench/RESULTS.md, issue
+#: 22, twenty-eighth sitting)
 CHECKPOINT_BYTES = 1 << 20
 #: the largest a broker takes
 MAX_JOURNAL_BYTES = 16 << 30

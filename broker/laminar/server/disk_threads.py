@@ -104,18 +104,33 @@ class DiskThreads:
             self._jobs.put((batch, job))
         return batch.future
 
-    async def run_in_turn(self, jobs: Sequence[DirectWrite | Callable[[], None]]) -> None:
-        """Run `jobs` one after another (each started once the one before has finished),
-        raising the first error: the jobs after it are not run (their DirectWrites end
-        unrun)."""
-        for i, job in enumerate(jobs):
-            try:
-                await self.run([job])
-            except BaseException:
-                for left in jobs[i + 1 :]:
-                    if isinstance(left, DirectWrite):
-                        left.abandon()
-                raise
+    async def run_in_turn(
+        self, jobs: Sequence[DirectWrite | Callable[[], None]], width: int = 1
+    ) -> None:
+        """Run `jobs` in order, at most `width` at a time (each started once one before has
+        finished), raising the first error: the jobs not started by then are not run (their
+        DirectWrites end unrun); those running are waited for."""
+        if width < 1:
+            raise ValueError("width must be at least 1")
+        waiting = iter(jobs)
+        failed: list[BaseException] = []
+
+        async def lane() -> None:
+            while not failed and (job := next(waiting, None)) is not None:
+                try:
+                    await self.run([job])
+                except BaseException as e:
+                    failed.append(e)
+
+        try:
+            lanes = (lane() for _ in range(min(width, len(jobs))))
+            await asyncio.gather(*lanes, return_exceptions=True)
+        finally:
+            for left in waiting:  # not started: let their descriptors go
+                if isinstance(left, DirectWrite):
+                    left.abandon()
+        if failed:
+            raise failed[0]
 
     def _submit(self, batch: _Batch, job: DirectWrite) -> None:
         pool = self._pool

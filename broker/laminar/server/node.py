@@ -48,6 +48,13 @@ log = logging.getLogger(__name__)
 #: 192 logs: 16 threads took 4-17 % more appends a second there than 4 did, in five interleaved
 #: pairs (bench/RESULTS.md, issue 22, nineteenth sitting). Idle ones cost nothing.
 SYNC_THREADS = 16
+#: a journal checkpoint beside the rounds syncs its logs a lane each: one lane for every this
+#: many logs, up to CHECKPOINT_LANES. One at a time, a checkpoint of 60-200 logs (RF 3, 192
+#: partitions) fell behind the rounds, whose ring then filled, and a round checkpointed itself
+#: (every log synced at once inside it): the append p99 was 267-384 ms against 216-245 without
+#: a journal (bench/RESULTS.md, issue 22, twenty-ninth sitting)
+CHECKPOINT_LOGS_A_LANE = 16
+CHECKPOINT_LANES = 8
 HANDOFF_POLL_S = 0.05
 #: how much longer than a handoff's own deadline worker 0 waits for the other workers' answers
 FEED_ANSWER_S = 2.0
@@ -354,15 +361,17 @@ class Broker:
     def _beside(
         self, jobs: list[DirectWrite | Callable[[], None]], done: Callable[[], None]
     ) -> None:
-        """Run a journal checkpoint's log syncs beside the rounds, one at a time (each writes
-        its bytes back in pieces: `FileStorage.direct`); `done` once they are. All at once,
-        they stalled the rounds' journal syncs: the RF 3 p99 at 5,000 msg/s was 43-53 ms
-        against 12-24 without a journal, 33 one at a time (bench/RESULTS.md, issue 22,
-        twenty-seventh sitting)."""
+        """Run a journal checkpoint's log syncs beside the rounds, a few at a time (one up to
+        CHECKPOINT_LOGS_A_LANE logs; each writes its bytes back in pieces: `FileStorage.direct`);
+        `done` once they are. All at once, they stalled the rounds' journal syncs: the RF 3 p99
+        at 5,000 msg/s was 43-53 ms against 12-24 without a journal, 33 one at a time
+        (bench/RESULTS.md, issue 22, twenty-seventh sitting)."""
+        lanes = -(-len(jobs) // CHECKPOINT_LOGS_A_LANE)  # (rounded up)
+        width = max(1, min(CHECKPOINT_LANES, lanes))
 
         async def run() -> None:
             try:
-                await self._disk.run_in_turn(jobs)
+                await self._disk.run_in_turn(jobs, width)
             except STORAGE_FAILURES as e:  # fail-stop, as a round's
                 log.critical("%s: storage failed; stopping the broker: %s", self.id, e)
                 self.failed.set()
