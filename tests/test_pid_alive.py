@@ -67,3 +67,26 @@ def test_a_zombie_main_thread_with_another_thread_running_is_alive() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_thread_state_that_cannot_be_read_leaves_the_signals_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error other than "gone" reading a thread's state answers alive (the signal found the
+    process), rather than raising out of `local-cluster down`'s wait."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    real_open = open
+
+    def refusing_open(path: object, *args: object, **kwargs: object) -> object:
+        if str(path).startswith(f"/proc/{child.pid}/task/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    try:
+        monkeypatch.setattr("builtins.open", refusing_open)
+        assert pid_alive(child.pid)
+    finally:
+        monkeypatch.undo()
+        child.kill()
+        child.wait()

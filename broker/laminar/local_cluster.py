@@ -685,7 +685,8 @@ def pid_alive(pid: int) -> bool:
     """Is process `pid` running: any of its threads not yet a zombie? A zombie child of ours is
     not; a process whose main thread is a zombie while another thread still exits (one that
     was in an fdatasync when the process exited, holding its files and ports) still is. Gone
-    between the signal and the read of /proc (reaped meanwhile: CI127) is not."""
+    between the signal and the read of /proc (reaped meanwhile: CI127) is not. Where /proc
+    cannot tell (unreadable), the signal's answer stands: alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -706,6 +707,8 @@ def pid_alive(pid: int) -> bool:
                 state = f.read().rsplit(") ", 1)[1][:1]
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue  # that thread is gone
+        except OSError:
+            return True  # its state cannot be read: the signal's word, as for the list
         if state not in ("Z", "X"):
             return True
     return False
