@@ -13,12 +13,17 @@ A fresh `LocalCluster` of real `laminar serve` processes (fsync `always`) gets o
   over the replicas they host (`partitions * rf`);
 * the file descriptors each broker holds open (/proc/PID/fd) after the idle window, and
   again once every leader is elected after the restart;
+* publish spread over every partition (`--publish-appends` appends of `--batch` records of
+  1120 bytes, one append in flight per partition: `laminar bench produce`, each acknowledged
+  once committed): msg/s, the append p50 / p99 and the brokers' CPU seconds per million
+  records; then the restart below replays what the brokers' journals still hold;
 * the time to elect every leader after all brokers restart (graceful stop, start, every
   partition led again), and the leader counts once that settles (a restart that fails leaves
   `elect_all_s` null and says why in `restart_error`).
 
     python3 bench/partitions_bench.py                                   # 1000 x RF3, 3 brokers
     python3 bench/partitions_bench.py --brokers 1 --rf 1 --partitions 10000
+    python3 bench/partitions_bench.py --partitions 3000        # 3,000 replicas per broker
 
 The data directory is removed at the end, also on errors. The last line printed is one JSON
 object. `measure(...)` is the same as a function (bench/compare.py imports it).
@@ -54,6 +59,9 @@ SETTLE_S = 60.0
 STEADY_S = 10.0
 CLOCK_TICKS_S = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+RECORD_BYTES = 1120
+#: the publish phase's own time bound (the bench's --max-seconds)
+PUBLISH_MAX_S = 120.0
 
 
 def log(message: str) -> None:
@@ -157,6 +165,28 @@ def skew(counts: dict[str, int], partitions: int) -> float:
     return round(max(counts.values(), default=0) / mean, 3)
 
 
+def publish(
+    cluster: LocalCluster, partitions: int, rf: int, appends: int, batch: int
+) -> dict[str, Any]:
+    """`appends` appends of `batch` records, spread over every partition of TOPIC with one in
+    flight on each (`laminar bench produce`): its figures and the brokers' CPU."""
+    from compare import laminar_bench  # (compare imports this module: not at the top)
+
+    count = appends * batch
+    arguments = ["produce", "--topic", TOPIC, "--partitions", str(partitions),
+                 "--replication-factor", str(rf), "--count", str(count), "--batch", str(batch),
+                 "--in-flight", "1", "--size", str(RECORD_BYTES),
+                 "--max-seconds", f"{PUBLISH_MAX_S:g}"]  # fmt: skip
+    figures = laminar_bench(cluster, arguments, PUBLISH_MAX_S + 120)
+    keys = ("records", "msgs_per_s", "batch_latency_p50_ms", "batch_latency_p99_ms",
+            "server_cpu_s_per_million", "client_cpu_s_per_million")  # fmt: skip
+    out = {k: figures.get(k) for k in keys}
+    log(f"  published {out['records']} records over {partitions} partitions: "
+        f"{out['msgs_per_s']} msg/s, append p50 {out['batch_latency_p50_ms']} ms, p99 "
+        f"{out['batch_latency_p99_ms']} ms, {out['server_cpu_s_per_million']} CPU-s/M")  # fmt: skip
+    return out
+
+
 def measure(
     partitions: int,
     brokers: int,
@@ -166,6 +196,8 @@ def measure(
     *,
     prefix: str = PREFIX,
     restart: bool = True,
+    publish_appends: int = 0,
+    batch: int = 14,
 ) -> dict[str, Any]:
     """Run the measurement in a new data directory under `root` (removed at the end, also
     on errors); returns the figures (see the module's docstring)."""
@@ -202,6 +234,8 @@ def measure(
         result["leader_counts"] = [counts[n] for n in sorted(counts)]
         result["leader_skew"] = skew(counts, partitions)
         log(f"  leaders after the idle window: {counts} (skew {result['leader_skew']})")
+        if publish_appends:
+            result["publish"] = publish(cluster, partitions, rf, publish_appends, batch)
         result["elect_all_s"] = None
         if restart:
             cluster.stop()
@@ -238,11 +272,19 @@ def main() -> None:
     parser.add_argument("--rf", type=int, default=3)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--no-restart", action="store_true", help="skip the restart")
+    parser.add_argument(
+        "--publish-appends", type=int, default=None,
+        help="appends spread over the partitions before the restart (default: 2 per "
+        "partition; 0: no publish)",
+    )  # fmt: skip
+    parser.add_argument("--batch", type=int, default=14, help="records per append")
     parser.add_argument("--prefix", default=PREFIX, help="loopback /24 of the brokers")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the data directory")
     a = parser.parse_args()
     if not a.prefix.startswith("127."):
         parser.error("--prefix must be a loopback prefix (127.x.y)")
+    if (a.publish_appends is not None and a.publish_appends < 0) or a.batch < 1:
+        parser.error("--publish-appends must be >= 0 and --batch >= 1")
     root = Path(tempfile.mkdtemp(prefix="laminar-pbench-", dir=a.dir))
     log(f"load average before: {os.getloadavg()}")
     try:
@@ -254,6 +296,8 @@ def main() -> None:
             root,
             prefix=a.prefix,
             restart=not a.no_restart,
+            publish_appends=2 * a.partitions if a.publish_appends is None else a.publish_appends,
+            batch=a.batch,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
