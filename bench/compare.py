@@ -486,6 +486,7 @@ def laminar_round(
             for partitions in SCALE_PARTITIONS:
                 r = res[f"scale{partitions}"]
                 m[f"lam_scale{partitions}_msgs_s"] = r["msgs_per_s"]
+                m[f"lam_scale{partitions}_cpu_s_per_million"] = r["server_cpu_s_per_million"]
                 m[f"lam_p50_{partitions}_ms"] = r["batch_latency_p50_ms"]
                 m[f"lam_p99_{partitions}_ms"] = r["batch_latency_p99_ms"]
             p6, p192 = m["lam_p99_6_ms"], m["lam_p99_192_ms"]
@@ -894,12 +895,14 @@ def tables(result: dict[str, Any]) -> str:
             "",
             "Partition count, Laminar RF 3, 14 records per append, 384 appends in flight",
             "",
-            "| partitions | in flight each | msg/s | append p50 ms | append p99 ms |",
-            "|---:|---:|---:|---:|---:|",
+            "| partitions | in flight each | msg/s | server CPU-s/M | append p50 ms "
+            "| append p99 ms |",
+            "|---:|---:|---:|---:|---:|---:|",
         ]
         for p in SCALE_PARTITIONS:
             lines.append(
                 f"| {p} | {SCALE_IN_FLIGHT[p]} | {_f(m.get(f'lam_scale{p}_msgs_s'))} "
+                f"| {_f(m.get(f'lam_scale{p}_cpu_s_per_million'), 1)} "
                 f"| {_f(m.get(f'lam_p50_{p}_ms'), 1)} | {_f(m.get(f'lam_p99_{p}_ms'), 1)} |"
             )
     skew = result.get("partitions") or {}
