@@ -28,6 +28,10 @@ laminar  a fresh LocalCluster of real `laminar serve` processes (fsync `always`:
            http_floor   (RF 1) the same wrk load against bench/http_floor.py, the broker's
                         HTTP stack (its fast path, uvloop) answering each append with nothing
                         behind it: the floor of the HTTP stack, in CPU-s per million requests
+           idle         --idle-count records, one per append, one append in flight, on a
+                        1-partition topic with nothing else running, over HTTP and streamed:
+                        the round trip of one append (majority fdatasync included), the floor
+                        under every latency figure below
            latency      records due at a fixed --rate (5000/s) for --latency-seconds; every
                         --linger-ms (3, on a fixed schedule) the due records go out as one
                         append: 15 records at 5000/s, Kafka's default producer batch (its
@@ -47,17 +51,18 @@ Once per sitting, after the rounds: leadership of 1000 partitions RF 3 on 3 brok
 (bench/partitions_bench.py `measure`, or a fallback here that counts leaders per broker).
 
 JSON keys (the last line with --json; medians over the rounds, "best" holds the best round's
-figure of each): lam_* Laminar, nats_r1/r3_*, kafka_rf1/rf3_*, rabbit_r3_*; *_msgs_s
-throughput; *_p50_ms / *_p99_ms latency at --rate; *_cpu_s_per_million the servers' CPU
-seconds per million messages, *_client_cpu_s_per_million the client's; lam_single_* one record
-per HTTP append on one RF 1 broker (wrk; lam_single_pyclient_* the Python client's run,
-lam_single_stream_* streamed; http_floor_* the HTTP stack's floor); *_publish_* 560 KB
-batches (Laminar 500 records per append); *_kafka_batch_* / *_default_batch_* about 14
-records; lam_queue_p50_ms / rabbit_r3_queue_p50_ms at 1000 msg/s and *_queue_p50_ms_<rate>
-at each rate; target_* the issue's targets (true: met, false: missed, null: not measured);
-load_avg_1m at the start (load_avg_1m_end at the end); machine: the CPUs, 4 KiB fdatasyncs a
-second in one file, and sync_round_us, the p50 µs of 4 files x 64 KiB appended and synced at
-once (a group commit's disk work, measured as the sitting starts).
+figure of each): lam_* Laminar, nats_r1/r3_*, kafka_rf1/rf3_*, rabbit_r3_*; *_msgs_s throughput;
+*_p50_ms / *_p99_ms latency at --rate; *_cpu_s_per_million the servers' CPU seconds per million
+messages, *_client_cpu_s_per_million the client's; lam_single_* one record per HTTP append on
+one RF 1 broker (wrk; lam_single_pyclient_* the Python client's run, lam_single_stream_*
+streamed; http_floor_* the HTTP stack's floor); lam_rf1/rf3_idle_* and *_idle_stream_* one
+append in flight, nothing else running; *_publish_* 560 KB batches (Laminar 500 records per
+append); *_kafka_batch_* / *_default_batch_* about 14 records; lam_queue_p50_ms /
+rabbit_r3_queue_p50_ms at 1000 msg/s and *_queue_p50_ms_<rate> at each rate; target_* the
+issue's targets (true: met, false: missed, null: not measured); load_avg_1m at the start
+(load_avg_1m_end at the end); machine: the CPUs, 4 KiB fdatasyncs a second in one file, and
+sync_round_us, the p50 µs of 4 files x 64 KiB appended and synced at once (a group commit's disk
+work, measured as the sitting starts).
 
 Every phase is bounded in count and time; every server is stopped and every data directory
 removed in finally blocks (also on Ctrl-C, SIGTERM, SIGHUP).
@@ -117,12 +122,14 @@ PEER_PORTS = {
 
 QUICK = {
     "rounds": 1, "count": 100_000, "kafka_batch_count": 50_000, "single_count": 10_000,
+    "idle_count": 1_000,
     "latency_seconds": 4.0, "scale_count": 50_000, "peer_count": 100_000, "wrk_seconds": 5.0,
     "kafka_warmup": 50_000, "queue_duration": 3.0, "skew_idle_seconds": 5.0,
     "skew_restart": False, "max_seconds": 30.0,
 }  # fmt: skip
 FULL = {
     "rounds": 2, "count": 1_000_000, "kafka_batch_count": 300_000, "single_count": 50_000,
+    "idle_count": 3_000,
     "latency_seconds": 10.0, "scale_count": 200_000, "peer_count": 1_000_000,
     "wrk_seconds": 10.0,
     "kafka_warmup": 200_000, "queue_duration": 10.0, "skew_idle_seconds": 20.0,
@@ -406,6 +413,13 @@ def laminar_config(
                                       "--partitions", "1", "--batch", "1", "--stream",
                                       "--in-flight", str(SINGLE_IN_FLIGHT)])  # fmt: skip
         log(f"laminar RF {rf}: 1/batch streamed {r['msgs_per_s']:,.0f} msg/s")
+        for name, stream in (("idle", []), ("idle_stream", ["--stream"])):
+            r = produce(name, ["--topic", name, "--count", str(s.idle_count), "--partitions",
+                               "1", "--batch", "1", "--in-flight", "1", *stream])  # fmt: skip
+            log(
+                f"laminar RF {rf}: one append in flight ({name}): p50 "
+                f"{r['batch_latency_p50_ms']} p99 {r['batch_latency_p99_ms']} ms"
+            )
         r = produce("latency", ["--topic", "latency", *tput, "--rate", str(s.rate),
                                 "--seconds", str(s.latency_seconds),
                                 "--linger-ms", str(s.linger_ms)])  # fmt: skip
@@ -473,6 +487,9 @@ def laminar_round(
         if (floor := res.get("http_floor")) is not None:
             m["http_floor_msgs_s"] = floor["msgs_per_s"]
             m["http_floor_cpu_s_per_million"] = floor["server_cpu_s_per_million"]
+        for name in ("idle", "idle_stream"):
+            m[f"{key}_{name}_p50_ms"] = res[name]["batch_latency_p50_ms"]
+            m[f"{key}_{name}_p99_ms"] = res[name]["batch_latency_p99_ms"]
         m[f"{key}_p50_ms"] = lat["latency_p50_ms"]
         m[f"{key}_p99_ms"] = lat["latency_p99_ms"]
         m[f"{key}_p999_ms"] = lat["latency_p999_ms"]
@@ -869,6 +886,23 @@ def tables(result: dict[str, Any]) -> str:
                 f"| {_f(m[f'{prefix}_p99_ms'], 2)} ({_f(b[f'{prefix}_p99_ms'], 2)}) "
                 f"| {_f(m.get(f'{prefix}_p999_ms'), 2)} |"
             )
+    if "lam_rf3_idle_p50_ms" in m:
+        lines += [
+            "",
+            "One record per append, one append in flight, nothing else running (Laminar): "
+            "the round trip of one append, ms, the floor under the latencies above",
+            "",
+            "| system | p50 | p99 |",
+            "|---|---:|---:|",
+        ]
+        for rf in (1, 3):
+            for name, suffix in (("HTTP append", "idle"), ("streaming append", "idle_stream")):
+                key = f"lam_rf{rf}_{suffix}"
+                lines.append(
+                    f"| Laminar RF {rf}, {name} | {_f(m.get(f'{key}_p50_ms'), 2)} "
+                    f"({_f(b.get(f'{key}_p50_ms'), 2)}) | {_f(m.get(f'{key}_p99_ms'), 2)} "
+                    f"({_f(b.get(f'{key}_p99_ms'), 2)}) |"
+                )
     queue_rates = result["params"]["queue_rates"]
     if any(f"lam_queue_p50_ms_{r:g}" in m for r in queue_rates):
         lines += [
@@ -983,6 +1017,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "max.in.flight.requests.per.connection is 5)",
     )  # fmt: skip
     parser.add_argument("--single-count", type=int, help="records, one per append")
+    parser.add_argument("--idle-count", type=int, help="records of the one-append-in-flight phase")
     parser.add_argument(
         "--wrk-seconds", type=float, help="wrk's run of one record per HTTP append (RF 1)"
     )
@@ -1014,7 +1049,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
     a.queue_rates = [float(r) for r in a.queue_rates.split(",") if r.strip()]
-    if a.rounds < 1 or min(a.count, a.single_count, a.peer_count, a.scale_count) < 1:
+    counts = (a.count, a.single_count, a.idle_count, a.peer_count, a.scale_count)
+    if a.rounds < 1 or min(counts) < 1:
         parser.error("--rounds and the counts must be >= 1")
     a.peers_dir = a.peers_dir.resolve()
     return a

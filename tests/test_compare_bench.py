@@ -59,6 +59,28 @@ def test_targets_compare_in_the_right_direction_and_stay_open_without_figures() 
     assert t["target_p99_192_within_2x_of_6"] is None
 
 
+def _sitting(median: dict[str, float], best: dict[str, float]) -> dict[str, object]:
+    return {
+        "median": median, "best": best, "rounds": 2, "started_utc": "2026-12-07 18:00",
+        "commit": "abc1234", "wall_s": 60.0, "load_avg_1m": 1.0, "load_avg_1m_end": 1.5,
+        "machine": {"cpus": 2, "fdatasync_4k_per_s": 6000, "sync_round_us": 600},
+        "params": {"size": 1120, "partitions": 6, "rate": 5000, "queue_rates": [500.0],
+                   "skew_partitions": 1000},
+        "partitions": {}, "targets": {}, "phases": [], "warnings": [],
+    }  # fmt: skip
+
+
+def test_tables_give_the_one_append_round_trip_only_where_it_was_measured() -> None:
+    keys = [f"lam_rf{rf}_idle{s}_{q}_ms" for rf in (1, 3) for s in ("", "_stream")
+            for q in ("p50", "p99")]  # fmt: skip
+    median = {k: 2.0 + i for i, k in enumerate(keys)}
+    best = {k: 1.0 + i for i, k in enumerate(keys)}
+    text = compare.tables(_sitting(median, best))
+    assert "| Laminar RF 1, HTTP append | 2.00 (1.00) | 3.00 (2.00) |" in text
+    assert "| Laminar RF 3, streaming append | 8.00 (7.00) | 9.00 (8.00) |" in text
+    assert "one append in flight" not in compare.tables(_sitting({}, {}))
+
+
 def test_kafka_peer_names_what_an_empty_peers_directory_lacks(tmp_path: Path) -> None:
     missing = kafka_peer.missing_setup(tmp_path)
     assert f"kafka-libs/kafka_2.13-{kafka_peer.KAFKA_VERSION}.jar" in missing
