@@ -253,6 +253,29 @@ async def test_a_connection_gone_idle_goes_to_a_request_for_its_own_origin_first
         assert (a.connections, b.connections) == (1, 1)
 
 
+async def test_a_pool_kept_full_by_one_origin_still_serves_another_in_turn() -> None:
+    """Three requests for `a` at a time, each followed at once by the next, keep a pool of 2
+    full with one of them always waiting: a request for `b` gets its turn after at most
+    MAX_SKIPS of theirs (taking a freed connection of `a` saves a reconnect), not once they
+    stop."""
+    async with Server([OK] * 600) as a, Server([OK]) as b, pool(limit=2) as p:
+        done = 0
+
+        async def load() -> None:
+            nonlocal done
+            for _ in range(150):
+                await p.request("GET", a.url + "/", {}, None, deadline())
+                done += 1
+
+        loads = [asyncio.ensure_future(load()) for _ in range(3)]
+        await until(lambda: done >= 6 and p._waiters, "a full pool with a request waiting")
+        before = done
+        assert (await p.request("GET", b.url + "/", {}, None, deadline()))[2] == b"ok"
+        assert done - before <= h1.MAX_SKIPS + 3  # (450 when it waited for the load to end)
+        await asyncio.gather(*loads)
+        assert done == 450
+
+
 async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() -> None:
     async with Server([OK], pause_s=0.3) as server:
         p = h1.Pool(1, connect_timeout_s=2.0)

@@ -13,8 +13,12 @@ What it does, and nothing more:
   no `Connection: close`, framed by its length or chunks, nothing after it) and is dropped
   once idle for `IDLE_S`, before a broker's idle timeout (60 s, docs/api.md) closes it under a
   request. At most `limit` connections are open in all: past that a request takes an idle
-  connection of another origin (closed for it) or waits, first come first served, for one to
-  be freed. A connection gone idle goes to the first waiter for its own origin, if any.
+  connection of another origin (closed for it) or waits in turn, first come first served. A
+  connection freed goes to the first waiter: as it is if of the waiter's origin, else closed to
+  make room for it. A later waiter of the connection's own origin may take it instead (no
+  reconnect), passing the first over at most `MAX_SKIPS` times: a full pool kept busy by one
+  origin's requests used to leave another's waiting until that load ended (bench/RESULTS.md,
+  issue 22, thirty-first sitting).
 * A request line or header that could end early or carry another (a control character, a
   space in the target, a name that is not a token) raises ValueError before anything is sent.
 * TLS through asyncio with the caller's context, the server's name checked.
@@ -47,6 +51,9 @@ MAX_HEADERS = 128
 IDLE_S = 15.0
 #: origins whose parsed form is kept (brokers, and where they redirect to)
 MAX_ORIGINS = 1024
+#: the first request waiting for a connection lets at most this many freed connections go to
+#: later waiters of their own origin before it is served (`Pool._hand_over`)
+MAX_SKIPS = 8
 #: a body up to this size goes out in one write with its head (one segment on loopback)
 JOIN_BODY_BYTES = 256 << 10
 
@@ -360,6 +367,18 @@ class _Connection(asyncio.Protocol):
         self.pool._gone(self)
 
 
+class _Waiter:
+    """A request waiting for a connection: it gets one of its origin, or None (room to open
+    one); `skips` counts the connections that went to later waiters of their own origin."""
+
+    __slots__ = ("future", "origin", "skips")
+
+    def __init__(self, origin: Origin, future: asyncio.Future[_Connection | None]) -> None:
+        self.origin = origin
+        self.future = future
+        self.skips = 0
+
+
 class Pool:
     """Keep-alive connections by origin, at most `limit` open in all."""
 
@@ -371,9 +390,11 @@ class Pool:
         self._origins: dict[str, Origin] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
         #: requests waiting for a connection, first come first served, with their origins
-        self._waiters: list[tuple[Origin, asyncio.Future[None]]] = []
-        #: every connection made and not yet gone (`limit` bounds it)
+        self._waiters: list[_Waiter] = []
+        #: every connection made and not yet gone (`limit` bounds it, with `_reserved`)
         self._connections: set[_Connection] = set()
+        #: room handed to waiters that have not opened their connection yet
+        self._reserved = 0
         self.closed = False
 
     async def request(
@@ -407,8 +428,7 @@ class Pool:
             raise
         if connection.keep and connection.usable() and not self.closed:
             connection.idle_since = asyncio.get_running_loop().time()
-            self._idle.setdefault(origin, []).append(connection)
-            self._wake(origin)
+            self._release(connection)
         else:
             connection.close()
         return answer
@@ -417,19 +437,33 @@ class Pool:
         if self.closed:
             raise RuntimeError("the client is closed")
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._waiting():  # nobody came first
             idle = self._idle.get(origin)
             while idle:
                 connection = idle.pop()
                 if connection.usable(loop.time()):
                     return connection
                 connection.close()
-            if self.closed:
-                raise RuntimeError("the client is closed")
-            if len(self._connections) < self._limit:
-                break
+            if len(self._connections) + self._reserved < self._limit:
+                return await self._open(origin, deadline, tls)
             if not self._close_an_idle():
-                await self._wait_for_room(origin, deadline)
+                break
+        got = await self._wait_for_room(origin, deadline)
+        if self.closed:
+            if got is not None:
+                got.close()
+            raise RuntimeError("the client is closed")
+        if got is None:  # room: this request's connection opens in it
+            self._reserved -= 1
+        elif got.usable(loop.time()):
+            return got
+        else:
+            self._drop(got)  # (its room is this request's)
+        return await self._open(origin, deadline, tls)
+
+    async def _open(self, origin: Origin, deadline: float, tls: TlsContext) -> _Connection:
+        """A new connection to `origin`, counted at once (the caller made room for it)."""
+        loop = asyncio.get_running_loop()
         connection = _Connection(self, origin)
         self._connections.add(connection)
         try:
@@ -467,22 +501,81 @@ class Pool:
                 return True
         return False
 
-    async def _wait_for_room(self, origin: Origin, deadline: float) -> None:
+    async def _wait_for_room(self, origin: Origin, deadline: float) -> _Connection | None:
+        """Wait in turn: a connection of `origin` handed over, or None (room to open one, or
+        the pool closed)."""
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        entry = (origin, waiter)
-        self._waiters.append(entry)
+        waiter = _Waiter(origin, loop.create_future())
+        self._waiters.append(waiter)
         try:
             async with asyncio.timeout_at(deadline):
-                await waiter
+                return await waiter.future
         except BaseException as e:
-            if entry in self._waiters:
-                self._waiters.remove(entry)
-            elif waiter.done() and not waiter.cancelled():
-                self._wake()  # woken, but leaving: the room goes to the next waiter
+            future = waiter.future
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif future.done() and not future.cancelled():
+                # handed something, but leaving: it goes to the next in turn
+                got = future.result()
+                if got is None:
+                    self._reserved -= 1
+                    self._hand_over(None)
+                else:
+                    self._release(got)
             if isinstance(e, TimeoutError):
                 raise NotConnected(TimeoutError("no free connection before the deadline")) from e
             raise
+
+    def _release(self, connection: _Connection) -> None:
+        """`connection` is free (usable, kept): to a waiter, else idle."""
+        if not self._hand_over(connection):
+            self._idle.setdefault(connection.origin, []).append(connection)
+
+    def _hand_over(self, connection: _Connection | None) -> bool:
+        """Give the first waiter its turn: `connection` (free) if it is of the waiter's
+        origin, else the room it leaves once closed, or the room of a connection gone (None).
+        A connection goes to a later waiter of its own origin instead (no reconnect) while
+        the first has been passed over fewer than MAX_SKIPS times, so that a full pool serving
+        one origin without pause does not starve another's requests. Whether a waiter took
+        it."""
+        if not self._waiting():
+            return False
+        waiters = self._waiters
+        first = waiters[0]
+        if connection is None:
+            waiters.pop(0)
+            self._reserved += 1
+            first.future.set_result(None)
+            return True
+        if first.origin != connection.origin and first.skips < MAX_SKIPS:
+            for i in range(1, len(waiters)):
+                waiter = waiters[i]
+                if waiter.origin == connection.origin and not waiter.future.done():
+                    for ahead in waiters[:i]:
+                        ahead.skips += 1
+                    del waiters[i]
+                    waiter.future.set_result(connection)
+                    return True
+        if first.origin == connection.origin:
+            waiters.pop(0)
+            first.future.set_result(connection)
+            return True
+        connection.close()  # its room goes to the first waiter (`_gone`)
+        return True
+
+    def _waiting(self) -> bool:
+        """Whether a request waits for a connection (those leaving are dropped first)."""
+        waiters = self._waiters
+        while waiters and waiters[0].future.done():
+            waiters.pop(0)
+        return bool(waiters)
+
+    def _drop(self, connection: _Connection) -> None:
+        """Close `connection` and forget it, its room left to the caller (not handed over)."""
+        connection.open = False
+        self._connections.discard(connection)
+        if connection.transport is not None:
+            connection.transport.close()
 
     def _gone(self, connection: _Connection) -> None:
         if connection not in self._connections:
@@ -491,39 +584,18 @@ class Pool:
         idle = self._idle.get(connection.origin)
         if idle and connection in idle:
             idle.remove(connection)
-        self._wake()
-
-    def _wake(self, idle: Origin | None = None) -> None:
-        """Wake the first waiter: for a connection of `idle` that went idle, the first waiting
-        for that origin if any (another would close it for one of its own)."""
-        waiters = self._waiters
-        first = None
-        i = 0
-        while i < len(waiters):
-            origin, waiter = waiters[i]
-            if waiter.done():  # (its deadline passed or it was cancelled: it is leaving)
-                del waiters[i]
-                continue
-            if idle is None or origin == idle:
-                del waiters[i]
-                waiter.set_result(None)
-                return
-            if first is None:
-                first = i
-            i += 1
-        if first is not None:
-            waiters.pop(first)[1].set_result(None)
+        self._hand_over(None)
 
     def close(self) -> None:
         """Close every connection; requests after this raise RuntimeError."""
         self.closed = True
+        waiters, self._waiters = self._waiters, []
         for connection in list(self._connections):
             connection.close()
         self._idle.clear()
-        waiters, self._waiters = self._waiters, []
-        for _, waiter in waiters:  # (each finds the pool closed)
-            if not waiter.done():
-                waiter.set_result(None)
+        for waiter in waiters:  # (each finds the pool closed)
+            if not waiter.future.done():
+                waiter.future.set_result(None)
 
 
 _DEFAULT_CONTEXT: list[ssl.SSLContext] = []
