@@ -16,9 +16,10 @@ What it does, and nothing more:
   connection of another origin (closed for it) or waits in turn, first come first served. A
   connection freed goes to the first waiter: as it is if of the waiter's origin, else closed to
   make room for it. A later waiter of the connection's own origin may take it instead (no
-  reconnect), passing the first over at most `MAX_SKIPS` times: a full pool kept busy by one
-  origin's requests used to leave another's waiting until that load ended (bench/RESULTS.md,
-  issue 22, thirty-first sitting).
+  reconnect), passing the first over at most `MAX_SKIPS` times. A waiter used to lose the
+  freed connection to the next request of the call that freed it, made in the same turn of the
+  loop: a steady load left the waiters waiting until it ended (bench/RESULTS.md, issue 22,
+  thirty-first sitting).
 * A request line or header that could end early or carry another (a control character, a
   space in the target, a name that is not a token) raises ValueError before anything is sent.
 * TLS through asyncio with the caller's context, the server's name checked.
