@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from . import settings
 from .client import AsyncClient, LaminarError, NotFound
 from .client.stream import AppendStream
 from .contract import BATCH_TYPE, MAX_READ_RECORDS, NEXT_INDEX_HEADER, READ_RECORDS
@@ -46,11 +47,20 @@ from .tls import client_context
 DISTINCT_BATCHES = 8
 PROGRESS_INTERVAL_S = 0.5
 #: the client's connections: one per append in flight (`--partitions` x `--in-flight`) and a
-#: few for the topic's metadata calls, at least the client's default and at most the cap (a
-#: scale phase of 384 appends in flight had a third of them wait for a connection)
+#: few for the topic's metadata calls, at least the client's default (a scale phase of 384
+#: appends in flight had a third of them wait for a connection), and at most what the brokers
+#: let one client address hold (`--max-connections-per-client`, 256 each by default: a broker
+#: closes the connections over it at once, and the calls sent on them back off and retry)
 DEFAULT_CONNECTIONS = 256
 CONNECTIONS_SPARE = 16
-MAX_CONNECTIONS = 1024
+CONNECTIONS_PER_BROKER = settings.MAX_CONNECTIONS_PER_CLIENT.default
+
+
+def connections_for(partitions: int, in_flight: int, brokers: int) -> int:
+    """The client's connection limit for `in_flight` appends on each of `partitions`
+    partitions, led by `brokers` brokers."""
+    wanted = partitions * in_flight + CONNECTIONS_SPARE
+    return max(DEFAULT_CONNECTIONS, min(wanted, CONNECTIONS_PER_BROKER * max(1, brokers)))
 
 
 def percentile_ms(sorted_s: Sequence[float], fraction: float) -> float | None:
@@ -440,10 +450,9 @@ async def run(args: argparse.Namespace, brokers: list[str], token: str | None) -
     progress = not args.no_progress and sys.stderr.isatty()
     ca_file = getattr(args, "ca_file", None)
     timeout_s = getattr(args, "timeout", 60.0)
-    # one HTTP/1.1 connection per append in flight, so that the client's pool does not
-    # queue them (bounded: a topic of thousands of partitions shares MAX_CONNECTIONS in turn)
-    wanted = args.partitions * args.in_flight + CONNECTIONS_SPARE
-    connections = max(DEFAULT_CONNECTIONS, min(wanted, MAX_CONNECTIONS))
+    # one HTTP/1.1 connection per append in flight, so that the client's pool does not queue
+    # them, within what the brokers let one client hold (beyond, appends wait their turn)
+    connections = connections_for(args.partitions, args.in_flight, len(brokers))
     async with AsyncClient(
         brokers, token=token, timeout_s=timeout_s, ca_file=ca_file, max_connections=connections
     ) as client:
