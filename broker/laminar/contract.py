@@ -57,6 +57,10 @@ ACKED_INDEX_HEADER = "Laminar-Acked-Index"
 ACKED_WAIT_S = 1.0
 COMMIT_INDEX_HEADER = "Laminar-Commit-Index"
 LOG_START_HEADER = "Laminar-Log-Start"
+#: On the 429 that refuses a connection over a client address's cap (read nothing, closed):
+#: the cap, `--max-connections-per-client`. A client learns from it to hold no more
+#: connections to that broker than it has open (`laminar.client.h1.Pool`).
+CONNECTION_LIMIT_HEADER = "Laminar-Connection-Limit"
 
 # ---- names ---------------------------------------------------------------------------------
 

@@ -23,9 +23,13 @@ from laminar.client import h1
 class Server:
     """A socket server on loopback that answers each request with the next scripted bytes."""
 
-    def __init__(self, answers: list[bytes], pause_s: float = 0.0) -> None:
+    def __init__(self, answers: list[bytes], pause_s: float = 0.0, cap: int | None = None) -> None:
         self.answers = answers
         self.pause_s = pause_s
+        #: as a broker's cap on one client address's connections: one more is answered
+        #: REFUSED at once, before anything is read, and closed
+        self.cap = cap
+        self.refused = 0
         self.connections = 0
         self.open = 0
         self.most_open = 0
@@ -46,6 +50,11 @@ class Server:
             await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cap is not None and self.open >= self.cap:
+            self.refused += 1
+            writer.write(REFUSED)
+            writer.close()
+            return
         self.connections += 1
         self.open += 1
         self.most_open = max(self.most_open, self.open)
@@ -96,6 +105,11 @@ async def pool(limit: int = 8) -> AsyncIterator[h1.Pool]:
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+#: a broker's answer to a connection over its cap (laminar.server.http)
+REFUSED = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n"
+    b"Retry-After: 1\r\nLaminar-Connection-Limit: 256\r\n\r\n{}"
+)
 
 
 @pytest.mark.parametrize(
@@ -281,6 +295,80 @@ async def test_a_pool_kept_full_by_one_origin_still_serves_another_in_turn() -> 
         assert done - before <= 2 * h1.MAX_SKIPS + 3
         await asyncio.gather(*loads)
         assert done == 450
+
+
+async def test_a_server_that_refuses_connections_over_its_cap_caps_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8 requests at once open 8 connections; a server that holds 2 of one client refuses the
+    6 others. Each refusal tells the pool to hold no more than it has open, so the pool comes
+    down to 2 without a refusal more, and the refused requests are sent again on those."""
+    monkeypatch.setattr(h1, "CAP_PROBE_S", 3600.0)  # (no try of one more in this test)
+    async with Server([OK] * 40, pause_s=0.01, cap=2) as server, pool(limit=8) as p:
+
+        async def load() -> list[bytes]:
+            return [
+                (await p.request("GET", server.url + "/", {}, None, deadline()))[2]
+                for _ in range(5)
+            ]
+
+        answers = await asyncio.gather(*(load() for _ in range(8)))
+        assert answers == [[b"ok"] * 5] * 8
+        assert server.refused == 6
+        assert server.connections == 2
+        assert p.cap_of(server.url) == 2
+        assert len(server.requests) == 40  # (each request read once)
+
+
+async def test_a_capped_pool_tries_one_more_connection_every_probe_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cap is shared with the address's other clients, which may close theirs: while
+    requests wait, one connection more is tried every CAP_PROBE_S, until one is refused."""
+    monkeypatch.setattr(h1, "CAP_PROBE_S", 0.02)
+    async with Server([OK] * 2000, pause_s=0.005, cap=1) as server, pool(limit=8) as p:
+        await asyncio.gather(
+            *(p.request("GET", server.url + "/", {}, None, deadline()) for _ in range(3))
+        )
+        assert p.cap_of(server.url) == 1
+        server.cap = 3  # (as if other clients closed two)
+        refused = server.refused
+        stop = False
+
+        async def load() -> None:
+            for _ in range(400):
+                if stop:
+                    return
+                await p.request("GET", server.url + "/", {}, None, deadline())
+
+        loads = [asyncio.ensure_future(load()) for _ in range(4)]
+        # grown to 3, then a fourth tried and refused
+        await until(lambda: server.refused > refused, "a connection over the new cap")
+        stop = True
+        await asyncio.gather(*loads)
+        assert server.most_open == 3
+        assert p.cap_of(server.url) == 3
+
+
+async def test_a_cap_held_by_other_clients_answers_the_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With none of its own connections open, a refused request gets the 429 (the client
+    backs off); once the others close theirs, the next try gets through."""
+    monkeypatch.setattr(h1, "CAP_PROBE_S", 0.02)
+    async with Server([OK], cap=1) as server, pool() as p:
+        host, port = server.url.removeprefix("http://").split(":")
+        other = socket.create_connection((host, int(port)))  # another client's
+        try:
+            await until(lambda: server.open == 1, "the other client's connection")
+            status, headers, _ = await p.request("GET", server.url + "/", {}, None, deadline())
+            assert status == 429 and headers["Laminar-Connection-Limit"] == "256"
+            assert p.cap_of(server.url) == 0
+        finally:
+            other.close()
+        await until(lambda: server.open == 0, "the other client's connection to close")
+        assert (await p.request("GET", server.url + "/", {}, None, deadline()))[2] == b"ok"
+        assert p.cap_of(server.url) == 1
 
 
 async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() -> None:

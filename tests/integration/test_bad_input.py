@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from laminar.client import h1
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record, encode_batch
 from laminar.server.http import LINGERING_TIME_S
@@ -616,6 +617,7 @@ async def test_connections_per_client_are_capped(limited: LocalCluster) -> None:
     status, headers, body = parse_answer(data)
     expect(status, body, 429, "overloaded")
     assert headers["retry-after"] == "1"
+    assert headers["laminar-connection-limit"] == str(MAX_CONNECTIONS)
     async with aiohttp.ClientSession(headers=auth(limited)) as session:
         status, body = await call(session, "GET", f"{base}/v1/topics")  # from 127.0.0.1
         assert status == 200, body
@@ -632,6 +634,30 @@ async def test_connections_per_client_are_capped(limited: LocalCluster) -> None:
         status, _, body = parse_answer(data)
         assert (status, body) == (200, {"status": "ok"})
         await no_internal_errors(session, limited)
+
+
+async def test_a_client_over_the_cap_learns_it_and_every_request_is_served(
+    limited: LocalCluster,
+) -> None:
+    """The client's pool, allowed more connections than the broker lets one address hold,
+    opens one for each of as many requests at once: the broker refuses those over its cap,
+    the pool learns the cap from the refusal and sends those requests again on the
+    connections it holds. Every request is answered, none with the 429."""
+    base = limited.urls[0]
+    p = h1.Pool(MAX_CONNECTIONS + 32, connect_timeout_s=5.0)
+    try:
+        deadline = asyncio.get_running_loop().time() + 30.0
+        answers = await asyncio.gather(
+            *(
+                p.request("GET", f"{base}/healthz", {}, None, deadline)
+                for _ in range(MAX_CONNECTIONS + 32)
+            )
+        )
+        assert sorted({status for status, _, _ in answers}) == [200]
+        cap = p.cap_of(base)
+        assert cap is not None and 0 < cap <= MAX_CONNECTIONS
+    finally:
+        p.close()
 
 
 async def test_idle_connections_are_closed(limited: LocalCluster) -> None:

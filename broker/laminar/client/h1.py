@@ -20,6 +20,12 @@ What it does, and nothing more:
   freed connection to the next request of the call that freed it, made in the same turn of the
   loop: a steady load left the waiters waiting until it ended (bench/RESULTS.md, issue 22,
   thirty-first sitting).
+* A broker refuses a connection over its cap on one client address's connections with a 429
+  that carries `Laminar-Connection-Limit`, before reading anything. The pool then holds at
+  most as many connections to that origin as it has open (`cap_of`), and sends the request
+  again on one of them (at most `MAX_REFUSED_SENDS` times; a 429 with none of its own open is
+  the answer). Requests for it wait for its connections; the room of others goes to other
+  origins. While they wait, one more connection is tried every `CAP_PROBE_S`.
 * A request line or header that could end early or carry another (a control character, a
   space in the target, a name that is not a token) raises ValueError before anything is sent.
 * TLS through asyncio with the caller's context, the server's name checked.
@@ -44,6 +50,8 @@ from typing import cast
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from ..contract import CONNECTION_LIMIT_HEADER
+
 #: an answer's status line and headers may be this long (aiohttp's client allows 8190 bytes a
 #: line and 128 headers)
 MAX_HEAD_BYTES = 64 << 10
@@ -57,6 +65,14 @@ MAX_ORIGINS = 1024
 MAX_SKIPS = 8
 #: a body up to this size goes out in one write with its head (one segment on loopback)
 JOIN_BODY_BYTES = 256 << 10
+#: once a broker refused a connection over its cap on this client address's connections, the
+#: pool holds at most as many to it as it had open then; one more is tried this often while
+#: requests wait for one (the cap is shared with other processes on the address, which may
+#: close theirs)
+CAP_PROBE_S = 1.0
+#: a request whose new connection was refused so is sent again at most this many times (the
+#: broker read none of it); then the 429 is its answer
+MAX_REFUSED_SENDS = 3
 
 #: what a request line's target or a header may not contain (a header or request injected)
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -197,6 +213,8 @@ class _Connection(asyncio.Protocol):
         self._length = 0
         self._chunks: list[bytes] = []
         self.keep = False
+        #: no request has been sent on it yet (a broker refuses a connection on its first)
+        self.fresh = True
 
     # ---- asyncio.Protocol
 
@@ -247,6 +265,7 @@ class _Connection(asyncio.Protocol):
         self._no_body = no_body
         self._headers = None
         self.keep = False
+        self.fresh = False
         if body is None:
             transport.write(head)
         elif len(body) <= JOIN_BODY_BYTES:
@@ -368,6 +387,15 @@ class _Connection(asyncio.Protocol):
         self.pool._gone(self)
 
 
+@dataclass(slots=True)
+class _Cap:
+    """How many connections to an origin the pool may hold, learned from its refusal."""
+
+    limit: int
+    #: the loop time from which one connection more may be tried
+    probe_at: float
+
+
 class _Waiter:
     """A request waiting for a connection: it gets one of its origin, or None (room to open
     one); `skips` counts the connections that went to later waiters of their own origin."""
@@ -396,7 +424,19 @@ class Pool:
         self._connections: set[_Connection] = set()
         #: room handed to waiters that have not opened their connection yet
         self._reserved = 0
+        #: by origin: its connections made and not gone, and the room handed for one
+        self._held: dict[Origin, int] = {}
+        #: the origins that refused a connection over their cap (`_learn_cap`)
+        self._caps: dict[Origin, _Cap] = {}
+        self._probe_timer: asyncio.TimerHandle | None = None
         self.closed = False
+
+    def cap_of(self, origin: str) -> int | None:
+        """How many connections to `origin` (`scheme://host:port`) the pool may hold, once it
+        refused one over its cap (None: no cap known)."""
+        parsed = self._origins.get(origin)
+        cap = None if parsed is None else self._caps.get(parsed)
+        return None if cap is None else cap.limit
 
     async def request(
         self,
@@ -418,34 +458,46 @@ class Pool:
         head = request_head(
             method, target, origin.authority, headers, None if body is None else len(body)
         )
-        connection = await self._connection(origin, deadline, tls)
-        try:
-            answer = await connection.exchange(head, body, deadline, method == "HEAD")
-        except (OSError, TimeoutError, ProtocolError) as e:
-            connection.close()
-            raise Broken(e) from e
-        except BaseException:  # cancelled: what the server sends next is nobody's
-            connection.close()
-            raise
-        if connection.keep and connection.usable() and not self.closed:
-            connection.idle_since = asyncio.get_running_loop().time()
-            self._release(connection)
-        else:
-            connection.close()
-        return answer
+        sends = 0
+        while True:
+            connection = await self._connection(origin, deadline, tls)
+            fresh = connection.fresh
+            try:
+                answer = await connection.exchange(head, body, deadline, method == "HEAD")
+            except (OSError, TimeoutError, ProtocolError) as e:
+                connection.close()
+                raise Broken(e) from e
+            except BaseException:  # cancelled: what the server sends next is nobody's
+                connection.close()
+                raise
+            # a new connection refused over the cap, the request unread (docs/api.md)
+            refused = fresh and answer[0] == 429 and CONNECTION_LIMIT_HEADER in answer[1]
+            if refused:  # (learned before the connection goes: its room is not this origin's)
+                self._learn_cap(origin)
+            if connection.keep and connection.usable() and not self.closed:
+                connection.idle_since = asyncio.get_running_loop().time()
+                self._release(connection)
+            else:
+                connection.close()
+            sends += 1
+            if not refused or sends > MAX_REFUSED_SENDS or not self._caps[origin].limit:
+                return answer
 
     async def _connection(self, origin: Origin, deadline: float, tls: TlsContext) -> _Connection:
         if self.closed:
             raise RuntimeError("the client is closed")
         loop = asyncio.get_running_loop()
-        while not self._waiting():  # nobody came first
+        while not self._queued(origin, loop.time()):  # nobody it would overtake came first
             idle = self._idle.get(origin)
             while idle:
                 connection = idle.pop()
                 if connection.usable(loop.time()):
                     return connection
                 connection.close()
+            if not self._room_for(origin, loop.time()):
+                break  # at its cap: it waits for a connection of its origin
             if len(self._connections) + self._reserved < self._limit:
+                self._claim(origin, loop.time())
                 return await self._open(origin, deadline, tls)
             if not self._close_an_idle():
                 break
@@ -454,16 +506,17 @@ class Pool:
             if got is not None:
                 got.close()
             raise RuntimeError("the client is closed")
-        if got is None:  # room: this request's connection opens in it
+        if got is None:  # room: this request's connection opens in it (claimed for it)
             self._reserved -= 1
         elif got.usable(loop.time()):
             return got
         else:
-            self._drop(got)  # (its room is this request's)
+            self._drop(got)  # (its room, and its origin's count, is this request's)
         return await self._open(origin, deadline, tls)
 
     async def _open(self, origin: Origin, deadline: float, tls: TlsContext) -> _Connection:
-        """A new connection to `origin`, counted at once (the caller made room for it)."""
+        """A new connection to `origin`, counted at once (the caller made room for it, and
+        claimed it: `_claim`)."""
         loop = asyncio.get_running_loop()
         connection = _Connection(self, origin)
         self._connections.add(connection)
@@ -508,6 +561,8 @@ class Pool:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(origin, loop.create_future())
         self._waiters.append(waiter)
+        if (cap := self._caps.get(origin)) is not None and not self._room_for(origin, loop.time()):
+            self._arm_probe(cap.probe_at)
         try:
             async with asyncio.timeout_at(deadline):
                 return await waiter.future
@@ -520,6 +575,7 @@ class Pool:
                 got = future.result()
                 if got is None:
                     self._reserved -= 1
+                    self._unclaim(origin)
                     self._hand_over(None)
                 else:
                     self._release(got)
@@ -533,36 +589,59 @@ class Pool:
             self._idle.setdefault(connection.origin, []).append(connection)
 
     def _hand_over(self, connection: _Connection | None) -> bool:
-        """Give the first waiter its turn: `connection` (free) if it is of the waiter's
-        origin, else the room it leaves once closed, or the room of a connection gone (None).
-        A connection goes to a later waiter of its own origin instead (no reconnect) while
-        the first has been passed over fewer than MAX_SKIPS times, so that a full pool serving
+        """Give the first waiter it can serve its turn: `connection` (free) if it is of the
+        waiter's origin, else the room it leaves once closed, or the room of a connection gone
+        (None). Room goes only to a waiter whose origin is under its cap (`_room_for`). A
+        connection goes to a later waiter of its own origin instead (no reconnect) while the
+        first has been passed over fewer than MAX_SKIPS times, so that a full pool serving
         one origin without pause does not starve another's requests. Whether a waiter took
         it."""
         if not self._waiting():
             return False
         waiters = self._waiters
-        first = waiters[0]
+        now = asyncio.get_running_loop().time()
+        origin = None if connection is None else connection.origin
+        i = self._first_served(origin, now)
+        if i < 0:
+            return False  # every waiter waits for its own origin's connection
+        first = waiters[i]
         if connection is None:
-            waiters.pop(0)
+            del waiters[i]
             self._reserved += 1
+            self._claim(first.origin, now)
             first.future.set_result(None)
             return True
-        if first.origin != connection.origin and first.skips < MAX_SKIPS:
-            for i in range(1, len(waiters)):
-                waiter = waiters[i]
-                if waiter.origin == connection.origin and not waiter.future.done():
-                    for ahead in waiters[:i]:
+        if first.origin != origin and first.skips < MAX_SKIPS:
+            for j in range(i + 1, len(waiters)):
+                waiter = waiters[j]
+                if waiter.origin == origin and not waiter.future.done():
+                    for ahead in waiters[:j]:
                         ahead.skips += 1
-                    del waiters[i]
+                    del waiters[j]
                     waiter.future.set_result(connection)
                     return True
-        if first.origin == connection.origin:
-            waiters.pop(0)
+        if first.origin == origin:
+            del waiters[i]
             first.future.set_result(connection)
             return True
-        connection.close()  # its room goes to the first waiter (`_gone`)
+        connection.close()  # its room goes to the first waiter that may open one (`_gone`)
         return True
+
+    def _first_served(self, origin: Origin | None, now: float) -> int:
+        """The position of the first waiter that a connection of `origin` (None: room) can
+        serve: one of `origin`, or one that may open a connection; -1 if none."""
+        room: dict[Origin, bool] = {}  # (by origin: many may wait for one at its cap)
+        for i, waiter in enumerate(self._waiters):
+            if waiter.future.done():
+                continue
+            if waiter.origin == origin:
+                return i
+            may = room.get(waiter.origin)
+            if may is None:
+                may = room[waiter.origin] = self._room_for(waiter.origin, now)
+            if may:
+                return i
+        return -1
 
     def _waiting(self) -> bool:
         """Whether a request waits for a connection (those leaving are dropped first)."""
@@ -571,8 +650,75 @@ class Pool:
             waiters.pop(0)
         return bool(waiters)
 
+    def _queued(self, origin: Origin, now: float) -> bool:
+        """Whether a request waits that one for `origin` would overtake: one of `origin`, or
+        one that may open a connection."""
+        return self._waiting() and self._first_served(origin, now) >= 0
+
+    # ---- caps on the connections to one origin
+
+    def _room_for(self, origin: Origin, now: float) -> bool:
+        """Whether a connection to `origin` may open: it refused none over its cap, the pool
+        holds fewer to it than it learned, or one more is due a try."""
+        cap = self._caps.get(origin)
+        return cap is None or self._held.get(origin, 0) < cap.limit or now >= cap.probe_at
+
+    def _claim(self, origin: Origin, now: float) -> None:
+        """Count a connection to `origin` about to open (`_room_for` allowed it); over its
+        cap, it is the one more tried, and the next waits `CAP_PROBE_S`."""
+        held = self._held[origin] = self._held.get(origin, 0) + 1
+        cap = self._caps.get(origin)
+        if cap is not None and held > cap.limit:
+            cap.limit, cap.probe_at = held, now + CAP_PROBE_S
+
+    def _unclaim(self, origin: Origin) -> None:
+        held = self._held.get(origin, 0) - 1
+        if held > 0:
+            self._held[origin] = held
+        else:
+            self._held.pop(origin, None)
+
+    def _learn_cap(self, origin: Origin) -> None:
+        """`origin` refused a new connection over its cap (counted still): the pool holds no
+        more connections to it than the others it holds now."""
+        if len(self._caps) >= MAX_ORIGINS:  # (those holding nothing go first)
+            for known in [o for o in self._caps if o not in self._held]:
+                del self._caps[known]
+        now = asyncio.get_running_loop().time()
+        self._caps[origin] = _Cap(max(0, self._held.get(origin, 0) - 1), now + CAP_PROBE_S)
+
+    def _arm_probe(self, due: float) -> None:
+        """Wake the pool at `due` (loop time), when a waiter at its origin's cap is due a try,
+        unless it wakes sooner."""
+        if self._probe_timer is not None:
+            if self._probe_timer.when() <= due:
+                return
+            self._probe_timer.cancel()
+        self._probe_timer = asyncio.get_running_loop().call_at(due, self._probe)
+
+    def _probe(self) -> None:
+        """A waiter's origin is due a try: room for it, if the pool has some free (else the
+        next connection freed makes it, `_hand_over`); then the next time one is due."""
+        self._probe_timer = None
+        if self.closed:
+            return
+        while len(self._connections) + self._reserved < self._limit and self._hand_over(None):
+            pass
+        now = asyncio.get_running_loop().time()
+        due = min(
+            (
+                cap.probe_at
+                for origin in {waiter.origin for waiter in self._waiters}
+                if (cap := self._caps.get(origin)) is not None and not self._room_for(origin, now)
+            ),
+            default=None,
+        )
+        if due is not None:
+            self._arm_probe(due)
+
     def _drop(self, connection: _Connection) -> None:
-        """Close `connection` and forget it, its room left to the caller (not handed over)."""
+        """Close `connection` and forget it, its room (and its count for its origin) left to
+        the caller, who opens one to the same origin in it (not handed over)."""
         connection.open = False
         self._connections.discard(connection)
         if connection.transport is not None:
@@ -582,6 +728,7 @@ class Pool:
         if connection not in self._connections:
             return
         self._connections.remove(connection)
+        self._unclaim(connection.origin)
         idle = self._idle.get(connection.origin)
         if idle and connection in idle:
             idle.remove(connection)
@@ -590,6 +737,9 @@ class Pool:
     def close(self) -> None:
         """Close every connection; requests after this raise RuntimeError."""
         self.closed = True
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
         waiters, self._waiters = self._waiters, []
         for connection in list(self._connections):
             connection.close()

@@ -587,9 +587,16 @@ class FastConnection(asyncio.Protocol):
         self._buffer = bytearray()
 
 
-def raw_error(status: int, code: str, message: str, *, retry_after: bool = False) -> bytes:
-    """A whole HTTP/1.1 error answer with the API's JSON body, for writing to a connection
-    directly (outside request handling)."""
+def raw_error(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    retry_after: bool = False,
+    headers: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    """A whole HTTP/1.1 error answer with the API's JSON body (and `headers`), for writing to
+    a connection directly (outside request handling)."""
     body = orjson.dumps(ErrorBody(code, message).to_json())
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
@@ -599,6 +606,7 @@ def raw_error(status: int, code: str, message: str, *, retry_after: bool = False
     ]
     if retry_after:
         lines.append("Retry-After: 1")
+    lines.extend(f"{name}: {value}" for name, value in headers)
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 

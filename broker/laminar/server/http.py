@@ -10,6 +10,7 @@ import asyncio
 import re
 import socket
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 from aiohttp import web
 
+from ..contract import CONNECTION_LIMIT_HEADER
 from ..log.errors import CorruptBatchError, MalformedRecordsError
 from ..models import ErrorBody, JsonModel, ModelError, TooLargeError
 from ..swim.address import source_key
@@ -480,6 +482,7 @@ class _ApiConnection(web.RequestHandler):
                     f"{client} has {limit} connections open to this broker already, as many "
                     "as one client address may (--max-connections-per-client); retry later",
                     retry_after=True,
+                    headers=((CONNECTION_LIMIT_HEADER, str(limit)),),
                 )
                 return
             self._client = client
@@ -534,11 +537,18 @@ class _ApiConnection(web.RequestHandler):
         )
 
     def _answer_and_close(
-        self, status: int, code: str, message: str, *, retry_after: bool = False
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        retry_after: bool = False,
+        headers: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Answer without a request (none was read, or ever will be) and close."""
         if self.transport is not None:
-            self.transport.write(raw_error(status, code, message, retry_after=retry_after))
+            answer = raw_error(status, code, message, retry_after=retry_after, headers=headers)
+            self.transport.write(answer)
         self.force_close()
 
     def handle_error(
