@@ -50,8 +50,8 @@ PROGRESS_INTERVAL_S = 0.5
 #: few for the topic's metadata calls, at least the client's default (a scale phase of 384
 #: appends in flight had a third of them wait for a connection), and at most what the brokers
 #: let one client address hold (`--max-connections-per-client`, 256 each by default: a broker
-#: refuses the connections over it at once, and the client learns the cap from that refusal,
-#: but over TLS it has nothing to learn from: the calls sent on them back off and retry)
+#: refuses the connections over it at once; the client learns the cap from those refusals,
+#: and sends their calls again, but the refusals cost a connection each)
 DEFAULT_CONNECTIONS = 256
 CONNECTIONS_SPARE = 16
 CONNECTIONS_PER_BROKER = settings.MAX_CONNECTIONS_PER_CLIENT.default

@@ -371,6 +371,25 @@ async def test_a_cap_held_by_other_clients_answers_the_refusal(
         assert p.cap_of(server.url) == 1
 
 
+async def test_a_tls_connection_closed_in_its_handshake_with_none_other_held_is_not_a_cap() -> None:
+    """A server that closes a TLS connection before its handshake, when the pool holds no
+    other connection to it, may be down or refusing: NotConnected, and no cap learned."""
+
+    async def close_at_once(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()  # (a reset, as a broker's listener closes one over its cap)
+
+    server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with pool() as p:
+            with pytest.raises(h1.NotConnected) as refused:
+                await p.request("GET", f"https://127.0.0.1:{port}/", {}, None, deadline())
+            assert not isinstance(refused.value, h1.Refused)
+            assert p.cap_of(f"https://127.0.0.1:{port}") is None
+    finally:
+        server.close()
+
+
 async def test_a_request_waiting_for_a_connection_ends_when_the_pool_closes() -> None:
     async with Server([OK], pause_s=0.3) as server:
         p = h1.Pool(1, connect_timeout_s=2.0)

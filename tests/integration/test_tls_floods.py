@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from laminar.certs import KeyPair, issue
-from laminar.client import AsyncClient
+from laminar.client import AsyncClient, h1
 from laminar.local_cluster import LocalCluster
 from laminar.log.batch import Record
 from laminar.server.config import DEFAULT_API_PORT, DEFAULT_PEER_PORT
@@ -236,3 +236,28 @@ async def test_an_api_port_flood_is_capped_at_accept_and_other_clients_are_serve
                 assert answer.status == 200, await answer.text()
     finally:
         close_all(flood)
+
+
+async def test_a_client_over_the_cap_learns_it_from_the_closed_handshakes(
+    cluster: LocalCluster,
+) -> None:
+    """Over TLS a connection past the cap is closed before its handshake, with no 429: the
+    client's pool, holding other connections to that broker, takes the reset for the cap,
+    holds no more than it has open, and sends the request again on one of those (nothing was
+    sent on the closed one). Every request is answered."""
+    base = cluster.nodes["n1"].api_url
+    context = client_context(cluster.ca_file)
+    p = h1.Pool(2 * MAX_CONNECTIONS, connect_timeout_s=HEADER_TIMEOUT_S)
+    try:
+        deadline = asyncio.get_running_loop().time() + PROMPT_S
+        answers = await asyncio.gather(
+            *(
+                p.request("GET", f"{base}/healthz", {}, None, deadline, context)
+                for _ in range(2 * MAX_CONNECTIONS)
+            )
+        )
+        assert sorted({status for status, _, _ in answers}) == [200]
+        cap = p.cap_of(base)
+        assert cap is not None and 0 < cap <= MAX_CONNECTIONS
+    finally:
+        p.close()

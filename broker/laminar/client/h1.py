@@ -21,11 +21,13 @@ What it does, and nothing more:
   loop: a steady load left the waiters waiting until it ended (bench/RESULTS.md, issue 22,
   thirty-first sitting).
 * A broker refuses a connection over its cap on one client address's connections with a 429
-  that carries `Laminar-Connection-Limit`, before reading anything. The pool then holds at
-  most as many connections to that origin as it has open (`cap_of`), and sends the request
-  again on one of them (at most `MAX_REFUSED_SENDS` times; a 429 with none of its own open is
-  the answer). Requests for it wait for its connections; the room of others goes to other
-  origins. While they wait, one more connection is tried every `CAP_PROBE_S`.
+  that carries `Laminar-Connection-Limit`, before reading anything; over TLS it closes the
+  connection before its handshake (a reset, to the pool that holds other connections to it).
+  The pool then holds at most as many connections to that origin as it has open (`cap_of`),
+  and sends the request again on one of them (at most `MAX_REFUSED_SENDS` times; with none of
+  its own open, the 429 is the answer, or NotConnected). Requests for it wait for its
+  connections; the room of others goes to other origins. While they wait, one more connection
+  is tried every `CAP_PROBE_S`.
 * A request line or header that could end early or carry another (a control character, a
   space in the target, a name that is not a token) raises ValueError before anything is sent.
 * TLS through asyncio with the caller's context, the server's name checked.
@@ -96,6 +98,21 @@ class NotConnected(Exception):
         self.cause = cause
         #: the origin that could not be reached, when the caller says (a redirect's target)
         self.origin: str | None = None
+
+
+class Refused(NotConnected):
+    """A TLS connection closed in its handshake by an origin the pool holds other connections
+    to: as a broker closes one over its cap on a client address's connections (the pool
+    learned the cap). Nothing was sent."""
+
+
+#: how a TLS handshake ends that the server closed before it began
+_CLOSED_IN_HANDSHAKE = (
+    ConnectionResetError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
 
 
 class Broken(Exception):
@@ -460,7 +477,13 @@ class Pool:
         )
         sends = 0
         while True:
-            connection = await self._connection(origin, deadline, tls)
+            try:
+                connection = await self._connection(origin, deadline, tls)
+            except Refused:
+                sends += 1
+                if sends > MAX_REFUSED_SENDS:
+                    raise
+                continue
             fresh = connection.fresh
             try:
                 answer = await connection.exchange(head, body, deadline, method == "HEAD")
@@ -541,8 +564,15 @@ class Pool:
             connection.close()
             raise NotConnected(TimeoutError("no connection before the deadline")) from e
         except OSError as e:  # (ssl.SSLError is one)
+            refused = (
+                origin.tls
+                and isinstance(e, _CLOSED_IN_HANDSHAKE)
+                and self._held.get(origin, 0) > 1  # (this one and others: it is up)
+            )
+            if refused:  # (learned before the connection goes: its room is not this origin's)
+                self._learn_cap(origin)
             connection.close()
-            raise NotConnected(e) from e
+            raise (Refused if refused else NotConnected)(e) from e
         except BaseException:
             connection.close()
             raise
