@@ -10,7 +10,6 @@ import asyncio
 import re
 import socket
 import ssl
-from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -477,12 +476,15 @@ class _ApiConnection(web.RequestHandler):
             if not self._api_server.hold(client):
                 limit = self._api_server.limits.max_connections_per_client
                 self._answer_and_close(
-                    429,
-                    "overloaded",
-                    f"{client} has {limit} connections open to this broker already, as many "
-                    "as one client address may (--max-connections-per-client); retry later",
-                    retry_after=True,
-                    headers=((CONNECTION_LIMIT_HEADER, str(limit)),),
+                    raw_error(
+                        429,
+                        "overloaded",
+                        f"{client} has {limit} connections open to this broker already, as "
+                        "many as one client address may (--max-connections-per-client); retry "
+                        "later",
+                        retry_after=True,
+                        headers=((CONNECTION_LIMIT_HEADER, str(limit)),),
+                    )
                 )
                 return
             self._client = client
@@ -531,23 +533,17 @@ class _ApiConnection(web.RequestHandler):
             self.force_close()
             return
         self._answer_and_close(
-            408,
-            "request_timeout",
-            f"the request line and headers did not arrive within {timeout_s:g} s",
+            raw_error(
+                408,
+                "request_timeout",
+                f"the request line and headers did not arrive within {timeout_s:g} s",
+            )
         )
 
-    def _answer_and_close(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        retry_after: bool = False,
-        headers: Iterable[tuple[str, str]] = (),
-    ) -> None:
-        """Answer without a request (none was read, or ever will be) and close."""
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Send `answer` (`raw_error`'s) without a request (none was read, or ever will be)
+        and close."""
         if self.transport is not None:
-            answer = raw_error(status, code, message, retry_after=retry_after, headers=headers)
             self.transport.write(answer)
         self.force_close()
 
