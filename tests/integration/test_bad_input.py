@@ -126,6 +126,18 @@ async def no_internal_errors(session: aiohttp.ClientSession, cluster: LocalClust
         assert not internal, internal
 
 
+async def refused_connections(cluster: LocalCluster) -> float:
+    """The first broker's count of connections it refused over the per-address cap."""
+    async with aiohttp.ClientSession() as session:
+        _, text = await call(session, "GET", f"{cluster.urls[0]}/metrics")
+    (value,) = [
+        float(line.split()[1])
+        for line in text.decode().splitlines()
+        if line.startswith("laminar_http_connections_refused_total ")
+    ]
+    return value
+
+
 async def connect(base: str, source: str | None = None) -> tuple[Any, Any]:
     """A raw connection to `base`'s broker, from the loopback address `source` if given."""
     address = urlsplit(base)
@@ -608,6 +620,7 @@ async def test_connections_per_client_are_capped(limited: LocalCluster) -> None:
     answered 429 and closed at once; other clients are served; closed ones free their slot.
     A connection that never sends a request is closed after the header timeout (408)."""
     base = limited.urls[0]
+    refused = await refused_connections(limited)
     opened = time.monotonic()
     held = [await connect(base, "127.0.0.3") for _ in range(MAX_CONNECTIONS)]
     reader, writer = await connect(base, "127.0.0.3")
@@ -618,6 +631,7 @@ async def test_connections_per_client_are_capped(limited: LocalCluster) -> None:
     expect(status, body, 429, "overloaded")
     assert headers["retry-after"] == "1"
     assert headers["laminar-connection-limit"] == str(MAX_CONNECTIONS)
+    assert await refused_connections(limited) == refused + 1
     async with aiohttp.ClientSession(headers=auth(limited)) as session:
         status, body = await call(session, "GET", f"{base}/v1/topics")  # from 127.0.0.1
         assert status == 200, body

@@ -110,6 +110,11 @@ async def all_closed(what: str, sockets: list[socket.socket], timeout_s: float) 
 
 
 async def refused_handshakes(cluster: LocalCluster, node: str) -> float:
+    return await broker_counter(cluster, node, "laminar_peer_handshakes_refused_total")
+
+
+async def broker_counter(cluster: LocalCluster, node: str, name: str) -> float:
+    """`name`'s value in the `/metrics` of broker `node`."""
     assert cluster.ca_file is not None
     async with (
         aiohttp.ClientSession() as session,
@@ -122,7 +127,7 @@ async def refused_handshakes(cluster: LocalCluster, node: str) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "laminar_peer_handshakes_refused_total"
+        if sample.name == name
     )
 
 
@@ -216,12 +221,15 @@ async def test_an_api_port_flood_is_capped_at_accept_and_other_clients_are_serve
     source = flood_source(cluster, 251)
     base = cluster.nodes["n1"].api_url
     context = client_context(cluster.ca_file)
+    refused = await broker_counter(cluster, "n1", "laminar_http_connections_refused_total")
     flood = await idle_sockets(cluster.nodes["n1"].host, DEFAULT_API_PORT, FLOOD, source)
     try:
         # Past the cap for the address: closed at once (no TLS, so no 429 either), while the
         # first ones are still held in their TLS handshake.
         await all_closed("the flood past the cap", flood[MAX_CONNECTIONS:], PROMPT_S)
         assert not any(closed_by_broker(sock) for sock in flood[:MAX_CONNECTIONS])
+        counted = await broker_counter(cluster, "n1", "laminar_http_connections_refused_total")
+        assert counted - refused == FLOOD - MAX_CONNECTIONS
         async with aiohttp.ClientSession(headers=auth(cluster)) as session:
             async with session.get(f"{base}/v1/topics", ssl=context) as answer:  # 127.0.0.1
                 assert answer.status == 200, await answer.text()

@@ -42,6 +42,7 @@ async def serve(config: BrokerConfig) -> None:
     # a WebSocket upgrade is aiohttp's to serve, and so is the web console
     runner = ApiRunner(api.app(), limits, aiohttp_paths=(STREAM_APPEND.path, *console.PATHS))
     await runner.setup()
+    api.metrics.connections_refused = runner.connections_refused
     site = ApiSite(
         runner,
         config.host,

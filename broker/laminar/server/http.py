@@ -307,6 +307,10 @@ class ApiRunner(web.AppRunner):
         self.limits = limits
         self.aiohttp_paths = aiohttp_paths
 
+    def connections_refused(self) -> int:
+        """Connections refused so far over their client address's cap."""
+        return self.server.refused if isinstance(self.server, _ApiServer) else 0
+
     async def _make_server(self) -> web.Server:
         routes = FastRoutes(self.app, self.aiohttp_paths)
         return _ApiServer(await super()._make_server(), self.limits, routes)
@@ -368,6 +372,7 @@ class ApiSite(web.TCPSite):
         assert isinstance(server, _ApiServer) and self._ssl_context is not None
         client = source_key(str(address[0]) if isinstance(address, tuple) else str(address))
         if not server.hold(client):
+            server.refused += 1
             sock.close()
             return
         connection = server.connection(client)
@@ -419,6 +424,9 @@ class _ApiServer(web.Server):
         self.routes = routes
         #: connections held per client address (`source_key`)
         self.clients: dict[str, int] = {}
+        #: connections refused over their client address's cap (plain HTTP: answered 429;
+        #: TLS: closed at TCP accept)
+        self.refused = 0
 
     def __call__(self) -> FastConnection:  # type: ignore[override]
         return FastConnection(self, self.routes, None)
@@ -474,6 +482,7 @@ class _ApiConnection(web.RequestHandler):
             peer = transport.get_extra_info("peername")
             client = source_key(str(peer[0]) if isinstance(peer, tuple) and peer else str(peer))
             if not self._api_server.hold(client):
+                self._api_server.refused += 1
                 limit = self._api_server.limits.max_connections_per_client
                 self._answer_and_close(
                     raw_error(

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -228,6 +228,12 @@ class _TrafficCollector(Collector):
         for (route, method, status), count in sorted(self.metrics.http_requests.items()):
             requests.add_metric([route, method, str(status)], count)
         yield requests
+        yield CounterMetricFamily(
+            "laminar_http_connections_refused",
+            "API connections refused over their client address's cap "
+            "(--max-connections-per-client; plain HTTP: answered 429, TLS: closed at accept)",
+            value=self.metrics.connections_refused(),
+        )
 
 
 class BrokerMetrics:
@@ -238,6 +244,9 @@ class BrokerMetrics:
         self.topics: dict[str, TopicTraffic] = {}
         #: (route template, method, status) -> requests answered (`count_request`)
         self.http_requests: dict[tuple[str, str, int], int] = {}
+        #: the API server's count of connections refused over the per-address cap (set when
+        #: the server is made: `laminar.server.app.serve`)
+        self.connections_refused: Callable[[], int] = lambda: 0
         self.registry.register(_TrafficCollector(self, broker))
         # prometheus_client's defaults (process_*, python_info, python_gc_*), in this
         # broker's registry: each worker is a process of its own
