@@ -1,6 +1,7 @@
 """`laminar bench`'s client connections: one per append in flight, within what the brokers let
-one client address hold (a broker closes the connections over its cap, and the appends sent on
-them back off: bench/RESULTS.md, issue 22, thirty-first sitting)."""
+one client address hold (a broker refuses each connection over its cap: a connect and a 429
+before the client learns the cap; bench/RESULTS.md, issue 22, thirty-first and thirty-second
+sittings)."""
 
 from __future__ import annotations
 

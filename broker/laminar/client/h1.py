@@ -660,6 +660,8 @@ class Pool:
     def _first_served(self, origin: Origin | None, now: float) -> int:
         """The position of the first waiter that a connection of `origin` (None: room) can
         serve: one of `origin`, or one that may open a connection; -1 if none."""
+        if not self._caps:  # (no origin refused one: the first waiter, as every request's)
+            return 0 if self._waiting() else -1
         room: dict[Origin, bool] = {}  # (by origin: many may wait for one at its cap)
         for i, waiter in enumerate(self._waiters):
             if waiter.future.done():
@@ -683,7 +685,7 @@ class Pool:
     def _queued(self, origin: Origin, now: float) -> bool:
         """Whether a request waits that one for `origin` would overtake: one of `origin`, or
         one that may open a connection."""
-        return self._waiting() and self._first_served(origin, now) >= 0
+        return self._first_served(origin, now) >= 0
 
     # ---- caps on the connections to one origin
 
